@@ -1,0 +1,13 @@
+"""soft_mm: SOFT (softmax-free transformers with linear complexity) for OpenMMLab detection and segmentation.
+
+``import soft_mm`` (or ``custom_imports=dict(imports=['soft_mm'])`` in a config) registers the ``SOFT`` backbone
+for mmdet and mmseg configs and the ``soft_*`` / ``soft_norm_*`` models in timm.
+"""
+from . import models
+from .models import SOFT, SoftVisionTransformer
+from .registry import register_backbones
+from .version import __version__
+
+register_backbones()
+
+__all__ = ['__version__', 'models', 'SOFT', 'SoftVisionTransformer']

@@ -1,0 +1,72 @@
+"""The one table of SOFT architectures and the validation of custom ones.
+
+Every variant uses head dim 32, a stride-4 conv stem, landmark strides 8/4/2 and value-conv kernels 9/5/3 in the
+SOFT stages 1-3, and softmax attention in stage 4 (soft-spec §3). ``small`` uses depths 1,3,7,4: the published 24M
+model (the authors' code defines 1,3,20,4, a 38.9M model; a checkpoint of that layout converts to a custom arch).
+"""
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+ARCH_KEYS = ('embed_dims', 'num_heads', 'depths', 'landmark_strides', 'v_conv_kernels', 'mlp_ratio')
+
+_COMMON = dict(landmark_strides=(8, 4, 2), v_conv_kernels=(9, 5, 3), mlp_ratio=4)
+
+ARCH_SETTINGS: dict[str, dict[str, Any]] = {
+    'tiny': dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2), **_COMMON),
+    'small': dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 3, 7, 4), **_COMMON),
+    'medium': dict(embed_dims=(64, 128, 288, 512), num_heads=(2, 4, 9, 16), depths=(1, 3, 29, 5), **_COMMON),
+    'large': dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 3, 40, 5), **_COMMON),
+    'huge': dict(embed_dims=(64, 128, 352, 512), num_heads=(2, 4, 11, 16), depths=(1, 5, 49, 5), **_COMMON),
+}
+
+# Published figures (soft-spec §3): parameters of the 1000-class classifier, GFLOPs at 224x224, top-1 plain / Norm.
+PUBLISHED = {
+    'tiny': dict(params_m=13, gflops=1.9, top1=(79.3, 79.4)),
+    'small': dict(params_m=24, gflops=3.3, top1=(82.2, 82.4)),
+    'medium': dict(params_m=45, gflops=7.2, top1=(82.9, 83.1)),
+    'large': dict(params_m=64, gflops=11.0, top1=(83.1, 83.3)),
+    'huge': dict(params_m=87, gflops=16.3, top1=(83.3, 83.4)),
+}
+
+
+def resolve_arch(arch: str | dict[str, Any]) -> dict[str, Any]:
+    """Return a validated copy of the settings of ``arch`` (a name of :data:`ARCH_SETTINGS` or a dict).
+
+    A dict must give ``embed_dims``, ``num_heads`` and ``depths`` (4 entries each; every dim divisible by its head
+    count); ``landmark_strides`` and ``v_conv_kernels`` (3 entries, for the SOFT stages) and ``mlp_ratio`` default to
+    the values every published variant uses.
+    """
+    if isinstance(arch, str):
+        if arch not in ARCH_SETTINGS:
+            raise ValueError(f"arch={arch!r} is not a SOFT architecture; valid names: {', '.join(ARCH_SETTINGS)} "
+                             f"(or a dict with keys {', '.join(ARCH_KEYS)})")
+        return copy.deepcopy(ARCH_SETTINGS[arch])
+    if not isinstance(arch, dict):
+        raise TypeError(f'arch must be a name ({", ".join(ARCH_SETTINGS)}) or a dict, got {type(arch).__name__}')
+    unknown = sorted(set(arch) - set(ARCH_KEYS))
+    if unknown:
+        raise ValueError(f'arch dict has unknown keys {unknown}; allowed keys: {", ".join(ARCH_KEYS)}')
+    missing = [k for k in ('embed_dims', 'num_heads', 'depths') if k not in arch]
+    if missing:
+        raise ValueError(f'arch dict is missing the keys {missing}; it needs embed_dims, num_heads and depths '
+                         '(4 entries each)')
+    settings = {**_COMMON, **arch}
+    lengths = {'embed_dims': 4, 'num_heads': 4, 'depths': 4, 'landmark_strides': 3, 'v_conv_kernels': 3}
+    for key, length in lengths.items():
+        value = settings[key]
+        if not isinstance(value, (list, tuple)) or len(value) != length:
+            raise ValueError(f'arch[{key!r}] must be a sequence of {length} ints, got {value!r}')
+        if not all(isinstance(v, int) and v > 0 for v in value):
+            raise ValueError(f'arch[{key!r}] must hold positive ints, got {value!r}')
+        settings[key] = tuple(value)
+    bad = [(d, h) for d, h in zip(settings['embed_dims'], settings['num_heads']) if d % h]
+    if bad:
+        raise ValueError(f'arch embed_dims and num_heads are inconsistent: each dim must be divisible by its head '
+                         f'count, but (dim, heads) = {bad}')
+    if not all(k % 2 == 1 for k in settings['v_conv_kernels']):
+        raise ValueError(f"arch['v_conv_kernels'] must be odd (same padding), got {settings['v_conv_kernels']}")
+    if not (isinstance(settings['mlp_ratio'], (int, float)) and settings['mlp_ratio'] > 0):
+        raise ValueError(f"arch['mlp_ratio'] must be a positive number, got {settings['mlp_ratio']!r}")
+    return settings

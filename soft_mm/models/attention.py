@@ -1,0 +1,153 @@
+"""Attention layers: SOFT (softmax-free, Nyström-approximated Gaussian kernel) and plain softmax attention."""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ..ops import soft_attention
+
+LANDMARK_MODES = ('conv', 'avg')
+
+
+def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
+    if x.ndim != 3:
+        raise ValueError(f'x must be (B, N, C), got shape {tuple(x.shape)}')
+    h, w = (int(s) for s in hw_shape)
+    if h * w != x.shape[1]:
+        raise ValueError(f'hw_shape={tuple(hw_shape)} does not match the {x.shape[1]} tokens of x')
+    return h, w
+
+
+class SoftAttention(nn.Module):
+    """SOFT attention over a feature map of ``hw_shape`` tokens: ``(B, N, C) -> (B, N, C)``.
+
+    Queries and keys share one projection (so the Gaussian kernel is symmetric PSD), ``m`` landmark ("bottleneck")
+    tokens are sampled from the queries, and the N x N kernel is replaced by its Nyström approximation
+    ``K1 A^+ K1^T`` (``soft_mm.ops.soft_attention``), which costs O(N m d). A per-head depthwise conv on the values
+    adds a local term.
+
+    Landmarks (at most ``landmark_grid**2`` of them at any input size, so the cost stays linear in N):
+
+    * ``'conv'``: the q map of each head is average-pooled to ``landmark_stride * g`` per side (g = min(grid,
+      ceil(side / stride)); a no-op at 224x224 input, where every stage map is exactly ``stride * 7``), then a
+      stride-``landmark_stride`` conv shared by the heads, LayerNorm and GELU. This is the authors' sampler, whose
+      weights their checkpoints carry; the pooling bounds ``m`` at high resolution and covers the border tokens a
+      bare strided conv would drop.
+    * ``'avg'``: parameter-free adaptive average pooling of the q map to ``min(grid, H) x min(grid, W)``.
+
+    Args:
+        dim: channels C.
+        num_heads: heads h; head dim d = C / h.
+        landmark_mode: ``'conv'`` or ``'avg'``.
+        landmark_stride: conv-mode stride r (8/4/2 in stages 1/2/3).
+        landmark_grid: side of the landmark grid (m <= grid**2).
+        v_conv_kernel: kernel of the per-head depthwise conv on v (odd); 0 disables the local term.
+        newton_iters: Newton-Schulz iterations for A^+.
+        newton_ridge: ridge added to A before the inversion (the authors use 0.01).
+        soft_norm: SOFT-Norm, ``D^-1/2 A^+ D^-1/2`` with D the row sums of A.
+        newton_backward: ``'implicit'`` (gradient of the exact inverse at the converged iterate) or ``'unrolled'``.
+        qkv_bias: bias of the q/k and v projections.
+    """
+
+    def __init__(self, dim: int, num_heads: int, landmark_mode: str = 'conv', landmark_stride: int = 8,
+                 landmark_grid: int = 7, v_conv_kernel: int = 3, newton_iters: int = 20, newton_ridge: float = 0.0,
+                 soft_norm: bool = False, newton_backward: str = 'implicit', qkv_bias: bool = True) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim={dim} must be divisible by num_heads={num_heads}')
+        if landmark_mode not in LANDMARK_MODES:
+            raise ValueError(f'landmark_mode={landmark_mode!r} is not one of {LANDMARK_MODES}')
+        if not (isinstance(landmark_grid, int) and landmark_grid >= 1):
+            raise ValueError(f'landmark_grid must be an int >= 1, got {landmark_grid!r}')
+        if not (isinstance(landmark_stride, int) and landmark_stride >= 1):
+            raise ValueError(f'landmark_stride must be an int >= 1, got {landmark_stride!r}')
+        if not (isinstance(v_conv_kernel, int) and v_conv_kernel >= 0 and (v_conv_kernel == 0 or v_conv_kernel % 2)):
+            raise ValueError(f'v_conv_kernel must be 0 (off) or an odd int, got {v_conv_kernel!r}')
+        if not (isinstance(newton_iters, int) and newton_iters >= 1):
+            raise ValueError(f'newton_iters must be an int >= 1, got {newton_iters!r}')
+        if not newton_ridge >= 0:
+            raise ValueError(f'newton_ridge must be >= 0, got {newton_ridge!r}')
+        if newton_backward not in ('implicit', 'unrolled'):
+            raise ValueError(f"newton_backward={newton_backward!r} is not one of ('implicit', 'unrolled')")
+        self.num_heads = num_heads
+        self.head_dim = dim // num_heads
+        self.landmark_mode = landmark_mode
+        self.landmark_stride = landmark_stride
+        self.landmark_grid = landmark_grid
+        self.newton_iters = newton_iters
+        self.newton_ridge = float(newton_ridge)
+        self.soft_norm = soft_norm
+        self.newton_backward = newton_backward
+        self.qk = nn.Linear(dim, dim, bias=qkv_bias)
+        self.v = nn.Linear(dim, dim, bias=qkv_bias)
+        if landmark_mode == 'conv':
+            self.landmark_conv = nn.Conv2d(self.head_dim, self.head_dim, landmark_stride, landmark_stride, bias=False)
+            self.landmark_norm = nn.LayerNorm(self.head_dim)
+        self.v_conv = (nn.Conv2d(num_heads, num_heads, v_conv_kernel, padding=v_conv_kernel // 2, groups=num_heads,
+                                 bias=False) if v_conv_kernel else None)
+        self.proj = nn.Linear(dim, dim)
+
+    def landmark_shape(self, hw_shape: tuple[int, int]) -> tuple[int, int]:
+        """Grid of landmarks used for an ``hw_shape`` map (m = product)."""
+        if self.landmark_mode == 'avg':
+            return tuple(min(self.landmark_grid, s) for s in hw_shape)
+        return tuple(min(self.landmark_grid, -(-s // self.landmark_stride)) for s in hw_shape)
+
+    def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+        """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
+        b, h, n, d = q.shape
+        q_map = q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2)
+        grid = self.landmark_shape(hw_shape)
+        if self.landmark_mode == 'avg':
+            return F.adaptive_avg_pool2d(q_map, grid).flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+        pooled_size = tuple(g * self.landmark_stride for g in grid)
+        if pooled_size != tuple(hw_shape):
+            q_map = F.adaptive_avg_pool2d(q_map, pooled_size)
+        landmarks = self.landmark_conv(q_map).flatten(2).transpose(1, 2)
+        landmarks = F.gelu(self.landmark_norm(landmarks))
+        return landmarks.reshape(b, h, -1, d)
+
+    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+        """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``."""
+        hw_shape = _check_hw(x, hw_shape)
+        b, n, c = x.shape
+        # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d)))
+        q = self.qk(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) * self.head_dim ** -0.25
+        v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        landmarks = self.sample_landmarks(q, hw_shape)
+        out = soft_attention(q, landmarks, v, num_iters=self.newton_iters, normalize=self.soft_norm,
+                             ridge=self.newton_ridge, backward=self.newton_backward)
+        if self.v_conv is not None:
+            # one k x k filter per head, shared by that head's d channels: v as (B*d, heads, H, W)
+            v_map = v.permute(0, 3, 1, 2).reshape(b * self.head_dim, self.num_heads, *hw_shape)
+            local = self.v_conv(v_map).reshape(b, self.head_dim, self.num_heads, n).permute(0, 2, 3, 1)
+            out = out + local
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+
+    def extra_repr(self) -> str:
+        return (f'heads={self.num_heads}, landmarks={self.landmark_mode}(grid={self.landmark_grid}, '
+                f'stride={self.landmark_stride}), newton_iters={self.newton_iters}, ridge={self.newton_ridge}, '
+                f'soft_norm={self.soft_norm}')
+
+
+class SoftmaxAttention(nn.Module):
+    """Multi-head softmax attention (stage 4): ``(B, N, C) -> (B, N, C)`` via ``scaled_dot_product_attention``."""
+
+    def __init__(self, dim: int, num_heads: int, qkv_bias: bool = True) -> None:
+        super().__init__()
+        if dim % num_heads:
+            raise ValueError(f'dim={dim} must be divisible by num_heads={num_heads}')
+        self.num_heads = num_heads
+        self.q = nn.Linear(dim, dim, bias=qkv_bias)
+        self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
+        self.proj = nn.Linear(dim, dim)
+
+    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None) -> torch.Tensor:
+        b, n, c = x.shape
+        q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+        k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(q.shape[-1]))
+        return self.proj(out.transpose(1, 2).reshape(b, n, c))

@@ -1,0 +1,91 @@
+"""``SOFT``: the multi-scale backbone for mmdet and mmseg."""
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import torch
+from mmengine.model import BaseModule
+from torch import nn
+
+from .pyramid import SoftPyramidMixin
+
+
+class SOFT(SoftPyramidMixin, BaseModule):
+    """SOFT pyramid backbone: ``(B, C_in, H, W) ->`` tuple of NCHW maps at strides 4/8/16/32 for ``out_indices``.
+
+    Stages 1-3 use SOFT attention (linear in the number of tokens, so 1333x800 detection and 2048x512 segmentation
+    inputs are cheap), stage 4 softmax attention. No cls token.
+
+    Args:
+        arch: ``'tiny'``, ``'small'``, ``'medium'``, ``'large'``, ``'huge'`` or a dict (see ``resolve_arch``).
+        soft_norm: SOFT-Norm attention (the published detection/segmentation backbones).
+        in_channels: input image channels.
+        out_indices: stages whose maps are returned (0-3; channels ``arch['embed_dims']``, strides 4, 8, 16, 32).
+        frozen_stages: -1 freezes nothing; 0 freezes the conv stem and the stage-1 position embedding; k >= 1
+            freezes stages 1..k entirely (k = 4 also freezes the final norm). Frozen parts stay in eval mode.
+        norm_eval: keep every BatchNorm in eval mode during training (frozen running statistics).
+        with_cp: gradient checkpointing of every block (same outputs and gradients, less memory).
+        drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
+        landmark_mode, landmark_grid, newton_iters, newton_ridge, newton_backward: SOFT attention settings (see
+            ``SoftAttention``).
+        init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
+            checkpoint of a classifier or a detector (add ``prefix='backbone.'``) — missing and unexpected keys are
+            logged.
+    """
+
+    def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
+                 out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, norm_eval: bool = False,
+                 with_cp: bool = False, drop_path_rate: float = 0.1, landmark_mode: str = 'conv',
+                 landmark_grid: int = 7, newton_iters: int = 20, newton_ridge: float = 0.0,
+                 newton_backward: str = 'implicit', init_cfg: dict | list[dict] | None = None) -> None:
+        BaseModule.__init__(self, init_cfg=init_cfg)
+        if isinstance(out_indices, int):
+            out_indices = (out_indices,)
+        out_indices = tuple(out_indices)
+        if not out_indices or any(not isinstance(i, int) or not 0 <= i <= 3 for i in out_indices):
+            raise ValueError(f'out_indices must be a non-empty sequence of stage indices in 0..3, got {out_indices}')
+        if not (isinstance(frozen_stages, int) and -1 <= frozen_stages <= 4):
+            raise ValueError(f'frozen_stages must be an int in -1..4, got {frozen_stages!r}')
+        self._build_pyramid(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
+                            landmark_mode=landmark_mode, landmark_grid=landmark_grid, newton_iters=newton_iters,
+                            newton_ridge=newton_ridge, newton_backward=newton_backward, with_cp=with_cp)
+        self.out_indices = out_indices
+        self.frozen_stages = frozen_stages
+        self.norm_eval = norm_eval
+        self._init_pyramid_weights()
+        self._freeze_stages()
+
+    @property
+    def out_channels(self) -> list[int]:
+        """Channels of the returned maps, in ``out_indices`` order (what a neck's ``in_channels`` needs)."""
+        return [self.embed_dims[i] for i in self.out_indices]
+
+    def _frozen_modules(self) -> list[nn.Module]:
+        if self.frozen_stages < 0:
+            return []
+        modules = [self.stages[0].downsample]
+        modules += list(self.stages[:self.frozen_stages])
+        if self.frozen_stages == 4:
+            modules.append(self.norm)
+        return modules
+
+    def _freeze_stages(self) -> None:
+        if self.frozen_stages >= 0:
+            self.stages[0].pos_embed.requires_grad_(False)
+        for module in self._frozen_modules():
+            module.eval()
+            for param in module.parameters():
+                param.requires_grad_(False)
+
+    def train(self, mode: bool = True) -> SOFT:
+        super().train(mode)
+        self._freeze_stages()
+        if mode and self.norm_eval:
+            for module in self.modules():
+                if isinstance(module, nn.modules.batchnorm._BatchNorm):
+                    module.eval()
+        return self
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        maps, _ = self._forward_pyramid(x, last_stage=max(self.out_indices))
+        return tuple(maps[i] for i in self.out_indices)

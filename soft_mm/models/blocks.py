@@ -1,0 +1,52 @@
+"""Transformer blocks shared by the SOFT stages (post-norm) and the softmax stage (pre-norm)."""
+from __future__ import annotations
+
+import torch
+from timm.layers import DropPath
+from torch import nn
+
+
+class Mlp(nn.Module):
+    """``fc1 -> act -> fc2``: ``(..., C) -> (..., C)``."""
+
+    def __init__(self, dim: int, hidden_dim: int, act_layer: type[nn.Module] = nn.GELU) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(dim, hidden_dim)
+        self.act = act_layer()
+        self.fc2 = nn.Linear(hidden_dim, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc2(self.act(self.fc1(x)))
+
+
+class TanhGELU(nn.GELU):
+    """GELU with the tanh approximation (the SOFT blocks' activation)."""
+
+    def __init__(self) -> None:
+        super().__init__(approximate='tanh')
+
+
+class Block(nn.Module):
+    """A transformer block around any token-mixing ``attn(x, hw_shape)``: ``(B, N, C) -> (B, N, C)``.
+
+    ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``.
+    ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``.
+    Both residual branches go through stochastic depth with probability ``drop_path``.
+    """
+
+    def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4.0, post_norm: bool = False,
+                 norm_eps: float = 1e-6, act_layer: type[nn.Module] = nn.GELU, drop_path: float = 0.0) -> None:
+        super().__init__()
+        self.post_norm = post_norm
+        self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
+        self.attn = attn
+        self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
+        self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
+
+    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+        if self.post_norm:
+            x = self.norm1(x + self.drop_path(self.attn(x, hw_shape)))
+            return self.norm2(x + self.drop_path(self.mlp(x)))
+        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
+        return x + self.drop_path(self.mlp(self.norm2(x)))

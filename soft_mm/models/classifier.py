@@ -1,0 +1,146 @@
+"""``SoftVisionTransformer``: the ImageNet classifier, with timm entrypoints ``soft_{tiny..huge}`` and
+``soft_norm_{tiny..huge}``."""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices
+from torch import nn
+
+from .arch import ARCH_SETTINGS
+from .pyramid import SoftPyramidMixin
+
+
+class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
+    """SOFT classifier: the pyramid of :class:`~soft_mm.models.SOFT` plus a cls token in stage 4 and a linear head.
+
+    ``forward_features (B, 3, H, W) -> (B, 1 + H/32 * W/32, C4)`` (cls token first, after the final norm);
+    ``forward_head -> (B, num_classes)`` from the cls token. Any input size works (position embeddings are resized).
+
+    Args:
+        arch, soft_norm, in_channels, drop_path_rate, landmark_mode, landmark_grid, newton_iters, newton_ridge,
+            newton_backward, with_cp: as in :class:`~soft_mm.models.SOFT`.
+        num_classes: classes of the head (0: no head, ``forward`` returns the pooled features).
+        global_pool: ``'token'`` (cls token, as published) or ``'avg'`` (mean of the spatial tokens).
+        drop_rate: dropout before the head.
+    """
+
+    def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_chans: int = 3,
+                 num_classes: int = 1000, global_pool: str = 'token', drop_rate: float = 0.0,
+                 drop_path_rate: float = 0.1, landmark_mode: str = 'conv', landmark_grid: int = 7,
+                 newton_iters: int = 20, newton_ridge: float = 0.0, newton_backward: str = 'implicit',
+                 with_cp: bool = False) -> None:
+        nn.Module.__init__(self)
+        if global_pool not in ('token', 'avg'):
+            raise ValueError(f"global_pool={global_pool!r} is not one of ('token', 'avg')")
+        self._build_pyramid(arch, soft_norm=soft_norm, in_channels=in_chans, drop_path_rate=drop_path_rate,
+                            landmark_mode=landmark_mode, landmark_grid=landmark_grid, newton_iters=newton_iters,
+                            newton_ridge=newton_ridge, newton_backward=newton_backward, with_cp=with_cp)
+        dim = self.embed_dims[-1]
+        self.num_classes = num_classes
+        self.global_pool = global_pool
+        self.num_features = self.head_hidden_size = dim
+        self.num_prefix_tokens = 1
+        self.cls_token = nn.Parameter(torch.zeros(1, 1, dim))
+        self.cls_pos_embed = nn.Parameter(torch.zeros(1, 1, dim))
+        self.head_drop = nn.Dropout(drop_rate)
+        self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
+        self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'stages.{i}')
+                             for i, c in enumerate(self.embed_dims)]
+        self._init_pyramid_weights()
+        nn.init.trunc_normal_(self.cls_token, std=0.02)
+        nn.init.trunc_normal_(self.cls_pos_embed, std=0.02)
+
+    @torch.jit.ignore
+    def no_weight_decay(self) -> set[str]:
+        return {'cls_token', 'cls_pos_embed'} | {f'stages.{i}.pos_embed' for i in range(len(self.stages))}
+
+    @torch.jit.ignore
+    def set_grad_checkpointing(self, enable: bool = True) -> None:
+        self.with_cp = enable
+
+    @torch.jit.ignore
+    def get_classifier(self) -> nn.Module:
+        return self.head
+
+    def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
+        if global_pool is not None:
+            if global_pool not in ('token', 'avg'):
+                raise ValueError(f"global_pool={global_pool!r} is not one of ('token', 'avg')")
+            self.global_pool = global_pool
+        self.num_classes = num_classes
+        self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
+
+    def _prefix(self) -> torch.Tensor:
+        return self.cls_token + self.cls_pos_embed
+
+    def forward_features(self, x: torch.Tensor) -> torch.Tensor:
+        maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix())
+        return torch.cat([cls, maps[-1].flatten(2).transpose(1, 2)], dim=1)
+
+    def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
+        x = x[:, 0] if self.global_pool == 'token' else x[:, self.num_prefix_tokens:].mean(dim=1)
+        x = self.head_drop(x)
+        return x if pre_logits else self.head(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.forward_head(self.forward_features(x))
+
+    def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
+                              stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False,
+                              ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
+        """timm's feature API: the NCHW stage maps selected by ``indices`` (and the final features)."""
+        if output_fmt != 'NCHW':
+            raise ValueError(f"output_fmt={output_fmt!r}: SOFT features are 'NCHW' only")
+        take, max_index = feature_take_indices(len(self.stages), indices)
+        last = max_index if (stop_early or intermediates_only) else 3
+        maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix() if last == 3 else None, last_stage=last)
+        intermediates = [maps[i] for i in take]
+        if intermediates_only:
+            return intermediates
+        return torch.cat([cls, maps[-1].flatten(2).transpose(1, 2)], dim=1), intermediates
+
+    def prune_intermediate_layers(self, indices: int | list[int] = 4, prune_norm: bool = False,
+                                  prune_head: bool = True) -> list[int]:
+        take, max_index = feature_take_indices(len(self.stages), indices)
+        self.stages = self.stages[:max_index + 1]
+        if prune_head:
+            self.reset_classifier(0)
+        return take
+
+
+def _cfg(**kwargs: Any) -> dict[str, Any]:
+    return dict(url='', num_classes=1000, input_size=(3, 224, 224), pool_size=(7, 7), crop_pct=0.9,
+                interpolation='bicubic', mean=(0.485, 0.456, 0.406), std=(0.229, 0.224, 0.225),
+                first_conv='stages.0.downsample.0.conv', classifier='head', license='mit', **kwargs)
+
+
+default_cfgs = generate_default_cfgs({f'soft_{norm}{arch}.in1k': _cfg()
+                                      for norm in ('', 'norm_') for arch in ARCH_SETTINGS})
+
+
+def _create(variant: str, arch: str, soft_norm: bool, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
+    out_indices = kwargs.pop('out_indices', 4)
+    return build_model_with_cfg(SoftVisionTransformer, variant, pretrained, arch=arch, soft_norm=soft_norm,
+                                feature_cfg=dict(feature_cls='getter', out_indices=out_indices), **kwargs)
+
+
+def _register_variants() -> None:
+    # Two timm entrypoints per arch (plain and SOFT-Norm), generated from the one arch table.
+    for arch in ARCH_SETTINGS:
+        for soft_norm in (False, True):
+            variant = f"soft_{'norm_' if soft_norm else ''}{arch}"
+
+            def entrypoint(pretrained: bool = False, _v: str = variant, _a: str = arch, _n: bool = soft_norm,
+                           **kwargs: Any) -> SoftVisionTransformer:
+                return _create(_v, _a, _n, pretrained, **kwargs)
+
+            entrypoint.__name__ = entrypoint.__qualname__ = variant
+            entrypoint.__doc__ = f"SOFT{'-Norm' if soft_norm else ''}-{arch.capitalize()} ImageNet classifier."
+            entrypoint.__module__ = __name__
+            globals()[variant] = register_model(entrypoint)
+
+
+_register_variants()
