@@ -100,7 +100,8 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
         intermediates = [maps[i] for i in take]
         if intermediates_only:
             return intermediates
-        return torch.cat([cls, maps[-1].flatten(2).transpose(1, 2)], dim=1), intermediates
+        final = maps[-1].flatten(2).transpose(1, 2)
+        return (final if cls is None else torch.cat([cls, final], dim=1)), intermediates
 
     def prune_intermediate_layers(self, indices: int | list[int] = 4, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
