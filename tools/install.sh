@@ -93,8 +93,8 @@ else
       pid=$!
       while kill -0 "$pid" 2>/dev/null; do
         sleep 30
-        n=$(grep -c -E 'Building|\[[0-9]+/[0-9]+\]|g\+\+|gcc' "$LOG_DIR/mmcv-build.log" 2>/dev/null || true)
-        printf '  ... still compiling (%s compiler lines logged)\n' "$n"
+        n=$(grep -o -E '^\[[0-9]+/[0-9]+\]' "$LOG_DIR/mmcv-build.log" 2>/dev/null | tail -n 1 || true)
+        printf '  ... compiling mmcv ops %s (%ss)\n' "${n:-[preparing]}" "$(( $(date +%s) - START ))"
       done
       wait "$pid"
     ) || die "the mmcv $MMCV_VERSION build failed; the last lines of $LOG_DIR/mmcv-build.log say why."
