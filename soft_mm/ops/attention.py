@@ -1,0 +1,80 @@
+"""SOFT attention: the Nyström approximation of full Gaussian-kernel attention through m landmark tokens."""
+import torch
+from torch import Tensor
+
+from ._precision import compute_dtype, no_autocast
+from .kernel import gaussian_kernel
+from .newton import newton_inverse
+
+__all__ = ['soft_attention']
+
+
+def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
+    for name, tensor in (('q', q), ('landmarks', landmarks), ('v', v)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f'soft_attention: {name} must be a torch.Tensor, got {type(tensor).__name__}')
+        if not tensor.is_floating_point():
+            raise TypeError(f'soft_attention: {name} must be a floating-point tensor, got {tensor.dtype}')
+        if tensor.ndim != 4:
+            raise ValueError(f'soft_attention: {name} must have 4 dims (batch, heads, tokens, head_dim), '
+                             f'got shape {tuple(tensor.shape)}')
+    batch, heads, num_tokens, head_dim = q.shape
+    if landmarks.shape[:2] != (batch, heads) or landmarks.shape[-1] != head_dim:
+        raise ValueError(f'soft_attention: landmarks must have shape (B, h, m, d) = ({batch}, {heads}, m, {head_dim}) '
+                         f'to match q {tuple(q.shape)}, got {tuple(landmarks.shape)}')
+    if landmarks.shape[2] == 0:
+        raise ValueError('soft_attention: landmarks must hold at least one landmark (m >= 1), got m = 0')
+    if v.shape[:3] != (batch, heads, num_tokens):
+        raise ValueError(f'soft_attention: v must have shape (B, h, N, d_v) = ({batch}, {heads}, {num_tokens}, d_v) '
+                         f'to match q {tuple(q.shape)}, got {tuple(v.shape)}')
+
+
+def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20, normalize: bool = False,
+                   ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
+    """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``S @ v`` with ``S = K(q, q)``.
+
+    ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and
+    ``A = K(landmarks, landmarks)`` is m×m; ``A^+`` is :func:`newton_inverse` of ``A`` (``num_iters``, ``ridge`` and
+    ``backward`` are passed on). The product order costs O(N m d + m^2 d) and never forms an N×N or N×m×m tensor.
+    With every token as a landmark (m = N, well-conditioned A, converged inverse) the result is exactly ``S @ v``.
+
+    The caller must already have scaled ``q`` and ``landmarks`` by ``d ** -0.25``, which turns the unit bandwidth into
+    SOFT's ``exp(-||q_i - q_j||^2 / (2 sqrt(d)))``. There is no row normalisation of the kernel (no softmax).
+
+    ``normalize=True`` is SOFT-Norm: ``A^+`` is replaced by ``D^-1/2 A^+ D^-1/2`` with ``D = diag(A 1)``, the row sums
+    of the un-ridged ``A`` (applied to the m×d intermediate, so it costs O(m d)).
+
+    Precision: autocast is disabled inside and all arithmetic runs in at least float32 (float64 stays float64): the
+    kernel is unnormalised, so ``K1^T v`` sums up to N terms of size ``|v|`` (beyond float16's 65504 at detection
+    resolutions), and a low-precision squared distance is amplified by the exp and by the inverse of A. The result is
+    cast back to the promoted dtype of the inputs, so float16/bfloat16 inputs give finite float16/bfloat16 outputs.
+
+    Args:
+        q: ``(B, h, N, d)`` scaled queries (= keys: SOFT shares the projection).
+        landmarks: ``(B, h, m, d)`` scaled landmark (bottleneck) tokens, usually pooled from ``q``; m >= 1.
+        v: ``(B, h, N, d_v)`` values (``d_v`` is usually ``d``).
+        num_iters: Newton–Schulz iterations for ``A^+``, an int >= 0.
+        normalize: apply SOFT-Norm.
+        ridge: ``ridge * I`` added to ``A`` before inversion, a float >= 0 (see :func:`newton_inverse`; 1e-3 to 1e-2
+            guards against nearly duplicated landmarks).
+        backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
+
+    Returns:
+        ``(B, h, N, d_v)`` attention output.
+    """
+    _check_attention_inputs(q, landmarks, v)
+    out_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
+    work_dtype = compute_dtype(out_dtype)
+    with no_autocast(q.device):
+        q, landmarks, v = q.to(work_dtype), landmarks.to(work_dtype), v.to(work_dtype)
+        k1 = gaussian_kernel(q, landmarks)  # (B, h, N, m)
+        kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
+        kernel_inv = newton_inverse(kernel_landmarks, num_iters=num_iters, ridge=ridge, backward=backward)
+        context = k1.transpose(-2, -1) @ v  # (B, h, m, d_v)
+        if normalize:
+            inv_sqrt_row_sums = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)  # D^-1/2 as (B, h, m, 1)
+            context = inv_sqrt_row_sums * (kernel_inv @ (inv_sqrt_row_sums * context))
+        else:
+            context = kernel_inv @ context
+        out = k1 @ context  # (B, h, N, d_v)
+    return out.to(out_dtype)

@@ -1,0 +1,36 @@
+"""Gaussian (RBF) kernel between two sets of vectors, the softmax replacement of SOFT."""
+import torch
+from torch import Tensor
+
+__all__ = ['gaussian_kernel']
+
+
+def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
+    """Gaussian kernel ``exp(-0.5 * ||x_i - y_j||^2)`` between every row of ``x`` and every row of ``y``.
+
+    The squared distance is computed in the expanded form ``||x||^2 + ||y||^2 - 2 x y^T`` (one matmul, no N×M×d
+    intermediate) and clamped at 0, because rounding can make it slightly negative; every value is therefore in
+    [0, 1] and the kernel of a point with itself is 1 up to rounding, never above it. SOFT's bandwidth
+    ``exp(-||q - k||^2 / (2 sqrt(d)))`` is obtained by scaling both inputs by ``d ** -0.25`` beforehand.
+
+    Args:
+        x: ``(..., N, d)`` query-side vectors.
+        y: ``(..., M, d)`` key-side vectors; the leading dims broadcast against those of ``x``.
+
+    Returns:
+        ``(..., N, M)`` kernel values in the promoted dtype of ``x`` and ``y`` (under autocast the matmul may run in
+        lower precision).
+    """
+    for name, tensor in (('x', x), ('y', y)):
+        if not isinstance(tensor, Tensor):
+            raise TypeError(f'gaussian_kernel: {name} must be a torch.Tensor, got {type(tensor).__name__}')
+        if tensor.ndim < 2:
+            raise ValueError(f'gaussian_kernel: {name} must have shape (..., n, d) with ndim >= 2, '
+                             f'got shape {tuple(tensor.shape)}')
+    if x.shape[-1] != y.shape[-1]:
+        raise ValueError(f'gaussian_kernel: x and y must share the last (feature) dim, got x {tuple(x.shape)} '
+                         f'and y {tuple(y.shape)}')
+    x_sq = x.pow(2).sum(-1).unsqueeze(-1)  # (..., N, 1)
+    y_sq = y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
+    dist_sq = x_sq + y_sq - 2.0 * (x @ y.transpose(-2, -1))
+    return torch.exp(-0.5 * dist_sq.clamp_min(0.0))

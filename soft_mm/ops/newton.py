@@ -1,0 +1,158 @@
+"""Moore–Penrose inverse by the Newton–Schulz iteration, with an implicit (exact-inverse) backward."""
+import numbers
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+from ._precision import compute_dtype, no_autocast
+
+__all__ = ['exact_inverse', 'newton_inverse']
+
+_BACKWARD_MODES = ('implicit', 'unrolled')
+# Largest ridge, relative to sqrt(||mat||_1 ||mat||_inf), for which alpha * sigma_max(mat + ridge I)^2 < 2 still holds
+# with alpha = 1.8 / (||mat||_1 ||mat||_inf): 1.8 * (1 + r)^2 < 2  <=>  r < sqrt(10 / 9) - 1 = 0.054.
+_MAX_RELATIVE_RIDGE = 0.05
+
+
+def _check_matrix(mat: Tensor, fn_name: str) -> None:
+    if not isinstance(mat, Tensor):
+        raise TypeError(f'{fn_name}: mat must be a torch.Tensor, got {type(mat).__name__}')
+    if not mat.is_floating_point():
+        raise TypeError(f'{fn_name}: mat must be a real floating-point tensor '
+                        f'(float16, bfloat16, float32, float64), got {mat.dtype}')
+    if mat.ndim < 2 or mat.shape[-1] != mat.shape[-2]:
+        raise ValueError(f'{fn_name}: mat must be a batch of square matrices of shape (..., M, M), '
+                         f'got shape {tuple(mat.shape)}')
+
+
+def _check_ridge(ridge: float, fn_name: str) -> float:
+    if isinstance(ridge, bool) or not isinstance(ridge, numbers.Real) or not ridge >= 0.0 \
+            or ridge == float('inf'):
+        raise ValueError(f'{fn_name}: ridge must be a finite float >= 0, got {ridge!r}')
+    return float(ridge)
+
+
+def _add_ridge(mat: Tensor, ridge: float) -> Tensor:
+    if ridge == 0.0:
+        return mat
+    eye = torch.eye(mat.shape[-1], dtype=mat.dtype, device=mat.device)
+    return mat + ridge * eye
+
+
+def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
+    """The bare iteration on ``mat`` (..., M, M), already in its compute dtype; differentiable if ``mat`` is."""
+    if mat.shape[-1] == 0:
+        return mat.transpose(-2, -1).clone()
+    abs_mat = mat.abs()
+    norm_1 = abs_mat.sum(-2).amax(-1)  # max column sum, (...)
+    norm_inf = abs_mat.sum(-1).amax(-1)  # max row sum, (...)
+    # The floor only matters where convergence is not guaranteed anyway: it keeps a zero matrix finite (V_0 = 0 for
+    # ridge = 0) and, for ridge > 0.05 * sqrt(norm product), shrinks alpha so that the ridge cannot make it diverge.
+    floor = max(torch.finfo(mat.dtype).tiny, (ridge / _MAX_RELATIVE_RIDGE) ** 2)
+    alpha = 1.8 / (norm_1 * norm_inf).clamp_min(floor)
+    p = _add_ridge(mat, ridge)
+    v = alpha[..., None, None] * p.transpose(-2, -1)
+    for _ in range(num_iters):
+        v = 2.0 * v - (v @ p) @ v
+    return v
+
+
+class _NewtonInverseImplicit(torch.autograd.Function):
+    """Newton–Schulz forward; backward of the exact inverse at the final iterate, ``-V^T grad_V V^T``."""
+
+    @staticmethod
+    def forward(ctx, mat: Tensor, num_iters: int, ridge: float) -> Tensor:
+        with torch.no_grad():
+            v = _newton_schulz(mat, num_iters, ridge)
+        ctx.save_for_backward(v)
+        return v
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_v: Tensor) -> tuple[Tensor, None, None]:
+        (v,) = ctx.saved_tensors
+        with no_autocast(v.device):
+            v_t = v.transpose(-2, -1)
+            grad_mat = -(v_t @ grad_v.to(v.dtype) @ v_t)
+        # d(mat + ridge I)/d(mat) = I, so the gradient w.r.t. P is the gradient w.r.t. mat.
+        return grad_mat, None, None
+
+
+def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
+    """Moore–Penrose inverse of every matrix in a batch by the Newton–Schulz iteration.
+
+    Iterates ``V_{k+1} = 2 V_k - V_k P V_k`` with ``P = mat + ridge * I``, starting from ``V_0 = alpha * P^T`` with
+    one ``alpha = 1.8 / (||mat||_1 ||mat||_inf)`` per matrix, computed from ``mat`` before the ridge. For a symmetric
+    matrix with positive entries this is SOFT's ``0.9 * 2 / max_row_sum^2``, so the outputs reproduce the authors'.
+    Because alpha is per matrix, each result depends only on its own matrix, never on the rest of the batch.
+
+    Convergence: the iteration converges to ``P^+`` when ``alpha * sigma_max(P)^2 < 2``. Since
+    ``sigma_max(mat)^2 <= ||mat||_1 ||mat||_inf``, that holds for ``ridge <= 0.05 * sqrt(||mat||_1 ||mat||_inf)``;
+    a Gaussian kernel matrix has a unit diagonal and positive entries, so ``ridge <= 0.05`` is always safe for it.
+    Beyond that bound alpha is shrunk to ``1.8 / (20 * ridge)^2`` so the iteration still converges; a zero matrix
+    gives a zero (ridge = 0) or finite result, never NaN.
+
+    Accuracy: for symmetric ``P`` the iterate is ``V_k = P^-1 (I - (I - alpha P^2)^(2^k))``, a spectral filter: an
+    eigen-direction with ``alpha * lambda^2 = y`` is inverted once ``2^k y`` is large, so its error first only halves
+    per iteration and then vanishes quadratically. The iterations needed grow like ``2 log2(cond) + 6`` (measured in
+    float64 to a relative error of 1e-6: 11 for condition number 10, 18 for 100, 32 for 1e4, 45 for 1e6, 52 for 1e7),
+    so the default 20 suffices up to a condition number of about 100 while ill-conditioned matrices (1e4–1e7) need
+    30–55. With fewer, the directions of small eigenvalues are not yet inverted and the result is a truncated
+    (regularised) pseudo-inverse. In floating point, the numerically-zero eigen-directions of a rank-deficient PSD
+    matrix (e.g. the kernel of nearly duplicated landmarks) carry rounding noise that also doubles every iteration,
+    so many extra iterations blow it up (to ~1e14 after 100 and to inf/NaN after 200 in float64) instead of
+    converging to ``mat^+``; exact duplicates are harmless (their rows and columns stay bit-identical, so no noise
+    enters). A small ``ridge`` (1e-3 to 1e-2) makes ``P`` positive definite with eigenvalues >= ridge, and the
+    iteration then converges to ``(mat + ridge I)^-1``, whose entries are bounded by ``1 / ridge``, after about
+    ``2 log2(1 / ridge) + 10`` iterations.
+
+    Precision: the iteration runs with autocast disabled in at least float32 (float16/bfloat16 are promoted,
+    float64 stays float64), and the result is cast back to the dtype of ``mat``.
+
+    Backward: ``'implicit'`` does not backpropagate through the iterations; it treats the final iterate ``V`` as the
+    exact inverse and returns ``grad_mat = -V^T grad_V V^T`` (memory: one M×M matrix instead of one per iteration).
+    This equals the gradient of the unrolled iteration only once it has converged: at 20 iterations on a
+    well-conditioned matrix they agree to ~1e-9 in float64, at 5 iterations they differ by O(1). The implicit backward
+    is first-order only (double backward raises). ``'unrolled'`` is plain
+    autograd through the iterations (including alpha), the exact derivative of the truncated iteration.
+
+    Args:
+        mat: ``(..., M, M)`` floating-point matrices.
+        num_iters: number of Newton–Schulz iterations, an int >= 0.
+        ridge: ``ridge * I`` is added to every matrix before the iteration, a float >= 0.
+        backward: ``'implicit'`` or ``'unrolled'``.
+
+    Returns:
+        ``(..., M, M)`` approximations of ``(mat + ridge I)^+`` in the dtype of ``mat``.
+    """
+    _check_matrix(mat, 'newton_inverse')
+    if isinstance(num_iters, bool) or not isinstance(num_iters, numbers.Integral) or num_iters < 0:
+        raise ValueError(f'newton_inverse: num_iters must be an int >= 0, got {num_iters!r}')
+    ridge = _check_ridge(ridge, 'newton_inverse')
+    if backward not in _BACKWARD_MODES:
+        raise ValueError(f'newton_inverse: backward must be one of {_BACKWARD_MODES}, got {backward!r}')
+    with no_autocast(mat.device):
+        work = mat.to(compute_dtype(mat.dtype))
+        if backward == 'implicit':
+            inverse = _NewtonInverseImplicit.apply(work, int(num_iters), ridge)
+        else:
+            inverse = _newton_schulz(work, int(num_iters), ridge)
+    return inverse.to(mat.dtype)
+
+
+def exact_inverse(mat: Tensor, ridge: float = 0.0) -> Tensor:
+    """Reference: ``torch.linalg.pinv(mat + ridge * I)`` in at least float32 (autocast off), cast back to ``mat``'s dtype.
+
+    Args:
+        mat: ``(..., M, M)`` floating-point matrices.
+        ridge: a float >= 0 added to the diagonal before inverting.
+
+    Returns:
+        ``(..., M, M)`` Moore–Penrose inverses, differentiable by autograd.
+    """
+    _check_matrix(mat, 'exact_inverse')
+    ridge = _check_ridge(ridge, 'exact_inverse')
+    with no_autocast(mat.device):
+        work = _add_ridge(mat.to(compute_dtype(mat.dtype)), ridge)
+        return torch.linalg.pinv(work).to(mat.dtype)
