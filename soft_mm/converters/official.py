@@ -1,0 +1,379 @@
+"""Convert the SOFT authors' ImageNet checkpoints (fudan-zvg/SOFT layout) to soft_mm's layout.
+
+Key mapping (``s`` = 1..3 are the SOFT stages, ``j`` the block index)::
+
+    official                                        soft_mm
+    pos_embed{1,2,3}                                stages.{0,1,2}.pos_embed
+    pos_embed4            (1, 1 + 49, C4)           cls_pos_embed = [:, :1], stages.3.pos_embed = [:, 1:]
+    patch_embed1.proj.{0,1,3,4,6,7}.*               stages.0.downsample.{0,1,2}.{conv,bn}.*   (3-conv stem)
+    patch_embed{2,3,4}.proj.{0,1}.*                 stages.{1,2,3}.downsample.{conv,bn}.*
+    block{s}.{j}.att.mha.W_q / W_v / ff             stages.{s-1}.blocks.{j}.attn.qk / v / proj
+    block{s}.{j}.att.mha.attn.Qlandmark_op          stages.{s-1}.blocks.{j}.attn.landmark_conv
+    block{s}.{j}.att.mha.attn.Qnorm_act.0           stages.{s-1}.blocks.{j}.attn.landmark_norm
+    block{s}.{j}.att.mha.attn.conv                  stages.{s-1}.blocks.{j}.attn.v_conv
+    block{s}.{j}.att.{norm1,norm2,ff1,ff2}          stages.{s-1}.blocks.{j}.{norm1,norm2,mlp.fc1,mlp.fc2}
+    block4.{j}.{norm1,attn.q,attn.kv,attn.proj,norm2,mlp.fc1,mlp.fc2}   stages.3.blocks.{j}.(same)
+    norm.*, cls_token, head.*                       unchanged
+
+The architecture is read off the shapes: depths from the block indices, dims from ``W_q``, heads from the
+value conv ``(heads, 1, k, k)``, v-conv kernels from the same, landmark strides from ``Qlandmark_op (d, d, r, r)``,
+the MLP ratio from ``ff1``; stage-4 heads are ``dim / 32`` (head dim 32 in every variant; stage 4 has no tensor that
+tells the head count). Whether a checkpoint is SOFT-Norm cannot be read from it (same tensors): the caller says so.
+
+The converted file, ``{'state_dict': ..., 'meta': {...}}``, holds only tensors and plain Python values, so
+``torch.load(weights_only=True)`` (and mmengine's ``init_cfg=dict(type='Pretrained', checkpoint=...)``) read it.
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+import re
+import warnings
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from torch import nn
+
+from ..models.arch import ARCH_KEYS, ARCH_SETTINGS, resolve_arch
+from ..models.classifier import SoftVisionTransformer
+
+__all__ = ['AUTHORS_SETTINGS', 'CHECKPOINT_KEYS', 'CLASSIFIER_ONLY_KEYS', 'backbone_state_dict',
+           'build_classifier_from_checkpoint', 'convert_official_state_dict', 'describe_arch', 'infer_arch',
+           'load_converted_checkpoint', 'load_official_checkpoint', 'make_meta', 'map_official_key', 'match_arch',
+           'model_kwargs_from_meta', 'num_classes_of', 'save_converted_checkpoint', 'select_state_dict', 'verify_converted']
+
+# The attention settings of the authors' released models (soft-spec §1-2): strided-conv landmarks, 20 Newton-Schulz
+# iterations with a 0.01 ridge. A converted model reproduces their outputs only with these.
+AUTHORS_SETTINGS = {'landmark_mode': 'conv', 'newton_iters': 20, 'newton_ridge': 0.01}
+# Where a state dict may sit in a checkpoint file: timm (state_dict, state_dict_ema), DeiT (model, model_ema).
+CHECKPOINT_KEYS = ('state_dict', 'state_dict_ema', 'model', 'model_ema')
+_AUTO_ORDER = ('state_dict', 'model', 'state_dict_ema', 'model_ema')  # EMA weights only when nothing else is there
+# Parameters of the classifier that the mm backbone (SOFT) does not have.
+CLASSIFIER_ONLY_KEYS = ('cls_token', 'cls_pos_embed', 'head.weight', 'head.bias')
+STAGE4_HEAD_DIM = 32
+
+_PARAM = r'(weight|bias|running_mean|running_var|num_batches_tracked)'
+_STEM_LAYERS = {'0': '0.conv', '1': '0.bn', '3': '1.conv', '4': '1.bn', '6': '2.conv', '7': '2.bn'}
+_DOWNSAMPLE_LAYERS = {'0': 'conv', '1': 'bn'}
+_SOFT_BLOCK_LAYERS = {
+    'att.mha.W_q': 'attn.qk', 'att.mha.W_v': 'attn.v', 'att.mha.ff': 'attn.proj',
+    'att.mha.attn.Qlandmark_op': 'attn.landmark_conv', 'att.mha.attn.Qnorm_act.0': 'attn.landmark_norm',
+    'att.mha.attn.conv': 'attn.v_conv', 'att.norm1': 'norm1', 'att.norm2': 'norm2', 'att.ff1': 'mlp.fc1',
+    'att.ff2': 'mlp.fc2'}
+_SOFTMAX_BLOCK_LAYERS = ('norm1', 'attn.q', 'attn.kv', 'attn.proj', 'norm2', 'mlp.fc1', 'mlp.fc2')
+
+
+def _alternatives(names: Any) -> str:
+    return '|'.join(re.escape(name) for name in names)
+
+
+# (pattern, rename) pairs, each pattern matched against the whole key.
+_RULES: list[tuple[re.Pattern, Any]] = [
+    (re.compile(r'pos_embed([1-3])'), lambda m: f'stages.{int(m[1]) - 1}.pos_embed'),
+    (re.compile(rf'patch_embed1\.proj\.({_alternatives(_STEM_LAYERS)})\.{_PARAM}'),
+     lambda m: f'stages.0.downsample.{_STEM_LAYERS[m[1]]}.{m[2]}'),
+    (re.compile(rf'patch_embed([2-4])\.proj\.([01])\.{_PARAM}'),
+     lambda m: f'stages.{int(m[1]) - 1}.downsample.{_DOWNSAMPLE_LAYERS[m[2]]}.{m[3]}'),
+    (re.compile(rf'block([1-3])\.(\d+)\.({_alternatives(_SOFT_BLOCK_LAYERS)})\.(weight|bias)'),
+     lambda m: f'stages.{int(m[1]) - 1}.blocks.{m[2]}.{_SOFT_BLOCK_LAYERS[m[3]]}.{m[4]}'),
+    (re.compile(rf'block4\.(\d+)\.({_alternatives(_SOFTMAX_BLOCK_LAYERS)})\.(weight|bias)'),
+     lambda m: f'stages.3.blocks.{m[1]}.{m[2]}.{m[3]}'),
+    (re.compile(r'cls_token|(norm|head)\.(weight|bias)'), lambda m: m[0]),
+]
+
+
+def map_official_key(key: str) -> str | None:
+    """soft_mm name of an official key, or None if no rule maps it (``pos_embed4`` is split, not renamed)."""
+    for pattern, rename in _RULES:
+        match = pattern.fullmatch(key)
+        if match:
+            return rename(match)
+    return None
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Reading the authors' files
+
+
+def load_official_checkpoint(path: str | os.PathLike, key: str = 'auto',
+                             allow_pickle: bool = True) -> tuple[dict[str, torch.Tensor], str]:
+    """Read an official checkpoint file: ``(state dict, where it was found)`` (see :func:`select_state_dict`).
+
+    The file is first read with ``torch.load(weights_only=True)``, which runs no pickled code, with
+    ``argparse.Namespace`` allow-listed: timm's train script stores its command-line ``args`` Namespace next to the
+    weights. If that still fails (an older file with other pickled objects), the file is read again with
+    ``weights_only=False`` — which can execute code stored in the file, so only do that for files you trust — and a
+    warning says so; ``allow_pickle=False`` raises instead.
+    """
+    try:
+        with torch.serialization.safe_globals([argparse.Namespace]):
+            checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    except Exception as safe_error:  # torch raises UnpicklingError or RuntimeError depending on the version
+        if isinstance(safe_error, (FileNotFoundError, IsADirectoryError)):
+            raise
+        if not allow_pickle:
+            raise ValueError(f'{path} cannot be read with torch.load(weights_only=True): {safe_error}') from safe_error
+        warnings.warn(f'{path} holds objects that torch.load(weights_only=True) refuses ({safe_error}); reading it '
+                      'with weights_only=False, which unpickles arbitrary objects: only do this for a trusted file',
+                      stacklevel=2)
+        checkpoint = torch.load(path, map_location='cpu', weights_only=False)
+    if not isinstance(checkpoint, Mapping):
+        raise TypeError(f'{path} holds a {type(checkpoint).__name__}, not a checkpoint dict or a state dict')
+    return select_state_dict(checkpoint, key)
+
+
+def select_state_dict(checkpoint: Mapping[str, Any], key: str = 'auto') -> tuple[dict[str, torch.Tensor], str]:
+    """Pick the state dict out of a checkpoint dict and strip a DataParallel ``module.`` prefix.
+
+    ``key='auto'`` takes ``state_dict`` or ``model``, then (only if the file has nothing else) ``state_dict_ema`` or
+    ``model_ema``, then the dict itself when all its values are tensors (a bare state dict). An explicit ``key``
+    (one of :data:`CHECKPOINT_KEYS`) must be present. Returns the state dict and the key used (``''`` for a bare dict).
+    """
+    if key != 'auto' and key not in CHECKPOINT_KEYS:
+        raise ValueError(f"key={key!r} is not one of {('auto',) + CHECKPOINT_KEYS}")
+    if key == 'auto':
+        found = [k for k in _AUTO_ORDER if isinstance(checkpoint.get(k), Mapping)]
+        if found:
+            key = found[0]
+        elif checkpoint and all(isinstance(v, torch.Tensor) for v in checkpoint.values()):
+            key = ''
+        else:
+            raise ValueError(f'found no state dict in the checkpoint: none of {CHECKPOINT_KEYS} is there and it is '
+                             f'not a bare state dict (top-level keys: {sorted(map(str, checkpoint))[:12]})')
+        if key.endswith('ema'):
+            warnings.warn(f'the checkpoint has only EMA weights; converting {key!r}', stacklevel=2)
+    elif not isinstance(checkpoint.get(key), Mapping):
+        present = [k for k in CHECKPOINT_KEYS if isinstance(checkpoint.get(k), Mapping)]
+        raise ValueError(f'key={key!r} is not in the checkpoint; it has {present or "no known key"}'
+                         f"{'' if present else ' (use key=auto for a bare state dict)'}")
+    state_dict = checkpoint[key] if key else checkpoint
+    not_tensors = sorted(k for k, v in state_dict.items() if not isinstance(v, torch.Tensor))
+    if not_tensors:
+        raise ValueError(f'the state dict under {key or "the top level"!r} holds non-tensor values: {not_tensors[:8]}')
+    return {k.removeprefix('module.'): v for k, v in state_dict.items()}, key
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# The architecture
+
+
+def _tensor(state_dict: Mapping[str, torch.Tensor], key: str, ndim: int) -> torch.Tensor:
+    if key not in state_dict:
+        raise ValueError(f'{key!r} is missing: the state dict does not have the official SOFT layout')
+    tensor = state_dict[key]
+    if tensor.ndim != ndim:
+        raise ValueError(f'{key!r} has shape {tuple(tensor.shape)}, expected {ndim} dims')
+    return tensor
+
+
+def _block_depths(state_dict: Mapping[str, torch.Tensor]) -> list[int]:
+    indices: list[set[int]] = [set() for _ in range(4)]
+    for key in state_dict:
+        match = re.match(r'block([1-4])\.(\d+)\.', key)
+        if match:
+            indices[int(match[1]) - 1].add(int(match[2]))
+    depths = []
+    for stage, found in enumerate(indices, start=1):
+        if not found:
+            tops = sorted({k.split('.')[0] for k in state_dict})[:12]
+            raise ValueError(f'no block{stage}.* keys: this is not an official SOFT state dict (it needs block1..4; '
+                             f'top-level names found: {tops})')
+        if found != set(range(len(found))):
+            raise ValueError(f'block{stage} indices are not 0..{len(found) - 1}: {sorted(found)}')
+        depths.append(len(found))
+    return depths
+
+
+def infer_arch(state_dict: Mapping[str, torch.Tensor]) -> dict[str, Any]:
+    """Architecture settings (keys of :data:`~soft_mm.models.arch.ARCH_KEYS`) read off an official state dict.
+
+    Raises a ValueError naming the key when the layout is not the authors' conv-landmark SOFT (e.g. the
+    ``nn.Linear`` landmark op their code uses for a SOFT stage with ratio 1, which soft_mm does not implement).
+    """
+    depths = _block_depths(state_dict)
+    dims, heads, strides, kernels, hidden = [], [], [], [], []
+    for stage in (1, 2, 3):
+        prefix = f'block{stage}.0.att.'
+        w_q = _tensor(state_dict, prefix + 'mha.W_q.weight', 2)
+        landmark_key = prefix + 'mha.attn.Qlandmark_op.weight'
+        landmark_op = state_dict.get(landmark_key)
+        if landmark_op is not None and landmark_op.ndim == 2:
+            raise ValueError(f'{landmark_key!r} has shape {tuple(landmark_op.shape)}: a Linear landmark op (the '
+                             "authors' layout for a SOFT stage with ratio 1); soft_mm supports only the strided-conv "
+                             'landmarks (ratio > 1), so this checkpoint cannot be converted')
+        landmark_op = _tensor(state_dict, landmark_key, 4)
+        v_conv = _tensor(state_dict, prefix + 'mha.attn.conv.weight', 4)
+        head_dim, num_heads = landmark_op.shape[1], v_conv.shape[0]
+        if (landmark_op.shape[0] != head_dim or landmark_op.shape[2] != landmark_op.shape[3]
+                or v_conv.shape[1] != 1 or v_conv.shape[2] != v_conv.shape[3]
+                or w_q.shape[0] != w_q.shape[1] or num_heads * head_dim != w_q.shape[0]):
+            raise ValueError(f'block{stage}.0 has inconsistent shapes: W_q {tuple(w_q.shape)}, Qlandmark_op '
+                             f'{tuple(landmark_op.shape)} (expected (d, d, r, r)), conv {tuple(v_conv.shape)} '
+                             '(expected (heads, 1, k, k) with heads * d = dim)')
+        dims.append(w_q.shape[0])
+        heads.append(num_heads)
+        strides.append(landmark_op.shape[-1])
+        kernels.append(v_conv.shape[-1])
+        hidden.append(_tensor(state_dict, prefix + 'ff1.weight', 2).shape[0])
+    q4 = _tensor(state_dict, 'block4.0.attn.q.weight', 2)
+    dims.append(q4.shape[0])
+    if dims[3] % STAGE4_HEAD_DIM:
+        raise ValueError(f'stage-4 dim {dims[3]} is not a multiple of the head dim {STAGE4_HEAD_DIM}')
+    heads.append(dims[3] // STAGE4_HEAD_DIM)
+    hidden.append(_tensor(state_dict, 'block4.0.mlp.fc1.weight', 2).shape[0])
+    ratios = {h / d for h, d in zip(hidden, dims)}
+    if len(ratios) != 1:
+        raise ValueError(f'the MLP hidden sizes {hidden} for dims {dims} do not share one ratio; soft_mm uses one '
+                         'mlp_ratio for all stages')
+    ratio = ratios.pop()
+    return {'embed_dims': dims, 'num_heads': heads, 'depths': depths, 'landmark_strides': strides,
+            'v_conv_kernels': kernels, 'mlp_ratio': int(ratio) if ratio.is_integer() else ratio}
+
+
+def match_arch(arch: Mapping[str, Any]) -> str | None:
+    """Name of the :data:`ARCH_SETTINGS` entry with exactly these settings, or None."""
+    settings = resolve_arch(dict(arch))
+    return next((name for name in ARCH_SETTINGS if resolve_arch(name) == settings), None)
+
+
+def describe_arch(arch: str | Mapping[str, Any]) -> str:
+    """One line: the table name, or the custom settings and how they differ from the closest table entry."""
+    if isinstance(arch, str):
+        return f'{arch!r} (the table entry)'
+    settings = resolve_arch(dict(arch))
+    name = match_arch(settings)
+    if name is not None:
+        return f'{name!r} (the table entry)'
+    diffs = {n: [k for k in ARCH_KEYS if resolve_arch(n)[k] != settings[k]] for n in ARCH_SETTINGS}
+
+    def distance(name: str) -> tuple[int, float]:  # differing settings, then how far apart they are
+        table = resolve_arch(name)
+        gap = sum(abs(a - b) for k in diffs[name] for a, b in zip(*(
+            v if isinstance(v, tuple) else (v,) for v in (table[k], settings[k]))))
+        return len(diffs[name]), gap
+
+    closest = min(diffs, key=distance)
+    table = resolve_arch(closest)
+    changes = ', '.join(f'{k} {settings[k]} (table: {table[k]})' for k in diffs[closest])
+    return f'a custom arch, not in the table: closest is {closest!r}, but {changes}'
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Conversion
+
+
+def convert_official_state_dict(state_dict: Mapping[str, torch.Tensor],
+                                ) -> tuple[dict[str, torch.Tensor], str | dict[str, Any], list[str]]:
+    """Official state dict -> ``(soft_mm state dict, arch, unmapped keys)``.
+
+    ``arch`` is the table name when the inferred settings equal an entry of :data:`ARCH_SETTINGS`, else a plain dict
+    (lists and ints), e.g. for the authors' own 38.9M "small" with depths 1,3,20,4 (the table's small is the
+    published 24M model, depths 1,3,7,4). ``unmapped`` lists the keys no rule maps (dropped from the result).
+    The result loads strictly into ``SoftVisionTransformer(arch, num_classes=head rows)`` (see
+    :func:`verify_converted`); it holds fresh contiguous tensors (no views of the input).
+    """
+    arch_settings = infer_arch(state_dict)
+    converted: dict[str, torch.Tensor] = {}
+    unmapped = []
+    for key, tensor in state_dict.items():
+        if key == 'pos_embed4':
+            if tensor.ndim != 3 or tensor.shape[1] < 2:
+                raise ValueError(f"'pos_embed4' has shape {tuple(tensor.shape)}, expected (1, 1 + H*W, C)")
+            converted['cls_pos_embed'] = tensor[:, :1]
+            converted['stages.3.pos_embed'] = tensor[:, 1:]
+            continue
+        new_key = map_official_key(key)
+        if new_key is None:
+            unmapped.append(key)
+        else:
+            converted[new_key] = tensor
+    converted = {k: v.detach().clone(memory_format=torch.contiguous_format) for k, v in converted.items()}
+    name = match_arch(arch_settings)
+    return converted, (name if name is not None else arch_settings), unmapped
+
+
+def num_classes_of(state_dict: Mapping[str, torch.Tensor]) -> int:
+    """Classes of the head in a (converted or official) state dict; 0 when there is no head."""
+    head = state_dict.get('head.weight')
+    return int(head.shape[0]) if head is not None else 0
+
+
+def backbone_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A converted classifier state dict without the classifier-only tensors: loads strictly into ``SOFT``."""
+    return {k: v for k, v in state_dict.items() if k not in CLASSIFIER_ONLY_KEYS}
+
+
+def _classifier_on_meta(**kwargs: Any) -> nn.Module:
+    """The classifier with no storage (meta device) when its construction allows it, else on the CPU."""
+    try:
+        with torch.device('meta'):
+            return SoftVisionTransformer(**kwargs)
+    except (NotImplementedError, RuntimeError):  # construction reads a tensor's data (not possible on meta)
+        return SoftVisionTransformer(**kwargs)
+
+
+def verify_converted(state_dict: Mapping[str, torch.Tensor], arch: str | Mapping[str, Any]) -> int:
+    """Strict-load ``state_dict`` into a classifier of ``arch``; returns its parameter count, raises ValueError."""
+    model = _classifier_on_meta(arch=arch if isinstance(arch, str) else dict(arch),
+                                num_classes=num_classes_of(state_dict), **AUTHORS_SETTINGS)
+    try:
+        model.load_state_dict(state_dict, strict=True, assign=True)
+    except RuntimeError as error:
+        raise ValueError(f'the converted state dict does not fit SoftVisionTransformer({describe_arch(arch)}): '
+                         f'{error}') from error
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# Converted files
+
+
+def make_meta(arch: str | Mapping[str, Any], soft_norm: bool, source: str = '', source_key: str = '',
+              num_classes: int = 1000) -> dict[str, Any]:
+    """The ``meta`` of a converted file: everything needed to rebuild the model, as plain Python values."""
+    if not isinstance(arch, str):
+        settings = resolve_arch(dict(arch))
+        arch = {k: list(settings[k]) if isinstance(settings[k], tuple) else settings[k] for k in ARCH_KEYS}
+    return dict(arch=arch, soft_norm=bool(soft_norm), num_classes=int(num_classes), **AUTHORS_SETTINGS,
+                source=str(source), source_key=source_key, converter='soft_mm.converters.official')
+
+
+def save_converted_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor],
+                              meta: Mapping[str, Any]) -> None:
+    """Write ``{'state_dict': ..., 'meta': ...}`` (readable with ``weights_only=True``)."""
+    directory = os.path.dirname(os.fspath(path))
+    if directory:
+        os.makedirs(directory, exist_ok=True)
+    torch.save({'state_dict': {k: v.detach().cpu() for k, v in state_dict.items()}, 'meta': dict(meta)}, path)
+
+
+def load_converted_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """``(state_dict, meta)`` of a file written by :func:`save_converted_checkpoint` (read with weights_only=True)."""
+    checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    if not (isinstance(checkpoint, Mapping) and isinstance(checkpoint.get('meta'), Mapping)
+            and isinstance(checkpoint.get('state_dict'), Mapping) and 'arch' in checkpoint['meta']):
+        raise ValueError(f'{path} is not a converted SOFT checkpoint (expected state_dict and meta with an arch; '
+                         'convert official files with tools/convert_official_checkpoint.py)')
+    return dict(checkpoint['state_dict']), dict(checkpoint['meta'])
+
+
+def model_kwargs_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+    """Constructor arguments shared by ``SoftVisionTransformer`` and ``SOFT`` for a converted file's ``meta``."""
+    arch = meta['arch']
+    return dict(arch=arch if isinstance(arch, str) else copy.deepcopy(dict(arch)), soft_norm=bool(meta['soft_norm']),
+                **{k: meta.get(k, v) for k, v in AUTHORS_SETTINGS.items()})
+
+
+def build_classifier_from_checkpoint(path: str | os.PathLike, **overrides: Any) -> SoftVisionTransformer:
+    """The ``SoftVisionTransformer`` of a converted file, weights loaded strictly (in train mode, like any new model).
+
+    ``overrides`` replace constructor arguments (e.g. ``drop_path_rate=0.0``, ``newton_iters=30``); the arch and the
+    number of classes come from the file.
+    """
+    state_dict, meta = load_converted_checkpoint(path)
+    kwargs = {**model_kwargs_from_meta(meta), 'num_classes': num_classes_of(state_dict), **overrides}
+    model = SoftVisionTransformer(**kwargs)
+    model.load_state_dict(state_dict, strict=True)
+    return model
