@@ -13,116 +13,120 @@
 #   SOFT_MM_WITH_MIM=1  also install openmim and re-pin what its dependencies downgrade
 set -euo pipefail
 
-PY=${PYTHON:-python}
-ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
-CACHE=${SOFT_MM_CACHE:-$HOME/.cache/soft_mm}
-LOG_DIR="$CACHE/logs"
-mkdir -p "$LOG_DIR"
-MMCV_VERSION=2.1.0
-TORCH_VERSION=2.14.1
-TORCHVISION_VERSION=0.29.1
-START=$(date +%s)
+# The whole script is one function, parsed before it runs: editing this file during an install cannot break it.
+main() {
 
-step() { printf '\n[soft_mm install %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
-die() { printf '\nsoft_mm install failed: %s\n' "$*" >&2; exit 1; }
-pip_q() { "$PY" -m pip install --disable-pip-version-check -q -c "$ROOT/tools/constraints.txt" "$@"; }
+  PY=${PYTHON:-python}
+  ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+  CACHE=${SOFT_MM_CACHE:-$HOME/.cache/soft_mm}
+  LOG_DIR="$CACHE/logs"
+  mkdir -p "$LOG_DIR"
+  MMCV_VERSION=2.1.0
+  TORCH_VERSION=2.14.1
+  TORCHVISION_VERSION=0.29.1
+  START=$(date +%s)
 
-step "checking the toolchain"
-command -v "$PY" >/dev/null 2>&1 || die "no Python interpreter '$PY' on PATH; activate an environment or set PYTHON=/path/to/python."
-"$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' \
-  || die "soft_mm needs Python >= 3.9, but '$PY' is $("$PY" -c 'import platform; print(platform.python_version())')."
-"$PY" -m pip --version >/dev/null 2>&1 || die "pip is missing for '$PY'; install it with '$PY -m ensurepip'."
-CXX_BIN=${CXX:-g++}
-command -v "$CXX_BIN" >/dev/null 2>&1 || die "no C++ compiler ('$CXX_BIN') found; mmcv's ops must be compiled: install g++ (e.g. 'apt-get install g++')."
-command -v "${CC:-gcc}" >/dev/null 2>&1 || die "no C compiler ('${CC:-gcc}') found; install gcc (e.g. 'apt-get install gcc')."
-"$PY" - <<'PYEOF' || die "the Python headers (Python.h) are missing; install them (e.g. 'apt-get install python3-dev') and rerun."
-import os, sys, sysconfig
-sys.exit(0 if os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")) else 1)
-PYEOF
-echo '#include <concepts>
-int main() { return 0; }' > "$LOG_DIR/cxx20.cpp"
-"$CXX_BIN" -std=c++20 -o "$LOG_DIR/cxx20.out" "$LOG_DIR/cxx20.cpp" >/dev/null 2>&1 \
-  || die "'$CXX_BIN' cannot compile C++20, which torch $TORCH_VERSION's headers need; install g++ >= 10."
+  step() { printf '\n[soft_mm install %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
+  die() { printf '\nsoft_mm install failed: %s\n' "$*" >&2; exit 1; }
+  pip_q() { "$PY" -m pip install --disable-pip-version-check -q -c "$ROOT/tools/constraints.txt" "$@"; }
 
-step "pinning setuptools (>=77.0.3 for torch, <82 for pkg_resources), wheel and ninja"
-pip_q "setuptools>=77.0.3,<82" wheel ninja
+  step "checking the toolchain"
+  command -v "$PY" >/dev/null 2>&1 || die "no Python interpreter '$PY' on PATH; activate an environment or set PYTHON=/path/to/python."
+  "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' \
+    || die "soft_mm needs Python >= 3.9, but '$PY' is $("$PY" -c 'import platform; print(platform.python_version())')."
+  "$PY" -m pip --version >/dev/null 2>&1 || die "pip is missing for '$PY'; install it with '$PY -m ensurepip'."
+  CXX_BIN=${CXX:-g++}
+  command -v "$CXX_BIN" >/dev/null 2>&1 || die "no C++ compiler ('$CXX_BIN') found; mmcv's ops must be compiled: install g++ (e.g. 'apt-get install g++')."
+  command -v "${CC:-gcc}" >/dev/null 2>&1 || die "no C compiler ('${CC:-gcc}') found; install gcc (e.g. 'apt-get install gcc')."
+  "$PY" -c 'import os, sys, sysconfig; sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+    || die "the Python headers (Python.h) are missing; install them (e.g. 'apt-get install python3-dev') and rerun."
+  echo '#include <concepts>
+  int main() { return 0; }' > "$LOG_DIR/cxx20.cpp"
+  "$CXX_BIN" -std=c++20 -o "$LOG_DIR/cxx20.out" "$LOG_DIR/cxx20.cpp" >/dev/null 2>&1 \
+    || die "'$CXX_BIN' cannot compile C++20, which torch $TORCH_VERSION's headers need; install g++ >= 10."
 
-step "torch"
-if "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
-  echo "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)') / torchvision $("$PY" -c 'import torchvision; print(torchvision.__version__)')"
-else
-  echo "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION (large download when not cached locally)"
-  pip_q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-fi
-TORCH_TAG=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
+  step "pinning setuptools (>=77.0.3 for torch, <82 for pkg_resources), wheel and ninja"
+  pip_q "setuptools>=77.0.3,<82" wheel ninja
 
-step "mmengine"
-pip_q "mmengine==0.10.7"
-
-step "mmcv $MMCV_VERSION with compiled ops"
-WITH_CUDA=0
-if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
-  command -v nvcc >/dev/null 2>&1 || die "CUDA ops were requested (FORCE_CUDA=1 or a visible GPU) but nvcc is not on PATH; install the CUDA toolkit or unset FORCE_CUDA."
-  WITH_CUDA=1
-fi
-OPS_KIND=$([ "$WITH_CUDA" = 1 ] && echo cuda || echo cpu)
-PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
-WHEEL_DIR="$CACHE/wheels/mmcv-$MMCV_VERSION-$PY_TAG-torch$TORCH_TAG-$OPS_KIND"
-mmcv_ok() {
-  "$PY" -c "import mmcv, sys; from mmcv.ops import batched_nms, roi_align; sys.exit(0 if mmcv.__version__ == '$MMCV_VERSION' else 1)" >/dev/null 2>&1
-}
-if mmcv_ok && [ -f "$WHEEL_DIR/.installed" ]; then
-  echo "mmcv $MMCV_VERSION with ops already installed (built for torch $TORCH_TAG, $OPS_KIND ops)"
-else
-  if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
-    BUILD_DIR=$(mktemp -d)
-    trap 'rm -rf "$BUILD_DIR"' EXIT
-    echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; 15-30 minutes on 2 cores)"
-    echo "compiler output goes to $LOG_DIR/mmcv-build.log"
-    "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-build-isolation --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD_DIR" \
-      >"$LOG_DIR/mmcv-download.log" 2>&1 || die "could not download the mmcv $MMCV_VERSION source from the package index (see $LOG_DIR/mmcv-download.log)."
-    tar -xzf "$BUILD_DIR"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD_DIR"
-    SRC="$BUILD_DIR/mmcv-$MMCV_VERSION"
-    # torch >= 2.10 headers require C++20; mmcv's setup.py hard-codes C++17.
-    sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
-    (
-      cd "$SRC"
-      export MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
-      [ "$WITH_CUDA" = 1 ] && export FORCE_CUDA=1
-      "$PY" setup.py bdist_wheel -d "$BUILD_DIR/dist" >"$LOG_DIR/mmcv-build.log" 2>&1 &
-      pid=$!
-      while kill -0 "$pid" 2>/dev/null; do
-        sleep 30
-        n=$(grep -o -E '^\[[0-9]+/[0-9]+\]' "$LOG_DIR/mmcv-build.log" 2>/dev/null | tail -n 1 || true)
-        printf '  ... compiling mmcv ops %s (%ss)\n' "${n:-[preparing]}" "$(( $(date +%s) - START ))"
-      done
-      wait "$pid"
-    ) || die "the mmcv $MMCV_VERSION build failed; the last lines of $LOG_DIR/mmcv-build.log say why."
-    mkdir -p "$WHEEL_DIR"
-    cp "$BUILD_DIR"/dist/mmcv-*.whl "$WHEEL_DIR"/
-    echo "cached $(ls "$WHEEL_DIR"/mmcv-*.whl)"
+  step "torch"
+  if "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
+    echo "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)') / torchvision $("$PY" -c 'import torchvision; print(torchvision.__version__)')"
   else
-    echo "reusing the cached wheel $(ls "$WHEEL_DIR"/mmcv-*.whl)"
+    echo "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION (large download when not cached locally)"
+    pip_q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
   fi
-  pip_q --force-reinstall --no-deps "$WHEEL_DIR"/mmcv-*.whl
-  pip_q addict packaging Pillow pyyaml yapf opencv-python
-  mmcv_ok || die "mmcv installed but 'from mmcv.ops import batched_nms, roi_align' fails; delete $WHEEL_DIR and rerun to rebuild."
-  touch "$WHEEL_DIR/.installed"
-fi
+  TORCH_TAG=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
 
-step "mmdet, mmsegmentation, timm and the test tools (requirements.txt)"
-pip_q -r "$ROOT/requirements.txt"
+  step "mmengine"
+  pip_q "mmengine==0.10.7"
 
-if [ "${SOFT_MM_WITH_MIM:-0}" = "1" ]; then
-  step "openmim (and re-pinning what its dependencies downgrade)"
-  pip_q openmim
-  pip_q "setuptools>=77.0.3,<82" "requests>=2.31" "rich>=13.7"
-fi
+  step "mmcv $MMCV_VERSION with compiled ops"
+  WITH_CUDA=0
+  if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    command -v nvcc >/dev/null 2>&1 || die "CUDA ops were requested (FORCE_CUDA=1 or a visible GPU) but nvcc is not on PATH; install the CUDA toolkit or unset FORCE_CUDA."
+    WITH_CUDA=1
+  fi
+  OPS_KIND=$([ "$WITH_CUDA" = 1 ] && echo cuda || echo cpu)
+  PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
+  WHEEL_DIR="$CACHE/wheels/mmcv-$MMCV_VERSION-$PY_TAG-torch$TORCH_TAG-$OPS_KIND"
+  mmcv_ok() {
+    "$PY" -c "import mmcv, sys; from mmcv.ops import batched_nms, roi_align; sys.exit(0 if mmcv.__version__ == '$MMCV_VERSION' else 1)" >/dev/null 2>&1
+  }
+  if mmcv_ok && [ -f "$WHEEL_DIR/.installed" ]; then
+    echo "mmcv $MMCV_VERSION with ops already installed (built for torch $TORCH_TAG, $OPS_KIND ops)"
+  else
+    if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
+      BUILD_DIR=$(mktemp -d)
+      trap 'rm -rf "$BUILD_DIR"' EXIT
+      echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; 15-30 minutes on 2 cores)"
+      echo "compiler output goes to $LOG_DIR/mmcv-build.log"
+      "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-build-isolation --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD_DIR" \
+        >"$LOG_DIR/mmcv-download.log" 2>&1 || die "could not download the mmcv $MMCV_VERSION source from the package index (see $LOG_DIR/mmcv-download.log)."
+      tar -xzf "$BUILD_DIR"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD_DIR"
+      SRC="$BUILD_DIR/mmcv-$MMCV_VERSION"
+      # torch >= 2.10 headers require C++20; mmcv's setup.py hard-codes C++17.
+      sed -i 's/-std=c++17/-std=c++20/g' "$SRC/setup.py"
+      (
+        cd "$SRC"
+        export MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
+        [ "$WITH_CUDA" = 1 ] && export FORCE_CUDA=1
+        "$PY" setup.py bdist_wheel -d "$BUILD_DIR/dist" >"$LOG_DIR/mmcv-build.log" 2>&1 &
+        pid=$!
+        while kill -0 "$pid" 2>/dev/null; do
+          sleep 30
+          n=$(grep -o -E '^\[[0-9]+/[0-9]+\]' "$LOG_DIR/mmcv-build.log" 2>/dev/null | tail -n 1 || true)
+          printf '  ... compiling mmcv ops %s (%ss)\n' "${n:-[preparing]}" "$(( $(date +%s) - START ))"
+        done
+        wait "$pid"
+      ) || die "the mmcv $MMCV_VERSION build failed; the last lines of $LOG_DIR/mmcv-build.log say why."
+      mkdir -p "$WHEEL_DIR"
+      cp "$BUILD_DIR"/dist/mmcv-*.whl "$WHEEL_DIR"/
+      echo "cached $(ls "$WHEEL_DIR"/mmcv-*.whl)"
+    else
+      echo "reusing the cached wheel $(ls "$WHEEL_DIR"/mmcv-*.whl)"
+    fi
+    pip_q --force-reinstall --no-deps "$WHEEL_DIR"/mmcv-*.whl
+    pip_q addict packaging Pillow pyyaml yapf opencv-python
+    mmcv_ok || die "mmcv installed but 'from mmcv.ops import batched_nms, roi_align' fails; delete $WHEEL_DIR and rerun to rebuild."
+    touch "$WHEEL_DIR/.installed"
+  fi
 
-step "soft_mm (editable)"
-pip_q --no-build-isolation --no-deps -e "$ROOT"
+  step "mmdet, mmsegmentation, timm and the test tools (requirements.txt)"
+  pip_q -r "$ROOT/requirements.txt"
 
-step "checking the imports"
-"$PY" -c "import soft_mm, mmdet, mmseg, timm; from mmcv.ops import batched_nms, roi_align; print('soft_mm', soft_mm.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| timm', timm.__version__)" \
-  || die "the final import check failed; see the messages above."
-step "done"
+  if [ "${SOFT_MM_WITH_MIM:-0}" = "1" ]; then
+    step "openmim (and re-pinning what its dependencies downgrade)"
+    pip_q openmim
+    pip_q "setuptools>=77.0.3,<82" "requests>=2.31" "rich>=13.7"
+  fi
+
+  step "soft_mm (editable)"
+  pip_q --no-build-isolation --no-deps -e "$ROOT"
+
+  step "checking the imports"
+  "$PY" -c "import soft_mm, mmdet, mmseg, timm; from mmcv.ops import batched_nms, roi_align; print('soft_mm', soft_mm.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| timm', timm.__version__)" \
+    || die "the final import check failed; see the messages above."
+  step "done"
+}
+
+main "$@"
