@@ -46,14 +46,14 @@ class SoftAttention(nn.Module):
         landmark_grid: side of the landmark grid (m <= grid**2).
         v_conv_kernel: kernel of the per-head depthwise conv on v (odd); 0 disables the local term.
         newton_iters: Newton-Schulz iterations for A^+.
-        newton_ridge: ridge added to A before the inversion (the authors use 0.01).
+        newton_ridge: ridge added to A before the inversion (default 0.01, the value of the authors' checkpoints).
         soft_norm: SOFT-Norm, ``D^-1/2 A^+ D^-1/2`` with D the row sums of A.
         newton_backward: ``'implicit'`` (gradient of the exact inverse at the converged iterate) or ``'unrolled'``.
         qkv_bias: bias of the q/k and v projections.
     """
 
     def __init__(self, dim: int, num_heads: int, landmark_mode: str = 'conv', landmark_stride: int = 8,
-                 landmark_grid: int = 7, v_conv_kernel: int = 3, newton_iters: int = 20, newton_ridge: float = 0.0,
+                 landmark_grid: int = 7, v_conv_kernel: int = 3, newton_iters: int = 20, newton_ridge: float = 0.01,
                  soft_norm: bool = False, newton_backward: str = 'implicit', qkv_bias: bool = True) -> None:
         super().__init__()
         if dim % num_heads:

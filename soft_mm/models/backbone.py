@@ -36,7 +36,7 @@ class SOFT(SoftPyramidMixin, BaseModule):
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, drop_path_rate: float = 0.1, landmark_mode: str = 'conv',
-                 landmark_grid: int = 7, newton_iters: int = 20, newton_ridge: float = 0.0,
+                 landmark_grid: int = 7, newton_iters: int = 20, newton_ridge: float = 0.01,
                  newton_backward: str = 'implicit', init_cfg: dict | list[dict] | None = None) -> None:
         BaseModule.__init__(self, init_cfg=init_cfg)
         if isinstance(out_indices, int):

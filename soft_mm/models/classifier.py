@@ -30,7 +30,7 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = 'token', drop_rate: float = 0.0,
                  drop_path_rate: float = 0.1, landmark_mode: str = 'conv', landmark_grid: int = 7,
-                 newton_iters: int = 20, newton_ridge: float = 0.0, newton_backward: str = 'implicit',
+                 newton_iters: int = 20, newton_ridge: float = 0.01, newton_backward: str = 'implicit',
                  with_cp: bool = False) -> None:
         nn.Module.__init__(self)
         if global_pool not in ('token', 'avg'):

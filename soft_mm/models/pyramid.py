@@ -66,7 +66,7 @@ class SoftPyramidMixin:
 
     def _build_pyramid(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                        drop_path_rate: float = 0.1, landmark_mode: str = 'conv', landmark_grid: int = 7,
-                       newton_iters: int = 20, newton_ridge: float = 0.0, newton_backward: str = 'implicit',
+                       newton_iters: int = 20, newton_ridge: float = 0.01, newton_backward: str = 'implicit',
                        with_cp: bool = False) -> None:
         settings = resolve_arch(arch)
         if not 0.0 <= drop_path_rate < 1.0:

@@ -1,0 +1,31 @@
+# UperNet + SOFT-Norm-Small on ADE20K, 512x512 crops, 160k iterations, batch 16 (8 GPUs x 2): the published setup
+# (46.2 mIoU, 54M parameters). Data: data/ade/ADEChallengeData2016 (mmseg's standard layout).
+_base_ = [
+    'mmseg::_base_/models/upernet_swin.py', 'mmseg::_base_/datasets/ade20k.py',
+    'mmseg::_base_/default_runtime.py', 'mmseg::_base_/schedules/schedule_160k.py'
+]
+custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)
+
+crop_size = (512, 512)
+# ImageNet weights converted by tools/convert_official_checkpoint.py (see README).
+pretrained = 'checkpoints/soft_norm_small_in1k.pth'
+model = dict(
+    data_preprocessor=dict(size=crop_size),
+    backbone=dict(
+        _delete_=True, type='SOFT', arch='small', soft_norm=True, out_indices=(0, 1, 2, 3), drop_path_rate=0.1,
+        landmark_mode='conv', landmark_grid=7, newton_iters=20, newton_ridge=0.01,
+        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
+    auxiliary_head=dict(in_channels=320, num_classes=150))
+
+optim_wrapper = dict(
+    _delete_=True, type='OptimWrapper',
+    optimizer=dict(type='AdamW', lr=6e-5, betas=(0.9, 0.999), weight_decay=0.01),
+    paramwise_cfg=dict(custom_keys={'pos_embed': dict(decay_mult=0.), 'norm': dict(decay_mult=0.)}))
+param_scheduler = [
+    dict(type='LinearLR', start_factor=1e-6, by_epoch=False, begin=0, end=1500),
+    dict(type='PolyLR', eta_min=0.0, power=1.0, begin=1500, end=160000, by_epoch=False),
+]
+train_dataloader = dict(batch_size=2)
+val_dataloader = dict(batch_size=1)
+test_dataloader = val_dataloader
