@@ -1,0 +1,234 @@
+"""Parameters and FLOPs of SOFT models, counted by mmengine's ``FlopAnalyzer`` (JIT trace, fvcore rules).
+
+    python tools/get_flops.py                               # all ten classifiers at 224x224 vs the published table
+    python tools/get_flops.py --arch tiny [--soft-norm] [--shape H W]
+    python tools/get_flops.py --config CONFIG [--shape H W]  # an mmdet/mmseg config: backbone and whole model
+
+FLOPs are multiply-accumulates (one fused multiply-add = 1), the convention of the published table. mmengine counts
+conv, linear, matmul/bmm, norms, upsampling and pooling; two handles are added through ``set_op_handle``: PyTorch's
+``scaled_dot_product_attention`` (stage 4) and soft_mm's Newton-Schulz inverse (an autograd Function that the JIT
+trace records as one opaque ``PythonOp``), so their matmuls are counted too. Element-wise ops (add, mul, exp, GELU,
+softmax, ...) are left out, as in fvcore; the tool lists the ones it met.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import math
+import os.path as osp
+import pkgutil
+import sys
+from collections import Counter
+from typing import Any
+
+import torch
+from mmengine.analysis import FlopAnalyzer, parameter_count
+from mmengine.analysis.jit_handles import get_shape
+from torch import nn
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
+import soft_mm.ops
+from soft_mm.models import ARCH_SETTINGS, PUBLISHED, SoftVisionTransformer
+from soft_mm.ops import newton as newton_module
+
+SDPA_OP = 'aten::scaled_dot_product_attention'
+# The implicit-backward Newton-Schulz inverse is a torch.autograd.Function: the trace sees one PythonOp named after it.
+NEWTON_OP = f'prim::PythonOp.{newton_module._NewtonInverseImplicit.__name__}'
+DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
+
+
+def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
+    """``softmax(q k^T) v`` with q (..., N, d), k (..., S, d), v (..., S, d_v): N S d + N S d_v MACs."""
+    q_shape, k_shape, v_shape = (get_shape(v) for v in inputs[:3])
+    rows = math.prod(q_shape[:-1])
+    return Counter({'scaled_dot_product_attention': rows * k_shape[-2] * (q_shape[-1] + v_shape[-1])})
+
+
+def newton_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
+    """Newton-Schulz on (..., m, m): each iteration ``2V - (V P) V`` is two m x m matmuls, 2 m^3 MACs per matrix."""
+    *batch, m, _ = get_shape(inputs[0])
+    iters = [a for a in outputs[0].node().scalar_args() if isinstance(a, int) and not isinstance(a, bool)]
+    if len(iters) != 1:
+        raise RuntimeError(f'cannot read num_iters from the Newton-Schulz op (scalar args '
+                           f'{outputs[0].node().scalar_args()})')
+    return Counter({'newton_inverse': 2 * iters[0] * math.prod(batch) * m ** 3})
+
+
+def _soft_mm_functions() -> set[str]:
+    """Trace names of soft_mm's autograd Functions (each is one opaque ``PythonOp`` to the counter)."""
+    names = set()
+    for info in pkgutil.iter_modules(soft_mm.ops.__path__):
+        module = importlib.import_module(f'soft_mm.ops.{info.name}')
+        names |= {f'prim::PythonOp.{obj.__name__}' for obj in vars(module).values()
+                  if isinstance(obj, type) and issubclass(obj, torch.autograd.Function)}
+    return names
+
+
+def analyze(model: nn.Module, inputs: tuple) -> dict[str, Any]:
+    """Params and FLOPs of ``model(*inputs)``: total, by operator, and the operators left uncounted."""
+    analyzer = FlopAnalyzer(model, inputs).set_op_handle(**{SDPA_OP: sdpa_flop_jit, NEWTON_OP: newton_flop_jit})
+    analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
+    with torch.no_grad():
+        total = analyzer.total()
+    skipped = analyzer.unsupported_ops()
+    missed = sorted(op for op in skipped if op in _soft_mm_functions() or op == SDPA_OP)
+    if missed:  # matmul-heavy ops of soft_mm's that the counter cannot see: the total would be silently low
+        raise RuntimeError(f'FLOP counter has no handle for {missed}; add one in tools/get_flops.py')
+    return {'params': parameter_count(model)[''], 'flops': total, 'by_operator': dict(analyzer.by_operator()),
+            'skipped': sorted(skipped)}
+
+
+def classifier(arch: str, soft_norm: bool) -> SoftVisionTransformer:
+    """A 1000-class classifier with the authors' attention settings (conv landmarks, 20 Newton iterations)."""
+    return SoftVisionTransformer(arch, soft_norm=soft_norm, num_classes=1000, landmark_mode='conv', newton_iters=20,
+                                 newton_ridge=0.01).eval()
+
+
+def _gmacs(value: float) -> str:
+    return f'{value / 1e9:.2f}'
+
+
+def _counted_line(by_operator: dict[str, int], skipped: list[str]) -> str:
+    opaque = [op.removeprefix('prim::PythonOp.') for op in skipped if op.startswith('prim::PythonOp.')]
+    elementwise = [op.removeprefix('aten::') for op in skipped if not op.startswith('prim::PythonOp.')]
+    added = [op for op in ('newton_inverse', 'scaled_dot_product_attention') if op in by_operator]
+    line = f'counted: {", ".join(sorted(by_operator))}'
+    line += f' ({" and ".join(added)} through handles added here)' if added else ''
+    line += f'; not counted (no mmengine handle: element-wise and other cheap ops): {", ".join(elementwise)}'
+    return line + (f'; not counted (opaque autograd Functions): {", ".join(opaque)}' if opaque else '')
+
+
+def variant_name(arch: str, soft_norm: bool) -> str:
+    return f"soft_{'norm_' if soft_norm else ''}{arch}"
+
+
+def classifier_table(shape: tuple[int, int]) -> list[dict[str, Any]]:
+    rows = []
+    for arch in ARCH_SETTINGS:
+        for soft_norm in (False, True):
+            stats = analyze(classifier(arch, soft_norm), (torch.randn(1, 3, *shape),))
+            rows.append({'variant': variant_name(arch, soft_norm), 'arch': arch, **stats})
+    return rows
+
+
+def print_table(rows: list[dict[str, Any]], shape: tuple[int, int]) -> None:
+    print(f'SOFT classifiers (1000 classes, conv landmarks, 20 Newton iterations) at {shape[0]}x{shape[1]}; '
+          'FLOPs in GMACs')
+    header = (f"{'variant':<18}{'params':>13}{'M':>8}{'published M':>13}{'GMACs':>8}{'w/o Newton':>12}"
+              f"{'published G':>13}")
+    print(header)
+    print('-' * len(header))
+    for row in rows:
+        published = PUBLISHED[row['arch']]
+        newton = row['by_operator'].get('newton_inverse', 0)
+        print(f"{row['variant']:<18}{row['params']:>13,}{row['params'] / 1e6:>8.2f}{published['params_m']:>13}"
+              f"{_gmacs(row['flops']):>8}{_gmacs(row['flops'] - newton):>12}{published['gflops']:>13}")
+    skipped = sorted({op for row in rows for op in row['skipped']})
+    print(_counted_line(rows[0]['by_operator'], skipped))
+    print('"w/o Newton" leaves out the Newton-Schulz iterations (2 * 20 * 49^3 MACs per head and SOFT block), '
+          'which the published FLOPs appear not to include.')
+
+
+def print_single(name: str, stats: dict[str, Any], shape: tuple[int, int], published: dict | None = None) -> None:
+    params = f"{stats['params']:,} ({stats['params'] / 1e6:.2f}M"
+    params += f"; published {published['params_m']}M)" if published else ')'
+    flops = f"{_gmacs(stats['flops'])} GMACs"
+    newton = stats['by_operator'].get('newton_inverse', 0)
+    if newton:
+        flops += f' ({_gmacs(stats["flops"] - newton)} without the Newton-Schulz iterations'
+        flops += f"; published {published['gflops']}G)" if published else ')'
+    print(f'{name} at {shape[0]}x{shape[1]}: params {params}, FLOPs {flops}')
+    print('by operator (GMACs): ' + ', '.join(f'{op} {_gmacs(v)}' for op, v in sorted(stats['by_operator'].items())))
+    print(_counted_line(stats['by_operator'], stats['skipped']))
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# mmdet / mmseg configs
+
+
+class _TensorForward(nn.Module):
+    """``model(inputs, data_samples, mode='tensor')`` of an OpenMMLab model as a one-argument module."""
+
+    def __init__(self, model: nn.Module, data_samples: list | None) -> None:
+        super().__init__()
+        self.model = model
+        self.data_samples = data_samples
+
+    def forward(self, inputs: torch.Tensor) -> Any:
+        return self.model(inputs, self.data_samples, mode='tensor')
+
+
+def _data_samples(scope: str, shape: tuple[int, int]) -> list | None:
+    """One data sample with the image metainfo that two-stage detectors read in ``mode='tensor'``."""
+    if scope != 'mmdet':
+        return None
+    from mmdet.structures import DetDataSample
+
+    meta = {'img_shape': shape, 'ori_shape': shape, 'pad_shape': shape, 'batch_input_shape': shape,
+            'scale_factor': (1.0, 1.0)}
+    return [DetDataSample(metainfo=meta)]
+
+
+def build_from_config(config: str) -> tuple[nn.Module, str]:
+    """The model of an mmengine config (``custom_imports`` imported, the config's default scope)."""
+    from mmengine.config import Config
+    from mmengine.registry import MODELS, init_default_scope
+    from mmengine.utils import import_modules_from_strings
+
+    cfg = Config.fromfile(config)
+    if cfg.get('custom_imports'):
+        import_modules_from_strings(**cfg.custom_imports)
+    scope = cfg.get('default_scope') or 'mmengine'
+    init_default_scope(scope)
+    return MODELS.build(cfg.model).eval(), scope
+
+
+def config_report(config: str, shape: tuple[int, int] | None) -> None:
+    model, scope = build_from_config(config)
+    shape = tuple(shape or DEFAULT_SHAPES.get(scope, (224, 224)))
+    inputs = (torch.randn(1, 3, *shape),)
+    backbone = getattr(model, 'backbone', model)
+    print_single(f'{osp.basename(config)}: backbone {type(backbone).__name__}', analyze(backbone, inputs), shape)
+    if backbone is model:
+        return
+    params = parameter_count(model)['']
+    try:
+        stats = analyze(_TensorForward(model, _data_samples(scope, shape)), inputs)
+    except Exception as error:  # noqa: BLE001 - a head whose forward needs real annotations: report what we have
+        print(f'whole model: params {params:,} ({params / 1e6:.2f}M); FLOPs not counted '
+              f"(forward(mode='tensor') failed: {type(error).__name__}: {error})")
+        return
+    print_single(f'{osp.basename(config)}: whole model {type(model).__name__}', stats, shape)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description='Params and FLOPs (MACs) of SOFT models with mmengine.analysis.')
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument('--arch', choices=tuple(ARCH_SETTINGS), help='one classifier (default: the table of all ten)')
+    source.add_argument('--config', help='an mmdet/mmseg config: counts its backbone and whole model')
+    parser.add_argument('--soft-norm', action='store_true', help='with --arch: the SOFT-Norm classifier')
+    parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
+                        help='input size (default 224 224; for configs 800 1333 (mmdet) or 512 512 (mmseg))')
+    args = parser.parse_args(argv)
+    if args.soft_norm and not args.arch:
+        parser.error('--soft-norm needs --arch')
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.config:
+        config_report(args.config, args.shape)
+        return 0
+    shape = tuple(args.shape or (224, 224))
+    if args.arch:
+        stats = analyze(classifier(args.arch, args.soft_norm), (torch.randn(1, 3, *shape),))
+        print_single(variant_name(args.arch, args.soft_norm), stats, shape,
+                     PUBLISHED[args.arch] if shape == (224, 224) else None)
+        return 0
+    print_table(classifier_table(shape), shape)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
