@@ -26,8 +26,10 @@ The converted file, ``{'state_dict': ..., 'meta': {...}}``, holds only tensors a
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import os
+import pickle
 import re
 import warnings
 from collections.abc import Mapping
@@ -107,12 +109,12 @@ def load_official_checkpoint(path: str | os.PathLike, key: str = 'auto',
     ``weights_only=False`` — which can execute code stored in the file, so only do that for files you trust — and a
     warning says so; ``allow_pickle=False`` raises instead.
     """
+    safe_globals = getattr(torch.serialization, 'safe_globals', None)  # torch >= 2.5
+    allow_namespace = safe_globals([argparse.Namespace]) if safe_globals else contextlib.nullcontext()
     try:
-        with torch.serialization.safe_globals([argparse.Namespace]):
+        with allow_namespace:
             checkpoint = torch.load(path, map_location='cpu', weights_only=True)
-    except Exception as safe_error:  # torch raises UnpicklingError or RuntimeError depending on the version
-        if isinstance(safe_error, (FileNotFoundError, IsADirectoryError)):
-            raise
+    except pickle.UnpicklingError as safe_error:  # what the weights_only unpickler raises for a refused global
         if not allow_pickle:
             raise ValueError(f'{path} cannot be read with torch.load(weights_only=True): {safe_error}') from safe_error
         warnings.warn(f'{path} holds objects that torch.load(weights_only=True) refuses ({safe_error}); reading it '
