@@ -3,6 +3,7 @@
     python tools/get_flops.py                               # all ten classifiers at 224x224 vs the published table
     python tools/get_flops.py --arch tiny [--soft-norm] [--shape H W]
     python tools/get_flops.py --config CONFIG [--shape H W]  # an mmdet/mmseg config: backbone and whole model
+    python tools/get_flops.py --checkpoint CONVERTED         # the classifier of tools/convert_official_checkpoint.py
 
 FLOPs are multiply-accumulates (one fused multiply-add = 1), the convention of the published table. mmengine counts
 conv, linear, matmul/bmm, norms, upsampling and pooling; two handles are added through ``set_op_handle``: PyTorch's
@@ -28,6 +29,7 @@ from torch import nn
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
 import soft_mm.ops
+from soft_mm.converters import build_classifier_from_checkpoint, match_arch
 from soft_mm.models import ARCH_SETTINGS, PUBLISHED, SoftVisionTransformer
 from soft_mm.ops import newton as newton_module
 
@@ -206,6 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument('--arch', choices=tuple(ARCH_SETTINGS), help='one classifier (default: the table of all ten)')
     source.add_argument('--config', help='an mmdet/mmseg config: counts its backbone and whole model')
+    source.add_argument('--checkpoint', help='a file written by tools/convert_official_checkpoint.py: its classifier')
     parser.add_argument('--soft-norm', action='store_true', help='with --arch: the SOFT-Norm classifier')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
                         help='input size (default 224 224; for configs 800 1333 (mmdet) or 512 512 (mmseg))')
@@ -221,6 +224,12 @@ def main(argv: list[str] | None = None) -> int:
         config_report(args.config, args.shape)
         return 0
     shape = tuple(args.shape or (224, 224))
+    if args.checkpoint:
+        model = build_classifier_from_checkpoint(args.checkpoint).eval()
+        stats = analyze(model, (torch.randn(1, 3, *shape),))
+        arch = match_arch(model.arch_settings)  # a table name, or None for a custom arch (no published numbers)
+        print_single(osp.basename(args.checkpoint), stats, shape, PUBLISHED.get(arch) if shape == (224, 224) else None)
+        return 0
     if args.arch:
         stats = analyze(classifier(args.arch, args.soft_norm), (torch.randn(1, 3, *shape),))
         print_single(variant_name(args.arch, args.soft_norm), stats, shape,

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from soft_mm.converters import make_meta, save_converted_checkpoint
 from soft_mm.models import PUBLISHED, SoftmaxAttention, SoftVisionTransformer
 
 TOOL = Path(__file__).resolve().parents[2] / 'tools' / 'get_flops.py'
@@ -64,6 +65,17 @@ def test_config_builds_through_the_registry(tool, tmp_path, capsys):
     out = capsys.readouterr().out
     assert 'soft_backbone.py: backbone SOFT at 160x96' in out
     assert 'newton_inverse' in out
+
+
+def test_converted_checkpoint_report(tool, tmp_path, capsys):
+    model = SoftVisionTransformer(SMALL_ARCH, soft_norm=True, num_classes=7)
+    path = tmp_path / 'converted.pth'
+    save_converted_checkpoint(path, model.state_dict(), make_meta(SMALL_ARCH, soft_norm=True, num_classes=7))
+    assert tool.main(['--checkpoint', str(path)]) == 0
+    out = capsys.readouterr().out
+    num_params = sum(p.numel() for p in model.parameters())
+    assert f'converted.pth at 224x224: params {num_params:,} ({num_params / 1e6:.2f}M), FLOPs' in out  # no table
+    assert 'published' not in out
 
 
 @pytest.mark.slow
