@@ -91,7 +91,11 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
     def forward_intermediates(self, x: torch.Tensor, indices: int | list[int] | None = None, norm: bool = False,
                               stop_early: bool = False, output_fmt: str = 'NCHW', intermediates_only: bool = False,
                               ) -> list[torch.Tensor] | tuple[torch.Tensor, list[torch.Tensor]]:
-        """timm's feature API: the NCHW stage maps selected by ``indices`` (and the final features)."""
+        """timm's feature API: the NCHW stage maps selected by ``indices`` (and the final features).
+
+        The stage-4 map always includes the final norm, as in the SOFT backbone, so ``norm`` has nothing to add;
+        it is accepted for timm's ``FeatureGetterNet``.
+        """
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt={output_fmt!r}: SOFT features are 'NCHW' only")
         take, max_index = feature_take_indices(len(self.stages), indices)
@@ -105,6 +109,8 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
 
     def prune_intermediate_layers(self, indices: int | list[int] = 4, prune_norm: bool = False,
                                   prune_head: bool = True) -> list[int]:
+        """Drop the stages after the last of ``indices`` (and the head). The final norm is part of the stage-4
+        map (as in the SOFT backbone), so it is kept whatever ``prune_norm`` says."""
         take, max_index = feature_take_indices(len(self.stages), indices)
         self.stages = self.stages[:max_index + 1]
         if prune_head:

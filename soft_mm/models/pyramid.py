@@ -76,7 +76,8 @@ class SoftPyramidMixin:
         self.embed_dims = settings['embed_dims']
         self.with_cp = with_cp
         depths = settings['depths']
-        rates = torch.linspace(0, drop_path_rate, sum(depths)).tolist()
+        num_blocks = sum(depths)
+        rates = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]  # linear 0 -> rate
         stages = []
         for i, (dim, heads, depth) in enumerate(zip(self.embed_dims, settings['num_heads'], depths)):
             downsample = conv_stem(in_channels, dim) if i == 0 else ConvBNAct(self.embed_dims[i - 1], dim, 2)
