@@ -1,0 +1,103 @@
+"""Tests of the registry glue: ``type='SOFT'`` / ``'soft_mm.SOFT'`` from mmengine, mmdet and mmseg, and
+``custom_imports=dict(imports=['soft_mm'])`` in a config."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from mmengine.registry import MODELS as MMENGINE_MODELS
+
+import soft_mm
+from soft_mm.models import SOFT
+from soft_mm.registry import MODELS as SOFT_MM_MODELS
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def check_tiny(model, out_indices=(0, 1, 2, 3)) -> None:
+    assert type(model) is SOFT
+    assert model.embed_dims == (64, 128, 320, 512) and model.out_indices == out_indices
+
+
+def test_registered_in_the_root_and_soft_mm_registries():
+    assert MMENGINE_MODELS.get('SOFT') is SOFT
+    assert SOFT_MM_MODELS.get('SOFT') is SOFT
+    assert SOFT_MM_MODELS.scope == 'soft_mm' and SOFT_MM_MODELS.parent is MMENGINE_MODELS
+    assert soft_mm.SOFT is SOFT
+
+
+@pytest.mark.parametrize('registry', [MMENGINE_MODELS, SOFT_MM_MODELS], ids=['mmengine', 'soft_mm'])
+@pytest.mark.parametrize('type_name', ['SOFT', 'soft_mm.SOFT'])
+def test_build_from_mmengine_registries(registry, type_name):
+    model = registry.build({'type': type_name, 'arch': 'tiny', 'out_indices': (1, 3), 'soft_norm': True})
+    check_tiny(model, (1, 3))
+    assert model.soft_norm
+
+
+@pytest.mark.parametrize('package', ['mmdet', 'mmseg'])
+@pytest.mark.parametrize('type_name', ['SOFT', 'soft_mm.SOFT'])
+def test_build_from_downstream_registries(package, type_name):
+    pytest.importorskip(package)
+    registry = __import__(f'{package}.registry', fromlist=['MODELS']).MODELS
+    check_tiny(registry.build({'type': type_name, 'arch': 'tiny'}))
+    model = registry.build({'type': type_name, 'arch': 'small', 'frozen_stages': 1, 'out_indices': [0, 2]})
+    assert model.arch_settings['depths'] == (1, 3, 7, 4) and model.out_indices == (0, 2)
+    assert not any(p.requires_grad for p in model.stages[0].parameters())
+
+
+def run_fresh_python(code: str) -> str:
+    """Run ``code`` in a fresh interpreter (nothing of soft_mm imported yet) with the repository importable."""
+    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))}
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=REPO_ROOT, env=env, capture_output=True,
+                            text=True, timeout=300, check=False)
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+CONFIG = """
+custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)
+model = dict(type='SOFT', arch='tiny', out_indices=(1, 2, 3), landmark_mode='avg', landmark_grid=5)
+"""
+
+
+def test_custom_imports_in_a_config_register_soft(tmp_path):
+    # In a fresh interpreter SOFT is unknown until the config's custom_imports import soft_mm.
+    config = tmp_path / 'soft_tiny_config.py'
+    config.write_text(CONFIG)
+    out = run_fresh_python(f"""
+        import sys
+        from mmengine.config import Config
+        from mmengine.registry import MODELS
+        assert 'soft_mm' not in sys.modules and MODELS.get('SOFT') is None
+        cfg = Config.fromfile({str(config)!r})
+        assert 'soft_mm' in sys.modules
+        model = MODELS.build(cfg.model)
+        attn = model.stages[0].blocks[0].attn
+        print(type(model).__module__, type(model).__name__, model.out_channels, attn.landmark_mode, attn.landmark_grid)
+    """)
+    assert out.split() == ['soft_mm.models.backbone', 'SOFT', '[128,', '320,', '512]', 'avg', '5']
+
+
+def test_custom_imports_in_an_mmdet_config(tmp_path):
+    pytest.importorskip('mmdet')
+    config = tmp_path / 'soft_tiny_mmdet.py'
+    config.write_text("default_scope = 'mmdet'\n" + CONFIG)
+    out = run_fresh_python(f"""
+        import sys
+        from mmengine.config import Config
+        from mmengine.registry import DefaultScope
+        from mmdet.registry import MODELS
+        assert 'soft_mm' not in sys.modules
+        cfg = Config.fromfile({str(config)!r})
+        model = MODELS.build(cfg.model)
+        print(type(model).__module__, type(model).__name__, model.out_channels)
+        # as the Runner does: the root registry under the config's default scope
+        from mmengine.registry import MODELS as ROOT
+        with DefaultScope.overwrite_default_scope(cfg.default_scope):
+            print(type(ROOT.build(cfg.model)).__name__)
+    """)
+    assert out.split() == ['soft_mm.models.backbone', 'SOFT', '[128,', '320,', '512]', 'SOFT']
