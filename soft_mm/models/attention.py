@@ -12,6 +12,10 @@ from ..ops import soft_attention
 LANDMARK_MODES = ('conv', 'avg')
 
 
+def _is_int(value: object, minimum: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+
+
 def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     if x.ndim != 3:
         raise ValueError(f'x must be (B, N, C), got shape {tuple(x.shape)}')
@@ -60,16 +64,17 @@ class SoftAttention(nn.Module):
             raise ValueError(f'dim={dim} must be divisible by num_heads={num_heads}')
         if landmark_mode not in LANDMARK_MODES:
             raise ValueError(f'landmark_mode={landmark_mode!r} is not one of {LANDMARK_MODES}')
-        if not (isinstance(landmark_grid, int) and landmark_grid >= 1):
+        if not _is_int(landmark_grid, 1):
             raise ValueError(f'landmark_grid must be an int >= 1, got {landmark_grid!r}')
-        if not (isinstance(landmark_stride, int) and landmark_stride >= 1):
+        if not _is_int(landmark_stride, 1):
             raise ValueError(f'landmark_stride must be an int >= 1, got {landmark_stride!r}')
-        if not (isinstance(v_conv_kernel, int) and v_conv_kernel >= 0 and (v_conv_kernel == 0 or v_conv_kernel % 2)):
+        if not (_is_int(v_conv_kernel, 0) and (v_conv_kernel == 0 or v_conv_kernel % 2)):
             raise ValueError(f'v_conv_kernel must be 0 (off) or an odd int, got {v_conv_kernel!r}')
-        if not (isinstance(newton_iters, int) and newton_iters >= 1):
+        if not _is_int(newton_iters, 1):
             raise ValueError(f'newton_iters must be an int >= 1, got {newton_iters!r}')
-        if not newton_ridge >= 0:
-            raise ValueError(f'newton_ridge must be >= 0, got {newton_ridge!r}')
+        if isinstance(newton_ridge, bool) or not isinstance(newton_ridge, (int, float)) \
+                or not 0 <= newton_ridge < math.inf:
+            raise ValueError(f'newton_ridge must be a finite number >= 0, got {newton_ridge!r}')
         if newton_backward not in ('implicit', 'unrolled'):
             raise ValueError(f"newton_backward={newton_backward!r} is not one of ('implicit', 'unrolled')")
         self.num_heads = num_heads

@@ -78,7 +78,8 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
         maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix())
-        return torch.cat([cls, maps[-1].flatten(2).transpose(1, 2)], dim=1)
+        tokens = maps[-1].flatten(2).transpose(1, 2)
+        return tokens if cls is None else torch.cat([cls, tokens], dim=1)
 
     def forward_head(self, x: torch.Tensor, pre_logits: bool = False) -> torch.Tensor:
         x = x[:, 0] if self.global_pool == 'token' else x[:, self.num_prefix_tokens:].mean(dim=1)
@@ -99,8 +100,8 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
         if output_fmt != 'NCHW':
             raise ValueError(f"output_fmt={output_fmt!r}: SOFT features are 'NCHW' only")
         take, max_index = feature_take_indices(len(self.stages), indices)
-        last = max_index if (stop_early or intermediates_only) else 3
-        maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix() if last == 3 else None, last_stage=last)
+        last = max_index if (stop_early or intermediates_only) else len(self.stages) - 1
+        maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix(), last_stage=last)
         intermediates = [maps[i] for i in take]
         if intermediates_only:
             return intermediates

@@ -69,6 +69,8 @@ class SoftPyramidMixin:
                        newton_iters: int = 20, newton_ridge: float = 0.01, newton_backward: str = 'implicit',
                        with_cp: bool = False) -> None:
         settings = resolve_arch(arch)
+        if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
+            raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
         if not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f'drop_path_rate must be in [0, 1), got {drop_path_rate!r}')
         self.arch_settings = settings
@@ -113,7 +115,7 @@ class SoftPyramidMixin:
             nn.init.trunc_normal_(stage.pos_embed, std=0.02)
 
     def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
-        if self.with_cp and tokens.requires_grad and torch.is_grad_enabled():
+        if self.with_cp and torch.is_grad_enabled():
             return checkpoint(block, tokens, hw_shape, use_reentrant=False)
         return block(tokens, hw_shape)
 
@@ -127,6 +129,9 @@ class SoftPyramidMixin:
         """
         if x.ndim != 4:
             raise ValueError(f'input must be (B, C, H, W), got shape {tuple(x.shape)}')
+        last_stage = min(last_stage, len(self.stages) - 1)
+        if last_stage < 3:
+            prefix_tokens = None
         maps = []
         for i, stage in enumerate(self.stages[:last_stage + 1]):
             x = stage.downsample(x)
@@ -144,4 +149,4 @@ class SoftPyramidMixin:
                 prefix_tokens, tokens = tokens[:, :num_prefix], tokens[:, num_prefix:]
             x = tokens.transpose(1, 2).reshape(b, c, h, w)
             maps.append(x)
-        return maps, (prefix_tokens if last_stage == 3 else None)
+        return maps, prefix_tokens

@@ -291,10 +291,6 @@ def test_newton_backward_changes_gradients_only_before_convergence():
     torch.testing.assert_close(grad_implicit, grad_unrolled, rtol=1e-6, atol=1e-9)
 
 
-def known_bug(reason: str) -> pytest.MarkDecorator:
-    return pytest.mark.xfail(strict=True, raises=pytest.fail.Exception, reason=reason)
-
-
 @pytest.mark.parametrize('kwargs, name', [
     ({'dim': 30, 'num_heads': 4}, 'num_heads'),
     ({'landmark_mode': 'max'}, 'landmark_mode'),
@@ -308,12 +304,11 @@ def known_bug(reason: str) -> pytest.MarkDecorator:
     ({'newton_ridge': -0.01}, 'newton_ridge'),
     ({'newton_ridge': float('nan')}, 'newton_ridge'),
     ({'newton_backward': 'exact'}, 'newton_backward'),
-    pytest.param({'newton_ridge': float('inf')}, 'newton_ridge', marks=known_bug(
-        'SoftAttention accepts an infinite newton_ridge; only forward fails (in newton_inverse)')),
-    pytest.param({'newton_iters': True}, 'newton_iters', marks=known_bug(
-        'bool passes isinstance(int); forward then fails in newton_inverse')),
-    pytest.param({'landmark_stride': True}, 'landmark_stride', marks=known_bug(
-        'bool passes isinstance(int); forward then fails inside conv2d with a TypeError')),
+    ({'landmark_grid': True}, 'landmark_grid'),
+    ({'newton_ridge': 'a'}, 'newton_ridge'),
+    ({'newton_ridge': float('inf')}, 'newton_ridge'),
+    ({'newton_iters': True}, 'newton_iters'),
+    ({'landmark_stride': True}, 'landmark_stride'),
 ])
 def test_bad_arguments_raise_value_error_naming_them(kwargs, name):
     kwargs = {'dim': 32, 'num_heads': 2, **kwargs}

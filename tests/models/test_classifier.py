@@ -168,9 +168,6 @@ def test_forward_intermediates():
         model.forward_intermediates(x, output_fmt='NHWC')
 
 
-@pytest.mark.xfail(strict=True, raises=RuntimeError,
-                   reason='after prune_intermediate_layers the stage-4 prefix path still runs: _forward_pyramid '
-                          'returns the unprocessed cls token and torch.cat fails')
 def test_forward_intermediates_after_pruning():
     model = make().eval()
     x = torch.randn(2, 3, 64, 64)
