@@ -1,0 +1,158 @@
+"""A small synthetic COCO-format detection / instance-segmentation dataset of coloured shapes.
+
+The demo configs train on it so that the whole detection pipeline (data, model, training, ``CocoMetric``
+evaluation, inference) runs in minutes on a CPU with no download. Every object is drawn from the same polygon that
+is stored as its COCO segmentation, and its box and area are measured on the drawn pixels, so boxes and masks are
+exact. Objects do not overlap, so no mask is occluded.
+
+Layout written under ``root`` (the standard mmdet COCO layout with split names ``train`` and ``val``)::
+
+    root/annotations/instances_train.json
+    root/annotations/instances_val.json
+    root/train/000000.png ...
+    root/val/000000.png ...
+
+Only numpy and OpenCV are needed; mmdet is not imported here.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+SHAPE_CLASSES = ('circle', 'square', 'triangle')
+SPLITS = ('train', 'val')
+
+
+def shape_polygon(kind: str, center: tuple[float, float], radius: float, angle: float) -> np.ndarray:
+    """Vertices (K×2, x then y, float) of a shape inscribed in the circle of ``radius`` around ``center``.
+
+    ``angle`` (radians) rotates squares and triangles; a circle is a 48-gon.
+    """
+    num_vertices = {'circle': 48, 'square': 4, 'triangle': 3}.get(kind)
+    if num_vertices is None:
+        raise ValueError(f'kind must be one of {SHAPE_CLASSES}, got {kind!r}')
+    theta = angle + np.arange(num_vertices) * (2 * np.pi / num_vertices)
+    return np.stack([center[0] + radius * np.cos(theta), center[1] + radius * np.sin(theta)], axis=1)
+
+
+def _background(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A noisy linear colour gradient (size×size×3 uint8) and its mean colour."""
+    start, end = rng.uniform(0, 255, size=(2, 3))
+    ramp = np.linspace(0.0, 1.0, size)
+    ramp = ramp[:, None] if rng.random() < 0.5 else ramp[None, :]
+    image = start + (end - start) * ramp[..., None]
+    image = image + rng.normal(0, 8, size=(size, size, 3))
+    return np.clip(image, 0, 255).astype(np.uint8), (start + end) / 2
+
+
+def _contrasting_colour(rng: np.random.Generator, background: np.ndarray) -> tuple[int, int, int]:
+    """A random colour at least 120 (summed over channels) away from the background's mean colour."""
+    while True:
+        colour = rng.uniform(0, 255, size=3)
+        if np.abs(colour - background).sum() >= 120:
+            return tuple(int(c) for c in colour)
+
+
+def draw_image(rng: np.random.Generator, size: int, max_objects: int, radius_range: tuple[float, float]
+               ) -> tuple[np.ndarray, list[dict]]:
+    """One image (size×size×3 BGR uint8) and its objects as COCO annotation dicts without ids.
+
+    Objects are placed by rejection sampling so that their boxes (plus a 2-pixel gap) do not overlap.
+    """
+    image, background = _background(rng, size)
+    objects: list[dict] = []
+    taken: list[tuple[float, float, float, float]] = []
+    num_objects = int(rng.integers(1, max_objects + 1))
+    for _ in range(num_objects * 20):
+        if len(objects) == num_objects:
+            break
+        radius = rng.uniform(*radius_range)
+        center = rng.uniform(radius, size - radius, size=2)
+        box = (center[0] - radius - 2, center[1] - radius - 2, center[0] + radius + 2, center[1] + radius + 2)
+        if any(box[0] < t[2] and t[0] < box[2] and box[1] < t[3] and t[1] < box[3] for t in taken):
+            continue
+        label = int(rng.integers(len(SHAPE_CLASSES)))
+        polygon = shape_polygon(SHAPE_CLASSES[label], tuple(center), radius, rng.uniform(0, 2 * np.pi))
+        polygon = np.round(polygon).astype(np.int32)  # the drawn vertices are the stored ones
+        mask = np.zeros((size, size), np.uint8)
+        cv2.fillPoly(mask, [polygon], 1)
+        ys, xs = np.nonzero(mask)
+        if len(xs) == 0:
+            continue
+        image[mask.astype(bool)] = _contrasting_colour(rng, background)
+        x0, y0 = int(xs.min()), int(ys.min())
+        objects.append(dict(
+            category_id=label + 1,
+            bbox=[x0, y0, int(xs.max()) + 1 - x0, int(ys.max()) + 1 - y0],
+            area=len(xs),
+            segmentation=[polygon.reshape(-1).tolist()],
+            iscrowd=0))
+        taken.append(box)
+    return image, objects
+
+
+def write_shapes_dataset(root: str | os.PathLike, num_train: int = 800, num_val: int = 100, image_size: int = 128,
+                         max_objects: int = 4, radius_range: tuple[float, float] = (10.0, 30.0),
+                         seed: int = 0) -> None:
+    """Write both splits of the dataset under ``root`` (created if needed; existing files are overwritten).
+
+    Args:
+        root: the dataset folder.
+        num_train, num_val: images per split.
+        image_size: side of the square images in pixels.
+        max_objects: each image holds 1 to ``max_objects`` shapes (fewer when they do not fit).
+        radius_range: range of the shapes' circumradius in pixels.
+        seed: the same seed always writes the same files.
+    """
+    if image_size < 2 * radius_range[1] + 4:
+        raise ValueError(f'image_size={image_size} is too small for shapes of radius up to {radius_range[1]}')
+    root = Path(root)
+    (root / 'annotations').mkdir(parents=True, exist_ok=True)
+    categories = [dict(id=i + 1, name=name, supercategory='shape') for i, name in enumerate(SHAPE_CLASSES)]
+    for split, num_images, split_seed in (('train', num_train, seed), ('val', num_val, seed + 1_000_003)):
+        rng = np.random.default_rng(split_seed)
+        (root / split).mkdir(exist_ok=True)
+        images, annotations = [], []
+        for image_id in range(1, num_images + 1):
+            image, objects = draw_image(rng, image_size, max_objects, radius_range)
+            file_name = f'{image_id:06d}.png'
+            cv2.imwrite(str(root / split / file_name), image)
+            images.append(dict(id=image_id, file_name=file_name, height=image_size, width=image_size))
+            for obj in objects:
+                annotations.append(dict(id=len(annotations) + 1, image_id=image_id, **obj))
+        coco = dict(info=dict(description=f'soft_mm synthetic shapes, {split} split, seed {seed}'),
+                    images=images, annotations=annotations, categories=categories)
+        (root / 'annotations' / f'instances_{split}.json').write_text(json.dumps(coco))
+
+
+def ensure_shapes_dataset(root: str | os.PathLike, **generator_kwargs) -> bool:
+    """Write the dataset to ``root`` unless ``root`` exists; return whether it was written here.
+
+    The files are written to a temporary sibling folder that is then renamed to ``root`` in one step, so a reader
+    never sees a half-written dataset and several processes (e.g. two distributed ranks) may call this at once: the
+    first rename wins and the others discard their copy.
+    ``generator_kwargs`` go to :func:`write_shapes_dataset`.
+    """
+    root = Path(root)
+    if root.exists():
+        return False
+    root.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}.partial-', dir=root.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the dataset is not
+    try:
+        write_shapes_dataset(tmp, **generator_kwargs)
+        try:
+            os.rename(tmp, root)
+        except OSError:
+            if not root.exists():
+                raise
+            return False
+        return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

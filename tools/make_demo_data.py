@@ -1,0 +1,32 @@
+"""Write the synthetic shapes dataset of the demo configs (they also write it themselves when it is missing).
+
+    python tools/make_demo_data.py [--root data/shapes] [--num-train N] [--num-val N] [--seed S] [--force]
+"""
+from __future__ import annotations
+
+import argparse
+import os.path as osp
+import shutil
+import sys
+
+sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
+from soft_mm.datasets.synthetic_shapes import ensure_shapes_dataset
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description='Write the synthetic shapes dataset (COCO format).')
+    parser.add_argument('--root', default='data/shapes', help='dataset folder (the demo configs read data/shapes)')
+    # unset options keep write_shapes_dataset's defaults, which are the demo configs' settings
+    for option in ('--num-train', '--num-val', '--image-size', '--max-objects', '--seed'):
+        parser.add_argument(option, type=int)
+    parser.add_argument('--force', action='store_true', help='replace an existing dataset folder')
+    args = parser.parse_args(argv)
+    if args.force and osp.isdir(args.root):
+        shutil.rmtree(args.root)
+    options = ('num_train', 'num_val', 'image_size', 'max_objects', 'seed')
+    written = ensure_shapes_dataset(args.root, **{k: getattr(args, k) for k in options if getattr(args, k) is not None})
+    print(f'wrote {args.root}' if written else f'{args.root} exists; kept it (use --force to rewrite)')
+
+
+if __name__ == '__main__':
+    main()
