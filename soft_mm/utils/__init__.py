@@ -1,0 +1,13 @@
+"""Runtime helpers for the command-line tools: checkpoint loading on torch >= 2.6, device and path checks.
+
+Importing this package allow-lists mmengine's checkpoint globals (see :mod:`.checkpoint`), so a config with
+``custom_imports=dict(imports=['soft_mm.utils'])`` can resume and test checkpoints with any OpenMMLab tool.
+"""
+from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
+from .config_checks import MissingPathError, check_checkpoint_paths, check_data_paths
+from .launch import CPUBFloat16OptimWrapper, adapt_config_to_device, enable_amp
+
+allow_mmengine_checkpoint_globals()
+
+__all__ = ['CPUBFloat16OptimWrapper', 'MissingPathError', 'adapt_config_to_device', 'allow_mmengine_checkpoint_globals',
+           'check_checkpoint_paths', 'check_data_paths', 'enable_amp', 'mmengine_checkpoint_globals']
