@@ -5,9 +5,9 @@ Importing this package allow-lists mmengine's checkpoint globals (see :mod:`.che
 """
 from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
 from .config_checks import MissingPathError, check_checkpoint_paths, check_data_paths
-from .launch import CPUBFloat16OptimWrapper, adapt_config_to_device, enable_amp
+from .launch import adapt_config_to_device, enable_amp
 
 allow_mmengine_checkpoint_globals()
 
-__all__ = ['CPUBFloat16OptimWrapper', 'MissingPathError', 'adapt_config_to_device', 'allow_mmengine_checkpoint_globals',
+__all__ = ['MissingPathError', 'adapt_config_to_device', 'allow_mmengine_checkpoint_globals',
            'check_checkpoint_paths', 'check_data_paths', 'enable_amp', 'mmengine_checkpoint_globals']

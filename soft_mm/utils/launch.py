@@ -9,44 +9,29 @@ from __future__ import annotations
 
 import os
 import subprocess
-from contextlib import contextmanager
 from datetime import timedelta
 
 import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config, ConfigDict
-from mmengine.optim import OptimWrapper
-from mmengine.registry import OPTIM_WRAPPERS
 
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
 
-@OPTIM_WRAPPERS.register_module()
-class CPUBFloat16OptimWrapper(OptimWrapper):
-    """Mixed precision on CPU: forward and loss under ``torch.autocast('cpu', dtype=torch.bfloat16)``.
-
-    bfloat16 has float32's exponent range, so unlike float16 AMP no loss scaling is needed; parameters, gradients and
-    optimizer state stay float32. (mmengine's ``AmpOptimWrapper`` supports only GPU-like devices.)
-    """
-
-    @contextmanager
-    def optim_context(self, model: torch.nn.Module):
-        with super().optim_context(model), torch.autocast(device_type='cpu', dtype=torch.bfloat16):
-            yield
-
-
 def enable_amp(cfg: Config) -> None:
-    """Switch ``cfg.optim_wrapper`` to mixed precision: float16 AMP on CUDA, bfloat16 autocast on CPU."""
-    if cfg.optim_wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper',
-                                                              'CPUBFloat16OptimWrapper'):
+    """Switch ``cfg.optim_wrapper`` to float16 mixed precision (mmengine's ``AmpOptimWrapper``, dynamic loss scale).
+
+    Without a GPU this stops with one sentence: mmcv's CPU kernels (nms, RoIAlign) have no bfloat16 versions, so CPU
+    autocast breaks two-stage detectors in the middle of training.
+    """
+    if not torch.cuda.is_available():
+        raise SystemExit('--amp needs a GPU: mmcv\'s CPU ops (nms, RoIAlign) have no float16/bfloat16 kernels; '
+                         'train on CPU without --amp.')
+    if cfg.optim_wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper'):
         raise ValueError(f'--amp works with OptimWrapper configs, but optim_wrapper.type is '
                          f'{cfg.optim_wrapper.type!r}; set mixed precision in the config instead')
-    if torch.cuda.is_available():
-        cfg.optim_wrapper.type = 'AmpOptimWrapper'
-        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
-    else:
-        cfg.optim_wrapper.type = 'CPUBFloat16OptimWrapper'
-        cfg.optim_wrapper.pop('loss_scale', None)
+    cfg.optim_wrapper.type = 'AmpOptimWrapper'
+    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
 
 
 def _replace_sync_bn(node) -> int:

@@ -1,0 +1,21 @@
+# RetinaNet + SOFT-Norm-Tiny trained from scratch on the synthetic shapes data (written to data/shapes on first use)
+# in a few minutes on 2 CPU cores; evaluated with CocoMetric (bbox).
+#   python tools/train.py configs/retinanet_soft_tiny_demo.py
+# Demo-sized model: average-pooled landmarks (parameter-free, cheapest at small inputs), no stochastic depth, a 128-wide
+# FPN and a 2-conv GroupNorm head, anchors from 16 px for the 17-60 px shapes.
+_base_ = [
+    'mmdet::_base_/models/retinanet_r50_fpn.py',
+    './_base_/datasets/demo_shapes_detection.py',
+    './_base_/demo_runtime.py',
+]
+
+model = dict(
+    backbone=dict(_delete_=True, type='SOFT', arch='tiny', soft_norm=True, landmark_mode='avg', drop_path_rate=0.0),
+    neck=dict(in_channels=[64, 128, 320, 512], out_channels=128),
+    bbox_head=dict(
+        num_classes=3,
+        in_channels=128,
+        feat_channels=128,
+        stacked_convs=2,
+        norm_cfg=dict(type='GN', num_groups=32, requires_grad=True),
+        anchor_generator=dict(octave_base_scale=2)))
