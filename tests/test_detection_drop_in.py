@@ -9,7 +9,7 @@ from mmengine.config import Config
 from mmengine.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[1]
-DROP_IN = ROOT / 'configs/drop_in/retinanet_pvt-t_soft_tiny_coco.py'
+DROP_IN = ROOT / 'configs/drop_in/retinanet_pvt-t_soft_small_coco.py'
 MMDET_PVT = Path(mmdet.__file__).parent / '.mim/configs/pvt/retinanet_pvt-t_fpn_1x_coco.py'
 
 
@@ -27,8 +27,8 @@ def test_snippet_changes_only_the_backbone_and_neck_inputs():
     swapped = _without_scope(Config.fromfile(str(DROP_IN)).to_dict())
     assert original['model']['backbone']['type'] == 'PyramidVisionTransformer'
     assert swapped['model']['backbone'] == dict(
-        type='SOFT', arch='tiny', soft_norm=True,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/soft_norm_tiny_in1k.pth'))
+        type='SOFT', arch='small', soft_norm=True,
+        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth'))
     assert swapped['model']['neck']['in_channels'] == [64, 128, 320, 512]
     for key in ('train_dataloader', 'val_evaluator', 'optim_wrapper', 'param_scheduler', 'train_cfg'):
         assert swapped[key] == original[key], key

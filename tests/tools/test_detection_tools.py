@@ -192,3 +192,16 @@ def test_retinanet_demo_main_job_and_inference(tmp_path):
     assert all(line.split()[0] in ('circle', 'square', 'triangle') for line in detections)
     drawn, original = cv2.imread(str(out)), cv2.imread(str(image))
     assert drawn.shape == original.shape and np.abs(drawn.astype(int) - original).sum() > 0
+
+
+def test_make_demo_data_writes_once(tmp_path):
+    make_demo_data = load_tool('make_demo_data')
+    root = tmp_path / 'shapes'
+    make_demo_data.main(['--root', str(root), '--num-train', '3', '--num-val', '2', '--seed', '4'])
+    coco = json.loads((root / 'annotations/instances_train.json').read_text())
+    assert len(coco['images']) == 3 and 'seed 4' in coco['info']['description']
+    stamp = (root / 'train/000001.png').stat().st_mtime_ns
+    make_demo_data.main(['--root', str(root), '--num-train', '5'])
+    assert (root / 'train/000001.png').stat().st_mtime_ns == stamp and not (root / 'train/000004.png').exists()
+    make_demo_data.main(['--root', str(root), '--num-train', '5', '--num-val', '1', '--force'])
+    assert len(list((root / 'train').iterdir())) == 5
