@@ -34,19 +34,16 @@ def enable_amp(cfg: Config) -> None:
     cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
 
 
-def _replace_sync_bn(node) -> int:
-    """Turn every ``type='SyncBN'`` in a config tree into ``'BN'`` in place; return how many were replaced."""
-    count = 0
+def _replace_sync_bn(node) -> None:
+    """Turn every ``type='SyncBN'`` in a config tree into ``'BN'`` in place."""
     if isinstance(node, dict):
         if node.get('type') == 'SyncBN':
             node['type'] = 'BN'
-            count += 1
         for value in node.values():
-            count += _replace_sync_bn(value)
+            _replace_sync_bn(value)
     elif isinstance(node, (list, tuple)):
         for value in node:
-            count += _replace_sync_bn(value)
-    return count
+            _replace_sync_bn(value)
 
 
 def _set_dist_env_from_launcher(launcher: str) -> None:

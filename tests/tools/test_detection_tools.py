@@ -122,6 +122,17 @@ def test_amp_and_cpu_adaptation_of_the_config(monkeypatch):
     assert (cfg.resume, cfg.load_from, cfg.work_dir) == (True, None, 'w')
     adapt_config_to_device(cfg, 'none')
     assert cfg.env_cfg.dist_cfg.backend == 'gloo' and cfg.launcher == 'none'
+    assert 'model_wrapper_cfg' not in cfg
+    # distributed on CPU (process group already up): SyncBN -> BN anywhere in the model, DDP without device_ids
+    cfg.model.neck.norm_cfg = dict(type='SyncBN')
+    cfg.model.bbox_head.norm_cfg = dict(type='SyncBN')
+    monkeypatch.setattr('torch.distributed.is_initialized', lambda: True)
+    adapt_config_to_device(cfg, 'pytorch')
+    assert (cfg.model.neck.norm_cfg.type, cfg.model.bbox_head.norm_cfg.type) == ('BN', 'BN')
+    assert cfg.model_wrapper_cfg.type == 'MMDistributedDataParallel' and cfg.model_wrapper_cfg.device_ids is None
+    assert cfg.launcher == 'pytorch'
+    with pytest.raises(ValueError, match='launcher must be one of'):
+        adapt_config_to_device(cfg, 'torchrun')
     monkeypatch.setattr('torch.cuda.is_available', lambda: True)
     cfg = train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--amp']))
     assert (cfg.optim_wrapper.type, cfg.optim_wrapper.loss_scale) == ('AmpOptimWrapper', 'dynamic')
