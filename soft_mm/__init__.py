@@ -12,4 +12,4 @@ from .version import __version__
 
 register_backbones()
 
-__all__ = ['__version__', 'models', 'utils', 'SOFT', 'SoftVisionTransformer']
+__all__ = ['SOFT', 'SoftVisionTransformer', '__version__', 'models', 'utils']

@@ -5,9 +5,9 @@ import pytest
 import torch
 
 pytest.importorskip('mmseg')
-from mmengine.config import Config  # noqa: E402
-from mmseg.registry import MODELS  # noqa: E402
-from mmseg.utils import register_all_modules  # noqa: E402
+from mmengine.config import Config
+from mmseg.registry import MODELS
+from mmseg.utils import register_all_modules
 
 CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 # published UperNet parameter counts (SOFT-Norm backbones, with the auxiliary FCN head as in mmseg's counts)

@@ -93,11 +93,11 @@ def main() -> None:
         qkv = torch.randn(3, 1, args.heads, n, head_dim, device=device)
 
         @torch.no_grad()
-        def run_soft() -> None:
+        def run_soft(x: torch.Tensor = x, side: int = side) -> None:
             soft(x, (side, side))
 
         @torch.no_grad()
-        def run_softmax() -> None:
+        def run_softmax(qkv: torch.Tensor = qkv) -> None:
             # the math kernel materialises the N x N matrix, as softmax attention in a PVT-style stage does
             with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH):
                 F.scaled_dot_product_attention(qkv[0], qkv[1], qkv[2])
@@ -118,7 +118,7 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / 'attention_scaling.json').write_text(json.dumps(dict(args=vars(args), rows=rows), indent=2))
+    (out / 'attention_scaling.json').write_text(json.dumps({'args': vars(args), 'rows': rows}, indent=2))
     import matplotlib
     matplotlib.use('Agg')
     import matplotlib.pyplot as plt

@@ -5,5 +5,5 @@ from .backbone import SOFT
 from .blocks import Block, Mlp
 from .classifier import SoftVisionTransformer
 
-__all__ = ['ARCH_SETTINGS', 'PUBLISHED', 'resolve_arch', 'SoftAttention', 'SoftmaxAttention', 'SOFT', 'Block', 'Mlp',
-           'SoftVisionTransformer']
+__all__ = ['ARCH_SETTINGS', 'PUBLISHED', 'SOFT', 'Block', 'Mlp', 'SoftAttention', 'SoftVisionTransformer',
+           'SoftmaxAttention', 'resolve_arch']

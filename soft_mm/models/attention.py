@@ -103,7 +103,7 @@ class SoftAttention(nn.Module):
 
     def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
-        b, h, n, d = q.shape
+        b, h, _, d = q.shape
         q_map = q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2)
         grid = self.landmark_shape(hw_shape)
         if self.landmark_mode == 'avg':

@@ -1,7 +1,8 @@
 """``SOFT``: the multi-scale backbone for mmdet and mmseg."""
 from __future__ import annotations
 
-from typing import Any, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import torch
 from mmengine.model import BaseModule
