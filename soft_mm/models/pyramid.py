@@ -147,6 +147,8 @@ class SoftPyramidMixin:
                 tokens = self.norm(tokens)
             if num_prefix:
                 prefix_tokens, tokens = tokens[:, :num_prefix], tokens[:, num_prefix:]
-            x = tokens.transpose(1, 2).reshape(b, c, h, w)
+            # contiguous NCHW: the transposed view is channels-last in memory, which mmcv's RoIAlign (and other
+            # C++/CUDA ops that read the raw buffer as NCHW) silently misreads
+            x = tokens.transpose(1, 2).reshape(b, c, h, w).contiguous()
             maps.append(x)
         return maps, prefix_tokens

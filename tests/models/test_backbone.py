@@ -71,6 +71,23 @@ def test_channels_strides_and_bounded_landmarks(hw, monkeypatch):
         assert [m for _, m in records] == [49] * 6  # the published 7 x 7 landmarks in every stage
 
 
+def test_maps_are_contiguous_nchw_for_raw_buffer_ops():
+    """mmcv's C++ ops (RoIAlign in Mask R-CNN's RoI heads) read the buffer as NCHW whatever the strides say; a
+    channels-last map (what the (B, N, C) tokens become when only transposed) gives them scrambled features."""
+    mmcv_ops = pytest.importorskip('mmcv.ops')
+    from torchvision.ops import roi_align
+
+    model = make_narrow().eval()
+    with torch.no_grad():
+        outs = model(torch.randn(2, 3, 61, 83))
+    assert all(o.is_contiguous() for o in outs)
+    rois = torch.tensor([[0, 3.0, 5.0, 40.0, 30.0], [1, 20.0, 11.0, 77.0, 58.0]])
+    for stride, feat in zip((4, 8, 16, 32), outs):
+        expected = roi_align(feat, rois, (7, 7), spatial_scale=1 / stride, sampling_ratio=2, aligned=True)
+        got = mmcv_ops.RoIAlign((7, 7), 1 / stride, sampling_ratio=2, aligned=True)(feat, rois)
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize('hw', [(32, 32), (8, 8), (1, 1)])
 def test_maps_smaller_than_a_landmark_window(hw):
     # 32x32: stage-1 map 8x8, smaller than the 8 * 7 window the conv landmarks assume; 8x8: stage-1 map 2x2.
