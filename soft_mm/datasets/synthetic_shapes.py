@@ -20,6 +20,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import cv2
@@ -151,6 +152,88 @@ def ensure_shapes_dataset(root: str | os.PathLike, **generator_kwargs) -> bool:
             os.rename(tmp, root)
         except OSError:
             if not root.exists():
+                raise
+            return False
+        return True
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_semantic_labels(root: str | os.PathLike, split: str, out_dir: str | os.PathLike | None = None) -> int:
+    """Render the semantic label map of every image of ``split`` from ``root/annotations/instances_{split}.json``.
+
+    Each map is a single-channel uint8 PNG of the image's size with the image's file name: 0 is background and
+    ``i + 1`` is ``SHAPE_CLASSES[i]``. Every object is filled with ``cv2.fillPoly`` on its stored (integer) vertices in
+    annotation order, exactly as :func:`draw_image` painted it, so a class's pixels are the union of its objects'
+    COCO masks and their count is the sum of the objects' ``area``.
+
+    Args:
+        root: a dataset folder written by :func:`write_shapes_dataset`.
+        split: one of :data:`SPLITS`.
+        out_dir: where the maps go (created if needed); ``root/semantic/{split}`` by default.
+
+    Returns:
+        The number of label maps written.
+    """
+    if split not in SPLITS:
+        raise ValueError(f'split must be one of {SPLITS}, got {split!r}')
+    root = Path(root)
+    coco = json.loads((root / 'annotations' / f'instances_{split}.json').read_text())
+    label_of_category = {}
+    for category in coco['categories']:
+        if category['name'] not in SHAPE_CLASSES:
+            raise ValueError(f'category {category["name"]!r} of {split} is not one of {SHAPE_CLASSES}')
+        label_of_category[category['id']] = SHAPE_CLASSES.index(category['name']) + 1
+    polygons_of_image: dict[int, list[tuple[int, list[np.ndarray]]]] = {image['id']: [] for image in coco['images']}
+    for ann in sorted(coco['annotations'], key=lambda a: a['id']):
+        polygons = [np.asarray(p, np.int32).reshape(-1, 2) for p in ann['segmentation']]
+        polygons_of_image[ann['image_id']].append((label_of_category[ann['category_id']], polygons))
+    out_dir = Path(out_dir) if out_dir is not None else root / 'semantic' / split
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for image in coco['images']:
+        label_map = np.zeros((image['height'], image['width']), np.uint8)
+        for label, polygons in polygons_of_image[image['id']]:
+            cv2.fillPoly(label_map, polygons, label)
+        if not cv2.imwrite(str(out_dir / image['file_name']), label_map):
+            raise OSError(f'could not write {out_dir / image["file_name"]}')
+    return len(coco['images'])
+
+
+def ensure_semantic_labels(root: str | os.PathLike, **generator_kwargs) -> bool:
+    """Render ``root/semantic/{train,val}`` unless ``root/semantic`` exists; return whether it was rendered here.
+
+    When ``root`` itself is missing, the whole dataset is first written by :func:`ensure_shapes_dataset` with
+    ``generator_kwargs``; an existing dataset (e.g. one the detection demo wrote) only gains its label maps. Like
+    ``ensure_shapes_dataset``, the maps of both splits are rendered into a temporary sibling folder that is renamed
+    to ``root/semantic`` in one step, so several processes may call this at once.
+    """
+    root = Path(root)
+    ensure_shapes_dataset(root, **generator_kwargs)
+
+    def render_splits(folder: Path) -> None:
+        for split in SPLITS:
+            write_semantic_labels(root, split, folder / split)
+
+    return _publish_atomically(root / 'semantic', render_splits)
+
+
+def _publish_atomically(target: Path, write: Callable[[Path], None]) -> bool:
+    """Unless ``target`` exists, run ``write`` on a fresh temporary sibling folder and rename it to ``target``.
+
+    Returns whether ``target`` was published by this call: when several processes race, the first rename wins and
+    the others discard their copy.
+    """
+    if target.exists():
+        return False
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f'.{target.name}.partial-', dir=target.parent))
+    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the data is not
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not target.exists():
                 raise
             return False
         return True

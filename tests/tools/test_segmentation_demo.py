@@ -1,0 +1,75 @@
+"""The UperNet + SOFT-Norm-Tiny segmentation demo: its config, and tools/train.py + tools/test.py on it, on CPU."""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip('mmseg')
+from mmengine.config import Config
+
+ROOT = Path(__file__).resolve().parents[2]
+UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
+# The full demo reached mIoU 53.8 (percent, mmseg's IoUMetric; 5 minutes on one thread) when this was written; the task's
+# target is 50 and predicting background everywhere scores 22. The margin absorbs run-to-run variation of CPU training
+# (other thread counts round differently; neighbouring settings scored 50-54).
+UPERNET_DEMO_MIN_MIOU = 45.0
+
+
+def run_tool(args: list[str], cwd: Path, timeout: float = 900) -> str:
+    """``python tools/<args>`` in ``cwd`` with this checkout first on the path; its stdout and stderr together."""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / args[0]), *args[1:]], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, f'{" ".join(args)} exited {proc.returncode}\n{output[-8000:]}'
+    return output
+
+
+def logged_miou(output: str) -> float:
+    """The last ``mIoU`` (percent) that mmengine's logger printed for a val or test loop."""
+    values = re.findall(r'Iter\((?:val|test)\) \[\d+/\d+\]\s+aAcc: [\d.]+\s+mIoU: ([\d.]+)', output)
+    assert values, 'no mIoU in the log'
+    return float(values[-1])
+
+
+def test_demo_config_builds_a_128px_four_class_upernet():
+    from mmseg.registry import MODELS
+    from mmseg.utils import register_all_modules
+
+    from soft_mm.utils import check_data_paths
+
+    register_all_modules()
+    cfg = Config.fromfile(UPERNET_DEMO)
+    assert cfg.default_scope == 'mmseg'
+    assert cfg.train_dataloader.dataset.type == cfg.val_dataloader.dataset.type == 'SyntheticShapesSegDataset'
+    assert cfg.val_evaluator.type == 'IoUMetric' and cfg.val_evaluator.iou_metrics == ['mIoU']
+    cfg.train_dataloader.dataset.data_root = '/nonexistent/shapes'  # the dataset generates it: no missing-path stop
+    check_data_paths(cfg, ('train', 'val', 'test'))
+
+    model = MODELS.build(cfg.model).eval()
+    assert not any(isinstance(m, torch.nn.SyncBatchNorm) for m in model.modules()), 'plain BN on CPU'
+    assert model.backbone.out_channels == cfg.model.decode_head.in_channels
+    with torch.no_grad():
+        logits = model(torch.randn(2, 3, 128, 128), mode='tensor')
+    assert logits.shape == (2, 4, 32, 32) and torch.isfinite(logits).all()  # UPerHead predicts at stride 4
+
+
+@pytest.mark.slow
+def test_upernet_demo_trains_to_a_learned_miou_and_tests(tmp_path):
+    """The README's command from an empty folder: writes the data and label maps, trains, evaluates; then test.py."""
+    work_dir = tmp_path / 'work'
+    output = run_tool(['train.py', UPERNET_DEMO, '--work-dir', str(work_dir)], tmp_path)
+    assert len(os.listdir(tmp_path / 'data/shapes/semantic/val')) == 100
+    trained_miou = logged_miou(output)
+    print(f'UperNet demo: mIoU {trained_miou}')
+    assert trained_miou >= UPERNET_DEMO_MIN_MIOU
+
+    checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
+    output = run_tool(['test.py', UPERNET_DEMO, checkpoint, '--work-dir', str(work_dir)], tmp_path)
+    assert logged_miou(output) == pytest.approx(trained_miou, abs=0.01)
