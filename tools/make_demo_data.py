@@ -1,4 +1,5 @@
-"""Write the synthetic shapes dataset of the demo configs (they also write it themselves when it is missing).
+"""Write the synthetic shapes dataset of the demo configs, with the label maps of the segmentation demo (the demo
+configs also write whatever is missing themselves).
 
     python tools/make_demo_data.py [--root data/shapes] [--num-train N] [--num-val N] [--seed S] [--force]
 """
@@ -10,7 +11,7 @@ import shutil
 import sys
 
 sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
-from soft_mm.datasets.synthetic_shapes import ensure_shapes_dataset
+from soft_mm.datasets.synthetic_shapes import ensure_semantic_labels, ensure_shapes_dataset
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -26,6 +27,8 @@ def main(argv: list[str] | None = None) -> None:
     options = ('num_train', 'num_val', 'image_size', 'max_objects', 'seed')
     written = ensure_shapes_dataset(args.root, **{k: getattr(args, k) for k in options if getattr(args, k) is not None})
     print(f'wrote {args.root}' if written else f'{args.root} exists; kept it (use --force to rewrite)')
+    if ensure_semantic_labels(args.root):  # the segmentation demo's label maps, drawn from the COCO polygons
+        print(f'wrote {args.root}/semantic')
 
 
 if __name__ == '__main__':

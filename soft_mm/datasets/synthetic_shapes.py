@@ -140,23 +140,7 @@ def ensure_shapes_dataset(root: str | os.PathLike, **generator_kwargs) -> bool:
     first rename wins and the others discard their copy.
     ``generator_kwargs`` go to :func:`write_shapes_dataset`.
     """
-    root = Path(root)
-    if root.exists():
-        return False
-    root.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f'.{root.name}.partial-', dir=root.parent))
-    os.chmod(tmp, 0o755)  # mkdtemp makes it private; the dataset is not
-    try:
-        write_shapes_dataset(tmp, **generator_kwargs)
-        try:
-            os.rename(tmp, root)
-        except OSError:
-            if not root.exists():
-                raise
-            return False
-        return True
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    return _publish_atomically(Path(root), lambda folder: write_shapes_dataset(folder, **generator_kwargs))
 
 
 def write_semantic_labels(root: str | os.PathLike, split: str, out_dir: str | os.PathLike | None = None) -> int:

@@ -224,6 +224,7 @@ def test_make_demo_data_writes_once(tmp_path):
     make_demo_data.main(['--root', str(root), '--num-train', '3', '--num-val', '2', '--seed', '4'])
     coco = json.loads((root / 'annotations/instances_train.json').read_text())
     assert len(coco['images']) == 3 and 'seed 4' in coco['info']['description']
+    assert len(list((root / 'semantic/train').iterdir())) == 3 and len(list((root / 'semantic/val').iterdir())) == 2
     stamp = (root / 'train/000001.png').stat().st_mtime_ns
     make_demo_data.main(['--root', str(root), '--num-train', '5'])
     assert (root / 'train/000001.png').stat().st_mtime_ns == stamp and not (root / 'train/000004.png').exists()
