@@ -11,6 +11,7 @@ _base_ = [
     'mmseg::_base_/models/upernet_swin.py',
     'mmseg::_base_/default_runtime.py',
     './_base_/datasets/demo_shapes_semantic.py',
+    './_base_/demo_optimizer.py',
 ]
 
 norm_cfg = dict(type='BN', requires_grad=True)
@@ -29,12 +30,6 @@ model = dict(
 max_iters = 800
 warmup_iters = 50
 train_cfg = dict(type='IterBasedTrainLoop', max_iters=max_iters, val_interval=max_iters)
-val_cfg = dict(type='ValLoop')
-test_cfg = dict(type='TestLoop')
-optim_wrapper = dict(
-    type='OptimWrapper',
-    optimizer=dict(type='AdamW', lr=5e-4, weight_decay=0.05),
-    clip_grad=dict(max_norm=1.0, norm_type=2))
 param_scheduler = [
     dict(type='LinearLR', start_factor=0.01, by_epoch=False, begin=0, end=warmup_iters),
     dict(type='CosineAnnealingLR', T_max=max_iters - warmup_iters, eta_min_ratio=0.05, by_epoch=False,
