@@ -6,17 +6,8 @@ _base_ = [
     'mmdet::_base_/datasets/coco_instance.py',
     'mmdet::_base_/schedules/schedule_1x.py',
     'mmdet::_base_/default_runtime.py',
+    './_base_/soft_norm_coco.py',
 ]
-custom_imports = dict(imports=['soft_mm', 'soft_mm.utils'], allow_failed_imports=False)
 
-model = dict(
-    backbone=dict(
-        _delete_=True,
-        type='SOFT',
-        arch='tiny',
-        soft_norm=True,
-        drop_path_rate=0.1,
-        init_cfg=dict(type='Pretrained', checkpoint='checkpoints/soft_norm_tiny_in1k.pth')),
-    neck=dict(in_channels=[64, 128, 320, 512]))
-
-optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, weight_decay=1e-4))
+model = dict(backbone={{_base_.soft_backbone}}, neck=dict(in_channels={{_base_.soft_out_channels}}))
+optim_wrapper = dict(optimizer={{_base_.soft_optimizer}})

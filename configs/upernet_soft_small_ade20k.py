@@ -11,10 +11,8 @@ crop_size = (512, 512)
 pretrained = 'checkpoints/soft_norm_small_in1k.pth'
 model = dict(
     data_preprocessor=dict(size=crop_size),
-    backbone=dict(
-        _delete_=True, type='SOFT', arch='small', soft_norm=True, out_indices=(0, 1, 2, 3), drop_path_rate=0.1,
-        landmark_mode='conv', landmark_grid=7, newton_iters=20, newton_ridge=0.01,
-        init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
+    backbone=dict(_delete_=True, type='SOFT', arch='small', soft_norm=True,
+                  init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
     auxiliary_head=dict(in_channels=320, num_classes=150))
 

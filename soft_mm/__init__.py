@@ -1,15 +1,15 @@
 """soft_mm: SOFT (softmax-free transformers with linear complexity) for OpenMMLab detection and segmentation.
 
-``import soft_mm`` (or ``custom_imports=dict(imports=['soft_mm'])`` in a config) registers the ``SOFT`` backbone
-for mmdet and mmseg configs and the ``soft_*`` / ``soft_norm_*`` models in timm, and allow-lists the objects mmengine
-stores in its checkpoints for ``torch.load(weights_only=True)`` (torch >= 2.6), so ``--resume``, ``load_from`` and
-testing a checkpoint work with any OpenMMLab tool.
+``import soft_mm`` (or ``custom_imports=dict(imports=['soft_mm'], allow_failed_imports=False)`` in a config) only
+registers: the ``SOFT`` backbone for mmdet/mmseg configs, the demo datasets, the ``soft_*`` / ``soft_norm_*`` models in
+timm, and the objects mmengine stores in its checkpoints for ``torch.load(weights_only=True)`` (see
+:mod:`soft_mm.registry`).
 """
-from . import models, utils
+from . import models
 from .models import SOFT, SoftVisionTransformer
-from .registry import register_backbones
+from .registry import register_all
 from .version import __version__
 
-register_backbones()
+register_all()
 
-__all__ = ['SOFT', 'SoftVisionTransformer', '__version__', 'models', 'utils']
+__all__ = ['SOFT', 'SoftVisionTransformer', '__version__', 'models']

@@ -12,20 +12,35 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 import sys
+from collections.abc import Mapping
+from typing import Any
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
-from soft_mm.converters.official import (
-    AUTHORS_SETTINGS,
-    CHECKPOINT_KEYS,
-    convert_official_state_dict,
-    describe_arch,
-    load_official_checkpoint,
-    make_meta,
-    num_classes_of,
-    save_converted_checkpoint,
-    verify_converted,
-)
-from soft_mm.models import resolve_arch
+from soft_mm.converters import CHECKPOINT_KEYS, convert_official_checkpoint, save_converted_checkpoint
+from soft_mm.converters.official import match_arch
+from soft_mm.models import ARCH_SETTINGS, resolve_arch
+from soft_mm.models.arch import ARCH_KEYS
+
+
+def describe_arch(arch: str | Mapping[str, Any]) -> str:
+    """One line: the table name, or the custom settings and how they differ from the closest table entry."""
+    if isinstance(arch, str):
+        return f'{arch!r} (the table entry)'
+    settings = resolve_arch(dict(arch))
+    name = match_arch(settings)
+    if name is not None:
+        return f'{name!r} (the table entry)'
+    diffs = {n: [k for k in ARCH_KEYS if resolve_arch(n)[k] != settings[k]] for n in ARCH_SETTINGS}
+
+    def distance(name: str) -> tuple[int, float]:  # differing settings, then how far apart they are
+        table = resolve_arch(name)
+        gap = sum(abs(a - b) for k in diffs[name] for a, b in zip(*(
+            v if isinstance(v, tuple) else (v,) for v in (table[k], settings[k]))))
+        return len(diffs[name]), gap
+
+    closest = min(diffs, key=distance)
+    table = resolve_arch(closest)
+    changes = ', '.join(f'{k} {settings[k]} (table: {table[k]})' for k in diffs[closest])
+    return f'a custom arch, not in the table: closest is {closest!r}, but {changes}'
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,13 +66,13 @@ def _settings_line(arch: str | dict) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
-        official, key = load_official_checkpoint(args.src, args.key, allow_pickle=not args.safe_only)
-        converted, arch, unmapped = convert_official_state_dict(official)
-        num_params = None if args.no_verify else verify_converted(converted, arch)
+        converted = convert_official_checkpoint(args.src, soft_norm=args.soft_norm, key=args.key,
+                                                allow_pickle=not args.safe_only, verify=not args.no_verify)
     except (ValueError, TypeError, FileNotFoundError) as error:
         print(f'error: cannot convert {args.src}: {error}', file=sys.stderr)
         return 1
-    print(f'read    {args.src} [{key or "bare state dict"}]: {len(official)} tensors')
+    arch = converted.arch
+    print(f'read    {args.src} [{converted.source_key or "bare state dict"}]: {converted.num_source_tensors} tensors')
     print(f'arch    {describe_arch(arch)}: {_settings_line(arch)}')
     if not isinstance(arch, str):
         print('        -> NOT a table arch: saved as a plain arch dict (use meta["arch"] to build the model)')
@@ -67,17 +82,13 @@ def main(argv: list[str] | None = None) -> int:
     print(f'norm    soft_norm={args.soft_norm} (from --soft-norm; not stored in the weights)')
     if 'norm' in osp.basename(args.src).lower() and not args.soft_norm:
         print('warning: the file name suggests a SOFT-Norm checkpoint; pass --soft-norm if it is one', file=sys.stderr)
-    if unmapped:
-        print(f'unmapped {len(unmapped)} key(s), dropped: {", ".join(unmapped)}')
-    else:
-        print('unmapped none')
-    if num_params is not None:
-        print(f'verified strict load into SoftVisionTransformer: {num_params:,} parameters')
-    meta = make_meta(arch, args.soft_norm, source=osp.basename(args.src), source_key=key,
-                     num_classes=num_classes_of(converted))
-    save_converted_checkpoint(args.dst, converted, meta)
+    print(f'unmapped {len(converted.unmapped)} key(s), dropped: {", ".join(converted.unmapped)}' if converted.unmapped
+          else 'unmapped none')
+    if converted.num_params is not None:
+        print(f'verified strict load into SoftVisionTransformer: {converted.num_params:,} parameters')
+    save_converted_checkpoint(args.dst, converted.state_dict, converted.meta)
     print(f'wrote   {args.dst}')
-    backbone = {'type': 'SOFT', 'arch': meta['arch'], 'soft_norm': args.soft_norm, **AUTHORS_SETTINGS,
+    backbone = {'type': 'SOFT', 'arch': converted.meta['arch'], 'soft_norm': args.soft_norm,
                 'init_cfg': {'type': 'Pretrained', 'checkpoint': args.dst}}
     print(f'backbone config: {backbone}')
     return 0

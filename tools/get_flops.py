@@ -14,10 +14,8 @@ softmax, ...) are left out, as in fvcore; the tool lists the ones it met.
 from __future__ import annotations
 
 import argparse
-import importlib
 import math
 import os.path as osp
-import pkgutil
 import sys
 from collections import Counter
 from typing import Any
@@ -27,15 +25,15 @@ from mmengine.analysis import FlopAnalyzer, parameter_count
 from mmengine.analysis.jit_handles import get_shape
 from torch import nn
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
-import soft_mm.ops
-from soft_mm.converters import build_classifier_from_checkpoint, match_arch
-from soft_mm.models import ARCH_SETTINGS, PUBLISHED, SoftVisionTransformer
-from soft_mm.ops import newton as newton_module
+from soft_mm.converters import build_classifier_from_checkpoint
+from soft_mm.converters.official import match_arch
+from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, PUBLISHED, SoftVisionTransformer, variant_name
+from soft_mm.ops import NewtonInverse, newton_inverse_macs
 
 SDPA_OP = 'aten::scaled_dot_product_attention'
+OPAQUE_PREFIX = 'prim::PythonOp.'  # how a JIT trace records a torch.autograd.Function
 # The implicit-backward Newton-Schulz inverse is a torch.autograd.Function: the trace sees one PythonOp named after it.
-NEWTON_OP = f'prim::PythonOp.{newton_module._NewtonInverseImplicit.__name__}'
+NEWTON_OP = OPAQUE_PREFIX + NewtonInverse.__name__
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 
 
@@ -47,23 +45,12 @@ def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
 
 
 def newton_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
-    """Newton-Schulz on (..., m, m): each iteration ``2V - (V P) V`` is two m x m matmuls, 2 m^3 MACs per matrix."""
-    *batch, m, _ = get_shape(inputs[0])
+    """Newton-Schulz on (..., m, m): ``soft_mm.ops.newton_inverse_macs`` of the traced shape and iteration count."""
     iters = [a for a in outputs[0].node().scalar_args() if isinstance(a, int) and not isinstance(a, bool)]
     if len(iters) != 1:
         raise RuntimeError(f'cannot read num_iters from the Newton-Schulz op (scalar args '
                            f'{outputs[0].node().scalar_args()})')
-    return Counter({'newton_inverse': 2 * iters[0] * math.prod(batch) * m ** 3})
-
-
-def _soft_mm_functions() -> set[str]:
-    """Trace names of soft_mm's autograd Functions (each is one opaque ``PythonOp`` to the counter)."""
-    names = set()
-    for info in pkgutil.iter_modules(soft_mm.ops.__path__):
-        module = importlib.import_module(f'soft_mm.ops.{info.name}')
-        names |= {f'prim::PythonOp.{obj.__name__}' for obj in vars(module).values()
-                  if isinstance(obj, type) and issubclass(obj, torch.autograd.Function)}
-    return names
+    return Counter({'newton_inverse': newton_inverse_macs(tuple(get_shape(inputs[0])), iters[0])})
 
 
 def analyze(model: nn.Module, inputs: tuple) -> dict[str, Any]:
@@ -73,17 +60,16 @@ def analyze(model: nn.Module, inputs: tuple) -> dict[str, Any]:
     with torch.no_grad():
         total = analyzer.total()
     skipped = analyzer.unsupported_ops()
-    missed = sorted(op for op in skipped if op in _soft_mm_functions() or op == SDPA_OP)
-    if missed:  # matmul-heavy ops of soft_mm's that the counter cannot see: the total would be silently low
+    missed = sorted(op for op in skipped if op.startswith(OPAQUE_PREFIX) or op == SDPA_OP)
+    if missed:  # opaque (autograd Function) or matmul-heavy ops the counter cannot see: the total would be silently low
         raise RuntimeError(f'FLOP counter has no handle for {missed}; add one in tools/get_flops.py')
     return {'params': parameter_count(model)[''], 'flops': total, 'by_operator': dict(analyzer.by_operator()),
             'skipped': sorted(skipped)}
 
 
 def classifier(arch: str, soft_norm: bool) -> SoftVisionTransformer:
-    """A 1000-class classifier with the authors' attention settings (conv landmarks, 20 Newton iterations)."""
-    return SoftVisionTransformer(arch, soft_norm=soft_norm, num_classes=1000, landmark_mode='conv', newton_iters=20,
-                                 newton_ridge=0.01).eval()
+    """A 1000-class classifier with the authors' attention settings (the defaults)."""
+    return SoftVisionTransformer(arch, soft_norm=soft_norm, num_classes=1000).eval()
 
 
 def _gmacs(value: float) -> str:
@@ -91,17 +77,13 @@ def _gmacs(value: float) -> str:
 
 
 def _counted_line(by_operator: dict[str, int], skipped: list[str]) -> str:
-    opaque = [op.removeprefix('prim::PythonOp.') for op in skipped if op.startswith('prim::PythonOp.')]
-    elementwise = [op.removeprefix('aten::') for op in skipped if not op.startswith('prim::PythonOp.')]
+    opaque = [op.removeprefix(OPAQUE_PREFIX) for op in skipped if op.startswith(OPAQUE_PREFIX)]
+    elementwise = [op.removeprefix('aten::') for op in skipped if not op.startswith(OPAQUE_PREFIX)]
     added = [op for op in ('newton_inverse', 'scaled_dot_product_attention') if op in by_operator]
     line = f'counted: {", ".join(sorted(by_operator))}'
     line += f' ({" and ".join(added)} through handles added here)' if added else ''
     line += f'; not counted (no mmengine handle: element-wise and other cheap ops): {", ".join(elementwise)}'
     return line + (f'; not counted (opaque autograd Functions): {", ".join(opaque)}' if opaque else '')
-
-
-def variant_name(arch: str, soft_norm: bool) -> str:
-    return f"soft_{'norm_' if soft_norm else ''}{arch}"
 
 
 def classifier_table(shape: tuple[int, int]) -> list[dict[str, Any]]:
@@ -114,7 +96,9 @@ def classifier_table(shape: tuple[int, int]) -> list[dict[str, Any]]:
 
 
 def print_table(rows: list[dict[str, Any]], shape: tuple[int, int]) -> None:
-    print(f'SOFT classifiers (1000 classes, conv landmarks, 20 Newton iterations) at {shape[0]}x{shape[1]}; '
+    settings = AUTHORS_SETTINGS
+    print(f'SOFT classifiers (1000 classes, {settings.landmark_mode} landmarks, {settings.newton_iters} Newton '
+          f'iterations) at {shape[0]}x{shape[1]}; '
           'FLOPs in GMACs')
     header = (f"{'variant':<18}{'params':>13}{'M':>8}{'published M':>13}{'GMACs':>8}{'w/o Newton':>12}"
               f"{'published G':>13}")
@@ -127,7 +111,8 @@ def print_table(rows: list[dict[str, Any]], shape: tuple[int, int]) -> None:
               f"{_gmacs(row['flops']):>8}{_gmacs(row['flops'] - newton):>12}{published['gflops']:>13}")
     skipped = sorted({op for row in rows for op in row['skipped']})
     print(_counted_line(rows[0]['by_operator'], skipped))
-    print('"w/o Newton" leaves out the Newton-Schulz iterations (2 * 20 * 49^3 MACs per head and SOFT block), '
+    print(f'"w/o Newton" leaves out the Newton-Schulz iterations (2 * {settings.newton_iters} * 49^3 MACs per head '
+          'and SOFT block), '
           'which the published FLOPs appear not to include.')
 
 

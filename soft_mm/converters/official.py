@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import dataclasses
 import os
 import pickle
 import re
@@ -40,15 +41,13 @@ from torch import nn
 
 from ..models.arch import ARCH_KEYS, ARCH_SETTINGS, resolve_arch
 from ..models.classifier import SoftVisionTransformer
+from ..models.settings import AUTHORS_SETTINGS
 
-__all__ = ['AUTHORS_SETTINGS', 'CHECKPOINT_KEYS', 'CLASSIFIER_ONLY_KEYS', 'backbone_state_dict',
-           'build_classifier_from_checkpoint', 'convert_official_state_dict', 'describe_arch', 'infer_arch',
-           'load_converted_checkpoint', 'load_official_checkpoint', 'make_meta', 'map_official_key', 'match_arch',
-           'model_kwargs_from_meta', 'num_classes_of', 'save_converted_checkpoint', 'select_state_dict', 'verify_converted']
+# What users call; the building blocks below (key mapping, arch inference, ...) stay importable from this module.
+__all__ = ['CHECKPOINT_KEYS', 'ConvertedCheckpoint', 'build_classifier_from_checkpoint', 'convert_official_checkpoint',
+           'convert_official_state_dict', 'load_converted_checkpoint', 'load_official_checkpoint',
+           'save_converted_checkpoint']
 
-# The attention settings of the authors' released models (soft-spec §1-2): strided-conv landmarks, 20 Newton-Schulz
-# iterations with a 0.01 ridge. A converted model reproduces their outputs only with these.
-AUTHORS_SETTINGS = {'landmark_mode': 'conv', 'newton_iters': 20, 'newton_ridge': 0.01}
 # Where a state dict may sit in a checkpoint file: timm (state_dict, state_dict_ema), DeiT (model, model_ema).
 CHECKPOINT_KEYS = ('state_dict', 'state_dict_ema', 'model', 'model_ema')
 _AUTO_ORDER = ('state_dict', 'model', 'state_dict_ema', 'model_ema')  # EMA weights only when nothing else is there
@@ -240,28 +239,6 @@ def match_arch(arch: Mapping[str, Any]) -> str | None:
     return next((name for name in ARCH_SETTINGS if resolve_arch(name) == settings), None)
 
 
-def describe_arch(arch: str | Mapping[str, Any]) -> str:
-    """One line: the table name, or the custom settings and how they differ from the closest table entry."""
-    if isinstance(arch, str):
-        return f'{arch!r} (the table entry)'
-    settings = resolve_arch(dict(arch))
-    name = match_arch(settings)
-    if name is not None:
-        return f'{name!r} (the table entry)'
-    diffs = {n: [k for k in ARCH_KEYS if resolve_arch(n)[k] != settings[k]] for n in ARCH_SETTINGS}
-
-    def distance(name: str) -> tuple[int, float]:  # differing settings, then how far apart they are
-        table = resolve_arch(name)
-        gap = sum(abs(a - b) for k in diffs[name] for a, b in zip(*(
-            v if isinstance(v, tuple) else (v,) for v in (table[k], settings[k]))))
-        return len(diffs[name]), gap
-
-    closest = min(diffs, key=distance)
-    table = resolve_arch(closest)
-    changes = ', '.join(f'{k} {settings[k]} (table: {table[k]})' for k in diffs[closest])
-    return f'a custom arch, not in the table: closest is {closest!r}, but {changes}'
-
-
 # ---------------------------------------------------------------------------------------------------------------------
 # Conversion
 
@@ -302,11 +279,6 @@ def num_classes_of(state_dict: Mapping[str, torch.Tensor]) -> int:
     return int(head.shape[0]) if head is not None else 0
 
 
-def backbone_state_dict(state_dict: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """A converted classifier state dict without the classifier-only tensors: loads strictly into ``SOFT``."""
-    return {k: v for k, v in state_dict.items() if k not in CLASSIFIER_ONLY_KEYS}
-
-
 def _classifier_on_meta(**kwargs: Any) -> nn.Module:
     """The classifier with no storage (meta device) when its construction allows it, else on the CPU."""
     try:
@@ -319,11 +291,11 @@ def _classifier_on_meta(**kwargs: Any) -> nn.Module:
 def verify_converted(state_dict: Mapping[str, torch.Tensor], arch: str | Mapping[str, Any]) -> int:
     """Strict-load ``state_dict`` into a classifier of ``arch``; returns its parameter count, raises ValueError."""
     model = _classifier_on_meta(arch=arch if isinstance(arch, str) else dict(arch),
-                                num_classes=num_classes_of(state_dict), **AUTHORS_SETTINGS)
+                                num_classes=num_classes_of(state_dict), **AUTHORS_SETTINGS.as_dict())
     try:
         model.load_state_dict(state_dict, strict=True, assign=True)
     except RuntimeError as error:
-        raise ValueError(f'the converted state dict does not fit SoftVisionTransformer({describe_arch(arch)}): '
+        raise ValueError(f'the converted state dict does not fit SoftVisionTransformer(arch={arch!r}): '
                          f'{error}') from error
     return sum(p.numel() for p in model.parameters())
 
@@ -338,7 +310,7 @@ def make_meta(arch: str | Mapping[str, Any], soft_norm: bool, source: str = '', 
     if not isinstance(arch, str):
         settings = resolve_arch(dict(arch))
         arch = {k: list(settings[k]) if isinstance(settings[k], tuple) else settings[k] for k in ARCH_KEYS}
-    return dict(arch=arch, soft_norm=bool(soft_norm), num_classes=int(num_classes), **AUTHORS_SETTINGS,
+    return dict(arch=arch, soft_norm=bool(soft_norm), num_classes=int(num_classes), **AUTHORS_SETTINGS.as_dict(),
                 source=str(source), source_key=source_key, converter='soft_mm.converters.official')
 
 
@@ -361,11 +333,11 @@ def load_converted_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.
     return dict(checkpoint['state_dict']), dict(checkpoint['meta'])
 
 
-def model_kwargs_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
+def _model_kwargs_from_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
     """Constructor arguments shared by ``SoftVisionTransformer`` and ``SOFT`` for a converted file's ``meta``."""
     arch = meta['arch']
     return dict(arch=arch if isinstance(arch, str) else copy.deepcopy(dict(arch)), soft_norm=bool(meta['soft_norm']),
-                **{k: meta.get(k, v) for k, v in AUTHORS_SETTINGS.items()})
+                **{k: meta.get(k, v) for k, v in AUTHORS_SETTINGS.as_dict().items()})
 
 
 def build_classifier_from_checkpoint(path: str | os.PathLike, **overrides: Any) -> SoftVisionTransformer:
@@ -375,7 +347,41 @@ def build_classifier_from_checkpoint(path: str | os.PathLike, **overrides: Any) 
     number of classes come from the file.
     """
     state_dict, meta = load_converted_checkpoint(path)
-    kwargs = {**model_kwargs_from_meta(meta), 'num_classes': num_classes_of(state_dict), **overrides}
+    kwargs = {**_model_kwargs_from_meta(meta), 'num_classes': num_classes_of(state_dict), **overrides}
     model = SoftVisionTransformer(**kwargs)
     model.load_state_dict(state_dict, strict=True)
     return model
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# One call
+
+
+@dataclasses.dataclass
+class ConvertedCheckpoint:
+    """The result of :func:`convert_official_checkpoint`; ``state_dict`` and ``meta`` are what the file holds."""
+
+    state_dict: dict[str, torch.Tensor]
+    meta: dict[str, Any]
+    arch: str | dict[str, Any]
+    source_key: str
+    num_source_tensors: int
+    unmapped: list[str]
+    num_params: int | None
+
+
+def convert_official_checkpoint(src: str | os.PathLike, soft_norm: bool = False, key: str = 'auto',
+                                allow_pickle: bool = True, verify: bool = True) -> ConvertedCheckpoint:
+    """Read an official checkpoint file and convert it: the state dict, its ``meta`` and what was found.
+
+    ``soft_norm`` says whether the weights are SOFT-Norm (the weights cannot tell); ``key`` and ``allow_pickle`` are
+    those of :func:`load_official_checkpoint`; ``verify`` strict-loads the result into the classifier
+    (:func:`verify_converted`) and reports its parameter count. Write the result with
+    ``save_converted_checkpoint(dst, converted.state_dict, converted.meta)``.
+    """
+    official, source_key = load_official_checkpoint(src, key, allow_pickle=allow_pickle)
+    state_dict, arch, unmapped = convert_official_state_dict(official)
+    num_params = verify_converted(state_dict, arch) if verify else None
+    meta = make_meta(arch, soft_norm, source=os.path.basename(os.fspath(src)), source_key=source_key,
+                     num_classes=num_classes_of(state_dict))
+    return ConvertedCheckpoint(state_dict, meta, arch, source_key, len(official), unmapped, num_params)

@@ -1,7 +1,7 @@
 """The one table of SOFT architectures and the validation of custom ones.
 
-Every variant uses head dim 32, a stride-4 conv stem, landmark strides 8/4/2 and value-conv kernels 9/5/3 in the
-SOFT stages 1-3, and softmax attention in stage 4 (soft-spec §3). ``small`` uses depths 1,3,7,4: the published 24M
+Every variant uses head dim 32, a stride-4 conv stem, SOFT attention in stages 1-3 with landmark strides 8/4/2 and
+value-conv kernels 9/5/3, and softmax attention in stage 4 (``stage_attention``; soft-spec §3). ``small`` uses depths 1,3,7,4: the published 24M
 model (the authors' code defines 1,3,20,4, a 38.9M model; a checkpoint of that layout converts to a custom arch).
 """
 from __future__ import annotations
@@ -9,9 +9,13 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-ARCH_KEYS = ('embed_dims', 'num_heads', 'depths', 'landmark_strides', 'v_conv_kernels', 'mlp_ratio')
+ARCH_KEYS = ('embed_dims', 'num_heads', 'depths', 'landmark_strides', 'v_conv_kernels', 'mlp_ratio', 'stage_attention')
+# The token mixer of each stage: 'soft' (SOFT attention, post-norm blocks) or 'softmax' (pre-norm blocks).
+STAGE_ATTENTION_KINDS = ('soft', 'softmax')
+NUM_STAGES = 4
 
-_COMMON = dict(landmark_strides=(8, 4, 2), v_conv_kernels=(9, 5, 3), mlp_ratio=4)
+_COMMON = dict(landmark_strides=(8, 4, 2), v_conv_kernels=(9, 5, 3), mlp_ratio=4,
+               stage_attention=('soft', 'soft', 'soft', 'softmax'))
 
 ARCH_SETTINGS: dict[str, dict[str, Any]] = {
     'tiny': dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2), **_COMMON),
@@ -31,12 +35,17 @@ PUBLISHED = {
 }
 
 
+def variant_name(arch: str, soft_norm: bool) -> str:
+    """The timm model name of a table arch: ``soft_tiny``, ``soft_norm_tiny``, ..."""
+    return f"soft_{'norm_' if soft_norm else ''}{arch}"
+
+
 def resolve_arch(arch: str | dict[str, Any]) -> dict[str, Any]:
     """Return a validated copy of the settings of ``arch`` (a name of :data:`ARCH_SETTINGS` or a dict).
 
     A dict must give ``embed_dims``, ``num_heads`` and ``depths`` (4 entries each; every dim divisible by its head
-    count); ``landmark_strides`` and ``v_conv_kernels`` (3 entries, for the SOFT stages) and ``mlp_ratio`` default to
-    the values every published variant uses.
+    count); ``stage_attention`` (4 of ``'soft'``/``'softmax'``), ``landmark_strides`` and ``v_conv_kernels`` (one
+    entry per SOFT stage) and ``mlp_ratio`` default to the values every published variant uses.
     """
     if isinstance(arch, str):
         if arch not in ARCH_SETTINGS:
@@ -53,11 +62,20 @@ def resolve_arch(arch: str | dict[str, Any]) -> dict[str, Any]:
         raise ValueError(f'arch dict is missing the keys {missing}; it needs embed_dims, num_heads and depths '
                          '(4 entries each)')
     settings = {**_COMMON, **arch}
-    lengths = {'embed_dims': 4, 'num_heads': 4, 'depths': 4, 'landmark_strides': 3, 'v_conv_kernels': 3}
+    kinds = settings['stage_attention']
+    if not isinstance(kinds, (list, tuple)) or len(kinds) != NUM_STAGES or any(
+            k not in STAGE_ATTENTION_KINDS for k in kinds):
+        raise ValueError(f"arch['stage_attention'] must be a sequence of {NUM_STAGES} of {STAGE_ATTENTION_KINDS}, "
+                         f'got {kinds!r}')
+    settings['stage_attention'] = tuple(kinds)
+    num_soft = kinds.count('soft')
+    lengths = {'embed_dims': NUM_STAGES, 'num_heads': NUM_STAGES, 'depths': NUM_STAGES, 'landmark_strides': num_soft,
+               'v_conv_kernels': num_soft}
     for key, length in lengths.items():
         value = settings[key]
         if not isinstance(value, (list, tuple)) or len(value) != length:
-            raise ValueError(f'arch[{key!r}] must be a sequence of {length} ints, got {value!r}')
+            per = ' (one per SOFT stage)' if key in ('landmark_strides', 'v_conv_kernels') else ''
+            raise ValueError(f'arch[{key!r}] must be a sequence of {length} ints{per}, got {value!r}')
         if not all(isinstance(v, int) and v > 0 for v in value):
             raise ValueError(f'arch[{key!r}] must hold positive ints, got {value!r}')
         settings[key] = tuple(value)

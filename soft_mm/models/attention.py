@@ -2,18 +2,14 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ..ops import soft_attention
-
-LANDMARK_MODES = ('conv', 'avg')
-
-
-def _is_int(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+from .settings import AttentionSettings, attention_settings, is_int
 
 
 def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
@@ -23,6 +19,10 @@ def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     if h * w != x.shape[1]:
         raise ValueError(f'hw_shape={tuple(hw_shape)} does not match the {x.shape[1]} tokens of x')
     return h, w
+
+
+def _setting(name: str) -> property:
+    return property(lambda self: getattr(self.settings, name), doc=f'``self.settings.{name}`` (read-only)')
 
 
 class SoftAttention(nn.Module):
@@ -45,55 +45,44 @@ class SoftAttention(nn.Module):
     Args:
         dim: channels C.
         num_heads: heads h; head dim d = C / h.
-        landmark_mode: ``'conv'`` or ``'avg'``.
         landmark_stride: conv-mode stride r (8/4/2 in stages 1/2/3).
-        landmark_grid: side of the landmark grid (m <= grid**2).
         v_conv_kernel: kernel of the per-head depthwise conv on v (odd); 0 disables the local term.
-        newton_iters: Newton-Schulz iterations for A^+.
-        newton_ridge: ridge added to A before the inversion (default 0.01, the value of the authors' checkpoints).
         soft_norm: SOFT-Norm, ``D^-1/2 A^+ D^-1/2`` with D the row sums of A.
-        newton_backward: ``'implicit'`` (gradient of the exact inverse at the converged iterate) or ``'unrolled'``.
         qkv_bias: bias of the q/k and v projections.
+        settings: the attention settings (:class:`~soft_mm.models.settings.AttentionSettings`: landmark mode and
+            grid, Newton–Schulz iterations, ridge and backward); keywords of it may be given directly instead
+            (``SoftAttention(64, 2, landmark_mode='avg')``).
     """
 
-    def __init__(self, dim: int, num_heads: int, landmark_mode: str = 'conv', landmark_stride: int = 8,
-                 landmark_grid: int = 7, v_conv_kernel: int = 3, newton_iters: int = 20, newton_ridge: float = 0.01,
-                 soft_norm: bool = False, newton_backward: str = 'implicit', qkv_bias: bool = True) -> None:
+    def __init__(self, dim: int, num_heads: int, landmark_stride: int = 8, v_conv_kernel: int = 3,
+                 soft_norm: bool = False, qkv_bias: bool = True, settings: AttentionSettings | None = None,
+                 **setting_overrides: Any) -> None:
         super().__init__()
         if dim % num_heads:
             raise ValueError(f'dim={dim} must be divisible by num_heads={num_heads}')
-        if landmark_mode not in LANDMARK_MODES:
-            raise ValueError(f'landmark_mode={landmark_mode!r} is not one of {LANDMARK_MODES}')
-        if not _is_int(landmark_grid, 1):
-            raise ValueError(f'landmark_grid must be an int >= 1, got {landmark_grid!r}')
-        if not _is_int(landmark_stride, 1):
+        if not is_int(landmark_stride, 1):
             raise ValueError(f'landmark_stride must be an int >= 1, got {landmark_stride!r}')
-        if not (_is_int(v_conv_kernel, 0) and (v_conv_kernel == 0 or v_conv_kernel % 2)):
+        if not (is_int(v_conv_kernel, 0) and (v_conv_kernel == 0 or v_conv_kernel % 2)):
             raise ValueError(f'v_conv_kernel must be 0 (off) or an odd int, got {v_conv_kernel!r}')
-        if not _is_int(newton_iters, 1):
-            raise ValueError(f'newton_iters must be an int >= 1, got {newton_iters!r}')
-        if isinstance(newton_ridge, bool) or not isinstance(newton_ridge, (int, float)) \
-                or not 0 <= newton_ridge < math.inf:
-            raise ValueError(f'newton_ridge must be a finite number >= 0, got {newton_ridge!r}')
-        if newton_backward not in ('implicit', 'unrolled'):
-            raise ValueError(f"newton_backward={newton_backward!r} is not one of ('implicit', 'unrolled')")
+        self.settings = attention_settings(settings, **setting_overrides)
         self.num_heads = num_heads
         self.head_dim = dim // num_heads
-        self.landmark_mode = landmark_mode
         self.landmark_stride = landmark_stride
-        self.landmark_grid = landmark_grid
-        self.newton_iters = newton_iters
-        self.newton_ridge = float(newton_ridge)
         self.soft_norm = soft_norm
-        self.newton_backward = newton_backward
         self.qk = nn.Linear(dim, dim, bias=qkv_bias)
         self.v = nn.Linear(dim, dim, bias=qkv_bias)
-        if landmark_mode == 'conv':
+        if self.landmark_mode == 'conv':
             self.landmark_conv = nn.Conv2d(self.head_dim, self.head_dim, landmark_stride, landmark_stride, bias=False)
             self.landmark_norm = nn.LayerNorm(self.head_dim)
         self.v_conv = (nn.Conv2d(num_heads, num_heads, v_conv_kernel, padding=v_conv_kernel // 2, groups=num_heads,
                                  bias=False) if v_conv_kernel else None)
         self.proj = nn.Linear(dim, dim)
+
+    landmark_mode = _setting('landmark_mode')
+    landmark_grid = _setting('landmark_grid')
+    newton_iters = _setting('newton_iters')
+    newton_ridge = _setting('newton_ridge')
+    newton_backward = _setting('newton_backward')
 
     def landmark_shape(self, hw_shape: tuple[int, int]) -> tuple[int, int]:
         """Grid of landmarks used for an ``hw_shape`` map (m = product)."""

@@ -8,10 +8,11 @@ import torch
 from mmengine.model import BaseModule
 from torch import nn
 
-from .pyramid import SoftPyramidMixin
+from .pyramid import SoftPyramid
+from .settings import attention_settings
 
 
-class SOFT(SoftPyramidMixin, BaseModule):
+class SOFT(SoftPyramid, BaseModule):
     """SOFT pyramid backbone: ``(B, C_in, H, W) ->`` tuple of NCHW maps at strides 4/8/16/32 for ``out_indices``.
 
     Stages 1-3 use SOFT attention (linear in the number of tokens, so 1333x800 detection and 2048x512 segmentation
@@ -27,8 +28,9 @@ class SOFT(SoftPyramidMixin, BaseModule):
         norm_eval: keep every BatchNorm in eval mode during training (frozen running statistics).
         with_cp: gradient checkpointing of every block (same outputs and gradients, less memory).
         drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
-        landmark_mode, landmark_grid, newton_iters, newton_ridge, newton_backward: SOFT attention settings (see
-            ``SoftAttention``).
+        **attention: the SOFT attention settings, keywords of :class:`~soft_mm.models.settings.AttentionSettings`
+            (``landmark_mode``, ``landmark_grid``, ``newton_iters``, ``newton_ridge``, ``newton_backward``); the
+            defaults are the authors'.
         init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
             checkpoint of a classifier or a detector (add ``prefix='backbone.'``) — missing and unexpected keys are
             logged.
@@ -36,10 +38,8 @@ class SOFT(SoftPyramidMixin, BaseModule):
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, norm_eval: bool = False,
-                 with_cp: bool = False, drop_path_rate: float = 0.1, landmark_mode: str = 'conv',
-                 landmark_grid: int = 7, newton_iters: int = 20, newton_ridge: float = 0.01,
-                 newton_backward: str = 'implicit', init_cfg: dict | list[dict] | None = None) -> None:
-        BaseModule.__init__(self, init_cfg=init_cfg)
+                 with_cp: bool = False, drop_path_rate: float = 0.1, init_cfg: dict | list[dict] | None = None,
+                 **attention: Any) -> None:
         if isinstance(out_indices, int):
             out_indices = (out_indices,)
         out_indices = tuple(out_indices)
@@ -47,13 +47,12 @@ class SOFT(SoftPyramidMixin, BaseModule):
             raise ValueError(f'out_indices must be a non-empty sequence of stage indices in 0..3, got {out_indices}')
         if not (isinstance(frozen_stages, int) and -1 <= frozen_stages <= 4):
             raise ValueError(f'frozen_stages must be an int in -1..4, got {frozen_stages!r}')
-        self._build_pyramid(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
-                            landmark_mode=landmark_mode, landmark_grid=landmark_grid, newton_iters=newton_iters,
-                            newton_ridge=newton_ridge, newton_backward=newton_backward, with_cp=with_cp)
+        super().__init__(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
+                         with_cp=with_cp, attention=attention_settings(**attention), init_cfg=init_cfg)
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
-        self._init_pyramid_weights()
+        self.init_pyramid_weights()
         self._freeze_stages()
 
     @property
@@ -88,5 +87,5 @@ class SOFT(SoftPyramidMixin, BaseModule):
         return self
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        maps, _ = self._forward_pyramid(x, last_stage=max(self.out_indices))
+        maps, _ = self.forward_pyramid(x, last_stage=max(self.out_indices))
         return tuple(maps[i] for i in self.out_indices)

@@ -2,21 +2,8 @@
 from __future__ import annotations
 
 import torch
-from timm.layers import DropPath
+from timm.layers import DropPath, Mlp
 from torch import nn
-
-
-class Mlp(nn.Module):
-    """``fc1 -> act -> fc2``: ``(..., C) -> (..., C)``."""
-
-    def __init__(self, dim: int, hidden_dim: int, act_layer: type[nn.Module] = nn.GELU) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(dim, hidden_dim)
-        self.act = act_layer()
-        self.fc2 = nn.Linear(hidden_dim, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.fc2(self.act(self.fc1(x)))
 
 
 class TanhGELU(nn.GELU):
@@ -41,7 +28,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = attn
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer)
+        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:

@@ -2,26 +2,50 @@
 ``soft_norm_{tiny..huge}``."""
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
-from timm.models._features import feature_take_indices
 from torch import nn
 
-from .arch import ARCH_SETTINGS
-from .pyramid import SoftPyramidMixin
+from .arch import ARCH_SETTINGS, variant_name
+from .pyramid import SoftPyramid
+from .settings import attention_settings
+
+GLOBAL_POOLS = ('token', 'avg')
 
 
-class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
+def feature_take_indices(num_stages: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
+    """timm's feature-index convention: an int n takes the last n stages, a sequence the listed ones (negative
+    counts from the end), None all. Returns the indices and the largest one."""
+    if indices is None:
+        indices = num_stages
+    if isinstance(indices, int):
+        if not 0 < indices <= num_stages:
+            raise ValueError(f'indices={indices} must take 1..{num_stages} stages')
+        take = list(range(num_stages - indices, num_stages))
+    else:
+        take = [i + num_stages if i < 0 else i for i in indices]
+        if not take or any(not 0 <= i < num_stages for i in take):
+            raise ValueError(f'indices={list(indices)} must be stage indices in {-num_stages}..{num_stages - 1}')
+    return take, max(take)
+
+
+def _check_global_pool(global_pool: str) -> None:
+    if global_pool not in GLOBAL_POOLS:
+        raise ValueError(f'global_pool={global_pool!r} is not one of {GLOBAL_POOLS}')
+
+
+class SoftVisionTransformer(SoftPyramid):
     """SOFT classifier: the pyramid of :class:`~soft_mm.models.SOFT` plus a cls token in stage 4 and a linear head.
 
     ``forward_features (B, 3, H, W) -> (B, 1 + H/32 * W/32, C4)`` (cls token first, after the final norm);
     ``forward_head -> (B, num_classes)`` from the cls token. Any input size works (position embeddings are resized).
 
     Args:
-        arch, soft_norm, in_channels, drop_path_rate, landmark_mode, landmark_grid, newton_iters, newton_ridge,
-            newton_backward, with_cp: as in :class:`~soft_mm.models.SOFT`.
+        arch, soft_norm, drop_path_rate, with_cp, **attention: as in :class:`~soft_mm.models.SOFT`.
+        in_chans: input image channels (timm's name).
         num_classes: classes of the head (0: no head, ``forward`` returns the pooled features).
         global_pool: ``'token'`` (cls token, as published) or ``'avg'`` (mean of the spatial tokens).
         drop_rate: dropout before the head.
@@ -29,15 +53,10 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = 'token', drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.1, landmark_mode: str = 'conv', landmark_grid: int = 7,
-                 newton_iters: int = 20, newton_ridge: float = 0.01, newton_backward: str = 'implicit',
-                 with_cp: bool = False) -> None:
-        nn.Module.__init__(self)
-        if global_pool not in ('token', 'avg'):
-            raise ValueError(f"global_pool={global_pool!r} is not one of ('token', 'avg')")
-        self._build_pyramid(arch, soft_norm=soft_norm, in_channels=in_chans, drop_path_rate=drop_path_rate,
-                            landmark_mode=landmark_mode, landmark_grid=landmark_grid, newton_iters=newton_iters,
-                            newton_ridge=newton_ridge, newton_backward=newton_backward, with_cp=with_cp)
+                 drop_path_rate: float = 0.1, with_cp: bool = False, **attention: Any) -> None:
+        _check_global_pool(global_pool)
+        super().__init__(arch, soft_norm=soft_norm, in_channels=in_chans, drop_path_rate=drop_path_rate,
+                         with_cp=with_cp, attention=attention_settings(**attention))
         dim = self.embed_dims[-1]
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -49,7 +68,7 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
         self.head = nn.Linear(dim, num_classes) if num_classes > 0 else nn.Identity()
         self.feature_info = [dict(num_chs=c, reduction=4 * 2 ** i, module=f'stages.{i}')
                              for i, c in enumerate(self.embed_dims)]
-        self._init_pyramid_weights()
+        self.init_pyramid_weights()
         nn.init.trunc_normal_(self.cls_token, std=0.02)
         nn.init.trunc_normal_(self.cls_pos_embed, std=0.02)
 
@@ -67,8 +86,7 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
 
     def reset_classifier(self, num_classes: int, global_pool: str | None = None) -> None:
         if global_pool is not None:
-            if global_pool not in ('token', 'avg'):
-                raise ValueError(f"global_pool={global_pool!r} is not one of ('token', 'avg')")
+            _check_global_pool(global_pool)
             self.global_pool = global_pool
         self.num_classes = num_classes
         self.head = nn.Linear(self.num_features, num_classes) if num_classes > 0 else nn.Identity()
@@ -77,7 +95,7 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
         return self.cls_token + self.cls_pos_embed
 
     def forward_features(self, x: torch.Tensor) -> torch.Tensor:
-        maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix())
+        maps, cls = self.forward_pyramid(x, prefix_tokens=self._prefix())
         tokens = maps[-1].flatten(2).transpose(1, 2)
         return tokens if cls is None else torch.cat([cls, tokens], dim=1)
 
@@ -101,7 +119,7 @@ class SoftVisionTransformer(SoftPyramidMixin, nn.Module):
             raise ValueError(f"output_fmt={output_fmt!r}: SOFT features are 'NCHW' only")
         take, max_index = feature_take_indices(len(self.stages), indices)
         last = max_index if (stop_early or intermediates_only) else len(self.stages) - 1
-        maps, cls = self._forward_pyramid(x, prefix_tokens=self._prefix(), last_stage=last)
+        maps, cls = self.forward_pyramid(x, prefix_tokens=self._prefix(), last_stage=last)
         intermediates = [maps[i] for i in take]
         if intermediates_only:
             return intermediates
@@ -125,30 +143,72 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
                 first_conv='stages.0.downsample.0.conv', classifier='head', license='mit', **kwargs)
 
 
-default_cfgs = generate_default_cfgs({f'soft_{norm}{arch}.in1k': _cfg()
-                                      for norm in ('', 'norm_') for arch in ARCH_SETTINGS})
+default_cfgs = generate_default_cfgs({f'{variant_name(arch, soft_norm)}.in1k': _cfg()
+                                      for soft_norm in (False, True) for arch in ARCH_SETTINGS})
 
 
-def _create(variant: str, arch: str, soft_norm: bool, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
+def _create(arch: str, soft_norm: bool, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
     out_indices = kwargs.pop('out_indices', 4)
-    return build_model_with_cfg(SoftVisionTransformer, variant, pretrained, arch=arch, soft_norm=soft_norm,
-                                feature_cfg=dict(feature_cls='getter', out_indices=out_indices), **kwargs)
+    return build_model_with_cfg(SoftVisionTransformer, variant_name(arch, soft_norm), pretrained, arch=arch,
+                                soft_norm=soft_norm, feature_cfg=dict(feature_cls='getter', out_indices=out_indices),
+                                **kwargs)
 
 
-def _register_variants() -> None:
-    # Two timm entrypoints per arch (plain and SOFT-Norm), generated from the one arch table.
-    for arch in ARCH_SETTINGS:
-        for soft_norm in (False, True):
-            variant = f"soft_{'norm_' if soft_norm else ''}{arch}"
-
-            def entrypoint(pretrained: bool = False, _v: str = variant, _a: str = arch, _n: bool = soft_norm,
-                           **kwargs: Any) -> SoftVisionTransformer:
-                return _create(_v, _a, _n, pretrained, **kwargs)
-
-            entrypoint.__name__ = entrypoint.__qualname__ = variant
-            entrypoint.__doc__ = f"SOFT{'-Norm' if soft_norm else ''}-{arch.capitalize()} ImageNet classifier."
-            entrypoint.__module__ = __name__
-            globals()[variant] = register_model(entrypoint)
+@register_model
+def soft_tiny(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Tiny ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('tiny', False, pretrained, **kwargs)
 
 
-_register_variants()
+@register_model
+def soft_small(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Small ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('small', False, pretrained, **kwargs)
+
+
+@register_model
+def soft_medium(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Medium ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('medium', False, pretrained, **kwargs)
+
+
+@register_model
+def soft_large(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Large ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('large', False, pretrained, **kwargs)
+
+
+@register_model
+def soft_huge(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Huge ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('huge', False, pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_tiny(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Tiny ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('tiny', True, pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_small(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Small ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('small', True, pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_medium(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Medium ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('medium', True, pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_large(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Large ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('large', True, pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_huge(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Huge ImageNet classifier (figures: ``PUBLISHED``)."""
+    return _create('huge', True, pretrained, **kwargs)

@@ -1,4 +1,4 @@
-"""The SOFT pyramid shared by the mm backbone and the timm classifier: one stage class built in a loop.
+"""The SOFT pyramid shared by the mm backbone and the timm classifier: one self-running stage class built in a loop.
 
 Layout (identical in :class:`~soft_mm.models.SOFT` and :class:`~soft_mm.models.SoftVisionTransformer`, so an
 ImageNet checkpoint loads into the backbone with only the classifier's ``cls_token``, ``cls_pos_embed`` and
@@ -6,11 +6,12 @@ ImageNet checkpoint loads into the backbone with only the classifier's ``cls_tok
 
     stages.{i}.downsample   conv stem (i = 0, stride 4) or conv3x3 s2 + BN + ReLU
     stages.{i}.pos_embed    (1, (56 / 2^i)^2, C_i): learned for 224 input, resized to any H x W
-    stages.{i}.blocks.{j}   SOFT post-norm blocks (i < 3), softmax pre-norm blocks (i = 3)
+    stages.{i}.blocks.{j}   SOFT post-norm blocks or softmax pre-norm blocks (arch table ``stage_attention``)
     norm                    LayerNorm on the stage-4 tokens
 """
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import torch
@@ -21,6 +22,7 @@ from torch.utils.checkpoint import checkpoint
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU
+from .settings import AUTHORS_SETTINGS, AttentionSettings
 
 PRETRAIN_IMG_SIZE = 224
 STEM_CHANNELS = 32
@@ -43,14 +45,22 @@ def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:
 
 
 class SoftStage(nn.Module):
-    """Downsampling, position embedding and blocks of one pyramid level."""
+    """One pyramid level that runs itself: downsample -> tokens + position embedding -> blocks -> NCHW map.
 
-    def __init__(self, downsample: nn.Module, dim: int, pos_grid: int, blocks: list[nn.Module]) -> None:
+    ``forward(x (B, C_in, H_in, W_in), prefix_tokens (B, P, C) | None, norm) -> (map (B, C, H, W), prefix (B, P, C) |
+    None)``: prefix tokens (the classifier's cls token, position embedding included) join the blocks' sequence in
+    front of the map tokens and come back separately; ``norm`` (the pyramid's final norm, which the checkpoint layout
+    keeps at the top level) is applied to all tokens after the blocks when given.
+    """
+
+    def __init__(self, downsample: nn.Module, dim: int, pos_grid: int, blocks: list[nn.Module],
+                 with_cp: bool = False) -> None:
         super().__init__()
         self.downsample = downsample
         self.pos_grid = pos_grid
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_grid * pos_grid, dim))
         self.blocks = nn.ModuleList(blocks)
+        self.with_cp = with_cp
 
     def resized_pos_embed(self, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape``."""
@@ -60,45 +70,99 @@ class SoftStage(nn.Module):
         grid = F.interpolate(grid, size=tuple(hw_shape), mode='bilinear', align_corners=False)
         return grid.flatten(2).transpose(1, 2)
 
+    def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+        if self.with_cp and torch.is_grad_enabled():
+            return checkpoint(block, tokens, hw_shape, use_reentrant=False)
+        return block(tokens, hw_shape)
 
-class SoftPyramidMixin:
-    """Builds and runs the four SOFT stages on ``self``; mixed into an ``nn.Module`` (backbone or classifier)."""
+    def forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None, norm: nn.Module | None = None,
+                ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        x = self.downsample(x)
+        b, c, h, w = x.shape
+        tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w))
+        num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
+        if num_prefix:
+            tokens = torch.cat([prefix_tokens.expand(b, -1, -1), tokens], dim=1)
+        for block in self.blocks:
+            tokens = self._run_block(block, tokens, (h, w))
+        if norm is not None:
+            tokens = norm(tokens)
+        prefix_out = tokens[:, :num_prefix] if num_prefix else None
+        # contiguous NCHW: the transposed view is channels-last in memory, which mmcv's RoIAlign (and other C++/CUDA
+        # ops that read the raw buffer as NCHW) silently misreads
+        return tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w).contiguous(), prefix_out
 
-    def _build_pyramid(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
-                       drop_path_rate: float = 0.1, landmark_mode: str = 'conv', landmark_grid: int = 7,
-                       newton_iters: int = 20, newton_ridge: float = 0.01, newton_backward: str = 'implicit',
-                       with_cp: bool = False) -> None:
+
+# Block recipe of each attention kind (arch table ``stage_attention``): SOFT stages are post-norm blocks with the
+# tanh GELU, the softmax stage a pre-norm block.
+_BLOCK_STYLES = {
+    'soft': dict(post_norm=True, norm_eps=1e-5, act_layer=TanhGELU),
+    'softmax': dict(post_norm=False, norm_eps=1e-6, act_layer=nn.GELU),
+}
+
+
+class SoftPyramid(nn.Module):
+    """The four SOFT stages and the final norm, shared by the mm backbone and the classifier (both subclass it).
+
+    ``forward_pyramid(x, prefix_tokens, last_stage)`` runs the stages up to ``last_stage``; prefix tokens enter the
+    last stage of the pyramid (stage 4). Extra keyword arguments go to the next class in the MRO (``init_cfg`` of
+    mmengine's ``BaseModule`` for the backbone).
+
+    Args:
+        arch: a name of the arch table or a dict (see :func:`~soft_mm.models.arch.resolve_arch`).
+        soft_norm: SOFT-Norm attention in the SOFT stages.
+        in_channels: input image channels.
+        drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
+        with_cp: gradient checkpointing of every block.
+        attention: the SOFT attention settings (:class:`~soft_mm.models.settings.AttentionSettings`).
+    """
+
+    def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
+                 drop_path_rate: float = 0.1, with_cp: bool = False, attention: AttentionSettings = AUTHORS_SETTINGS,
+                 **base_kwargs: Any) -> None:
+        super().__init__(**base_kwargs)
         settings = resolve_arch(arch)
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
             raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
         if not 0.0 <= drop_path_rate < 1.0:
             raise ValueError(f'drop_path_rate must be in [0, 1), got {drop_path_rate!r}')
         self.arch_settings = settings
+        self.attention_settings = attention
+        self.in_channels = in_channels
         self.soft_norm = soft_norm
         self.embed_dims = settings['embed_dims']
-        self.with_cp = with_cp
         depths = settings['depths']
         num_blocks = sum(depths)
         rates = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]  # linear 0 -> rate
+        soft_stage_params = iter(zip(settings['landmark_strides'], settings['v_conv_kernels']))
         stages = []
-        for i, (dim, heads, depth) in enumerate(zip(self.embed_dims, settings['num_heads'], depths)):
+        for i, (dim, heads, depth, kind) in enumerate(zip(self.embed_dims, settings['num_heads'], depths,
+                                                           settings['stage_attention'])):
             downsample = conv_stem(in_channels, dim) if i == 0 else ConvBNAct(self.embed_dims[i - 1], dim, 2)
-            block_rates = rates[sum(depths[:i]):sum(depths[:i + 1])]
-            if i < 3:
-                blocks = [Block(dim, SoftAttention(
-                    dim, heads, landmark_mode=landmark_mode, landmark_stride=settings['landmark_strides'][i],
-                    landmark_grid=landmark_grid, v_conv_kernel=settings['v_conv_kernels'][i],
-                    newton_iters=newton_iters, newton_ridge=newton_ridge, soft_norm=soft_norm,
-                    newton_backward=newton_backward), settings['mlp_ratio'], post_norm=True, norm_eps=1e-5,
-                    act_layer=TanhGELU, drop_path=rate) for rate in block_rates]
+            if kind == 'soft':
+                stride, kernel = next(soft_stage_params)
+                make_attn = partial(SoftAttention, dim, heads, landmark_stride=stride, v_conv_kernel=kernel,
+                                    soft_norm=soft_norm, settings=attention)
             else:
-                blocks = [Block(dim, SoftmaxAttention(dim, heads), settings['mlp_ratio'], post_norm=False,
-                                norm_eps=1e-6, act_layer=nn.GELU, drop_path=rate) for rate in block_rates]
-            stages.append(SoftStage(downsample, dim, PRETRAIN_IMG_SIZE // 4 // 2 ** i, blocks))
+                make_attn = partial(SoftmaxAttention, dim, heads)
+            blocks = [Block(dim, make_attn(), settings['mlp_ratio'], drop_path=rate, **_BLOCK_STYLES[kind])
+                      for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
+            stages.append(SoftStage(downsample, dim, PRETRAIN_IMG_SIZE // 4 // 2 ** i, blocks, with_cp=with_cp))
         self.stages = nn.ModuleList(stages)
         self.norm = nn.LayerNorm(self.embed_dims[-1], eps=1e-6)
 
-    def _init_pyramid_weights(self) -> None:
+    @property
+    def with_cp(self) -> bool:
+        """Gradient checkpointing of every block (set on all stages)."""
+        return all(stage.with_cp for stage in self.stages)
+
+    @with_cp.setter
+    def with_cp(self, enable: bool) -> None:
+        for stage in self.stages:
+            stage.with_cp = bool(enable)
+
+    def init_pyramid_weights(self) -> None:
+        """timm-style initialisation: truncated-normal linears and position embeddings, Kaiming convs."""
         for m in self.modules():
             if isinstance(m, nn.Linear):
                 nn.init.trunc_normal_(m.weight, std=0.02)
@@ -114,41 +178,24 @@ class SoftPyramidMixin:
         for stage in self.stages:
             nn.init.trunc_normal_(stage.pos_embed, std=0.02)
 
-    def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
-        if self.with_cp and torch.is_grad_enabled():
-            return checkpoint(block, tokens, hw_shape, use_reentrant=False)
-        return block(tokens, hw_shape)
-
-    def _forward_pyramid(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None,
-                         last_stage: int = 3) -> tuple[list[torch.Tensor], torch.Tensor | None]:
-        """Run stages ``0..last_stage`` on ``x (B, C_in, H, W)``.
+    def forward_pyramid(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None,
+                        last_stage: int | None = None) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """Run stages ``0..last_stage`` (default: all) on ``x (B, C_in, H, W)``.
 
         ``prefix_tokens (B, P, C_4)`` (the classifier's cls token, position embedding included) are prepended to the
-        stage-4 tokens. Returns the NCHW map of each stage run (strides 4, 8, 16, 32; the stage-4 map after
-        ``norm``) and the prefix tokens after stage 4 (normed), or None.
+        tokens of the pyramid's last stage. Returns the NCHW map of each stage run (strides 4, 8, 16, 32; the last
+        stage's map after ``norm``) and the prefix tokens after the last stage (normed), or None when it was not run.
         """
         if x.ndim != 4:
             raise ValueError(f'input must be (B, C, H, W), got shape {tuple(x.shape)}')
-        last_stage = min(last_stage, len(self.stages) - 1)
-        if last_stage < 3:
-            prefix_tokens = None
-        maps = []
+        if x.shape[1] != self.in_channels:
+            raise ValueError(f'input must have in_channels={self.in_channels} channels, got {x.shape[1]} '
+                             f'(shape {tuple(x.shape)})')
+        final = len(self.embed_dims) - 1  # the arch's last stage (a pruned classifier may hold fewer)
+        last_stage = len(self.stages) - 1 if last_stage is None else min(last_stage, len(self.stages) - 1)
+        maps, prefix_out = [], None
         for i, stage in enumerate(self.stages[:last_stage + 1]):
-            x = stage.downsample(x)
-            b, c, h, w = x.shape
-            tokens = x.flatten(2).transpose(1, 2) + stage.resized_pos_embed((h, w))
-            num_prefix = 0
-            if i == 3 and prefix_tokens is not None:
-                num_prefix = prefix_tokens.shape[1]
-                tokens = torch.cat([prefix_tokens.expand(b, -1, -1), tokens], dim=1)
-            for block in stage.blocks:
-                tokens = self._run_block(block, tokens, (h, w))
-            if i == 3:
-                tokens = self.norm(tokens)
-            if num_prefix:
-                prefix_tokens, tokens = tokens[:, :num_prefix], tokens[:, num_prefix:]
-            # contiguous NCHW: the transposed view is channels-last in memory, which mmcv's RoIAlign (and other
-            # C++/CUDA ops that read the raw buffer as NCHW) silently misreads
-            x = tokens.transpose(1, 2).reshape(b, c, h, w).contiguous()
+            is_final = i == final
+            x, prefix_out = stage(x, prefix_tokens if is_final else None, self.norm if is_final else None)
             maps.append(x)
-        return maps, prefix_tokens
+        return maps, prefix_out

@@ -1,4 +1,5 @@
 """Moore–Penrose inverse by the Newton–Schulz iteration, with an implicit (exact-inverse) backward."""
+import math
 import numbers
 
 import torch
@@ -7,9 +8,9 @@ from torch.autograd.function import once_differentiable
 
 from ._precision import compute_dtype, no_autocast
 
-__all__ = ['exact_inverse', 'newton_inverse']
+__all__ = ['BACKWARD_MODES', 'NewtonInverse', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs']
 
-_BACKWARD_MODES = ('implicit', 'unrolled')
+BACKWARD_MODES = ('implicit', 'unrolled')
 # Largest ridge, relative to sqrt(||mat||_1 ||mat||_inf), for which alpha * sigma_max(mat + ridge I)^2 < 2 still holds
 # with alpha = 1.8 / (||mat||_1 ||mat||_inf): 1.8 * (1 + r)^2 < 2  <=>  r < sqrt(10 / 9) - 1 = 0.054.
 _MAX_RELATIVE_RIDGE = 0.05
@@ -58,8 +59,12 @@ def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
     return v
 
 
-class _NewtonInverseImplicit(torch.autograd.Function):
-    """Newton–Schulz forward; backward of the exact inverse at the final iterate, ``-V^T grad_V V^T``."""
+class NewtonInverse(torch.autograd.Function):
+    """Newton–Schulz forward; backward of the exact inverse at the final iterate, ``-V^T grad_V V^T``.
+
+    A JIT trace records it as one opaque ``prim::PythonOp.NewtonInverse`` node whose scalar arguments are
+    ``(num_iters, ridge)``; FLOP counters use :func:`newton_inverse_macs` for it.
+    """
 
     @staticmethod
     def forward(ctx, mat: Tensor, num_iters: int, ridge: float) -> Tensor:
@@ -77,6 +82,13 @@ class _NewtonInverseImplicit(torch.autograd.Function):
             grad_mat = -(v_t @ grad_v.to(v.dtype) @ v_t)
         # d(mat + ridge I)/d(mat) = I, so the gradient w.r.t. P is the gradient w.r.t. mat.
         return grad_mat, None, None
+
+
+def newton_inverse_macs(shape: tuple[int, ...], num_iters: int) -> int:
+    """Multiply-accumulates of :func:`newton_inverse` on matrices of ``shape`` (..., M, M): each iteration
+    ``2V - (V P) V`` is two M×M matmuls, ``2 M^3`` MACs per matrix (the initial guess and the ridge are O(M^2))."""
+    *batch, rows, cols = shape
+    return 2 * int(num_iters) * math.prod(batch) * rows * cols * cols
 
 
 def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
@@ -130,12 +142,12 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
     if isinstance(num_iters, bool) or not isinstance(num_iters, numbers.Integral) or num_iters < 0:
         raise ValueError(f'newton_inverse: num_iters must be an int >= 0, got {num_iters!r}')
     ridge = _check_ridge(ridge, 'newton_inverse')
-    if backward not in _BACKWARD_MODES:
-        raise ValueError(f'newton_inverse: backward must be one of {_BACKWARD_MODES}, got {backward!r}')
+    if backward not in BACKWARD_MODES:
+        raise ValueError(f'newton_inverse: backward must be one of {BACKWARD_MODES}, got {backward!r}')
     with no_autocast(mat.device):
         work = mat.to(compute_dtype(mat.dtype))
         if backward == 'implicit':
-            inverse = _NewtonInverseImplicit.apply(work, int(num_iters), ridge)
+            inverse = NewtonInverse.apply(work, int(num_iters), ridge)
         else:
             inverse = _newton_schulz(work, int(num_iters), ridge)
     return inverse.to(mat.dtype)

@@ -1,13 +1,10 @@
 """Runtime helpers for the command-line tools: checkpoint loading on torch >= 2.6, device and path checks.
 
-Importing this package allow-lists mmengine's checkpoint globals (see :mod:`.checkpoint`), so a config with
-``custom_imports=dict(imports=['soft_mm.utils'])`` can resume and test checkpoints with any OpenMMLab tool.
+``import soft_mm`` allow-lists mmengine's checkpoint globals (see :mod:`.checkpoint` and :mod:`soft_mm.registry`).
 """
 from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
 from .config_checks import MissingPathError, check_checkpoint_paths, check_data_paths
 from .launch import adapt_config_to_device, enable_amp
-
-allow_mmengine_checkpoint_globals()
 
 __all__ = ['MissingPathError', 'adapt_config_to_device', 'allow_mmengine_checkpoint_globals',
            'check_checkpoint_paths', 'check_data_paths', 'enable_amp', 'mmengine_checkpoint_globals']

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +16,8 @@ TOOL = REPO / 'tools' / 'convert_official_checkpoint.py'
 
 
 @pytest.fixture(scope='module')
-def tool():
-    spec = importlib.util.spec_from_file_location('convert_official_checkpoint', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tool(load_tool):
+    return load_tool('convert_official_checkpoint')
 
 
 def test_cli_end_to_end(tmp_path, official_tiny):

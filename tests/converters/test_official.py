@@ -15,12 +15,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from soft_mm.converters import (
-    AUTHORS_SETTINGS,
-    backbone_state_dict,
-    build_classifier_from_checkpoint,
-    convert_official_state_dict,
-    describe_arch,
+from soft_mm.converters import build_classifier_from_checkpoint, convert_official_state_dict
+from soft_mm.converters.official import (
+    CLASSIFIER_ONLY_KEYS,
     infer_arch,
     load_converted_checkpoint,
     load_official_checkpoint,
@@ -31,9 +28,16 @@ from soft_mm.converters import (
     select_state_dict,
     verify_converted,
 )
-from soft_mm.models import ARCH_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
+from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
 
 HEAD_DIM = 32
+
+
+def backbone_state_dict(state_dict: dict) -> dict:
+    """A converted classifier state dict without the classifier-only tensors: what the SOFT backbone holds."""
+    return {k: v for k, v in state_dict.items() if k not in CLASSIFIER_ONLY_KEYS}
+
+
 AUTHORS_SMALL_PARAMS = 38_858_462
 
 
@@ -160,7 +164,8 @@ def reference_logits(tiny_float64):
 
 def _converted_model(official: dict, soft_norm: bool, **overrides) -> SoftVisionTransformer:
     state_dict, arch, _ = convert_official_state_dict(official)
-    model = SoftVisionTransformer(arch, soft_norm=soft_norm, **{**AUTHORS_SETTINGS, **overrides}).double().eval()
+    settings = {**AUTHORS_SETTINGS.as_dict(), **overrides}
+    model = SoftVisionTransformer(arch, soft_norm=soft_norm, **settings).double().eval()
     model.load_state_dict(state_dict, strict=True)
     return model
 
@@ -226,7 +231,8 @@ def test_all_official_layouts_convert_completely(variant, official_layout):
         assert resolve_arch(infer_arch(official)) == ARCH_SETTINGS[variant]
 
 
-def test_authors_small_becomes_a_custom_depth_20_arch(official_small):
+def test_authors_small_becomes_a_custom_depth_20_arch(official_small, load_tool):
+    describe_arch = load_tool('convert_official_checkpoint').describe_arch
     converted, arch, unmapped = convert_official_state_dict(official_small)
     assert unmapped == []
     assert arch == {'embed_dims': [64, 128, 320, 512], 'num_heads': [2, 4, 10, 16], 'depths': [1, 3, 20, 4],
@@ -235,7 +241,7 @@ def test_authors_small_becomes_a_custom_depth_20_arch(official_small):
     description = describe_arch(arch)
     assert "closest is 'small'" in description and 'depths (1, 3, 20, 4) (table: (1, 3, 7, 4))' in description
     assert verify_converted(converted, arch) == AUTHORS_SMALL_PARAMS  # strict load into the classifier
-    SOFT(arch, **AUTHORS_SETTINGS).load_state_dict(backbone_state_dict(converted), strict=True)
+    SOFT(arch, **AUTHORS_SETTINGS.as_dict()).load_state_dict(backbone_state_dict(converted), strict=True)
 
 
 def test_converted_tiny_loads_strictly_into_classifier_and_backbone(official_tiny):

@@ -1,14 +1,14 @@
 """Tests of tools/get_flops.py: the added op handles agree with mmengine's own matmul counts, and the reports."""
 from __future__ import annotations
 
-import importlib.util
 import re
 from pathlib import Path
 
 import pytest
 import torch
 
-from soft_mm.converters import make_meta, save_converted_checkpoint
+from soft_mm.converters import save_converted_checkpoint
+from soft_mm.converters.official import make_meta
 from soft_mm.models import PUBLISHED, SoftmaxAttention, SoftVisionTransformer
 
 TOOL = Path(__file__).resolve().parents[2] / 'tools' / 'get_flops.py'
@@ -17,11 +17,8 @@ SMALL_ARCH = {'embed_dims': [32, 64, 96, 128], 'num_heads': [1, 2, 3, 4], 'depth
 
 
 @pytest.fixture(scope='module')
-def tool():
-    spec = importlib.util.spec_from_file_location('get_flops', TOOL)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def tool(load_tool):
+    return load_tool('get_flops')
 
 
 def test_newton_handle_counts_what_the_unrolled_matmuls_cost(tool):

@@ -1,6 +1,6 @@
 # The synthetic shapes data (soft_mm/datasets/synthetic_shapes.py): 128x128 images with 1-4 circles, squares and
 # triangles, 800 train / 100 val images in COCO format. The dataset writes itself to data_root on first use.
-custom_imports = dict(imports=['soft_mm', 'soft_mm.datasets', 'soft_mm.utils'], allow_failed_imports=False)
+custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)
 
 dataset_type = 'SyntheticShapesDataset'
 data_root = 'data/shapes/'

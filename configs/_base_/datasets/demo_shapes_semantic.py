@@ -1,7 +1,7 @@
 # The synthetic shapes data (soft_mm/datasets/synthetic_shapes.py) as semantic segmentation: 128x128 images with 1-4
 # circles, squares and triangles, 800 train / 100 val images, label maps under data/shapes/semantic rendered from the
 # COCO polygons (0 background, 1-3 the shapes). The dataset writes whatever is missing to data_root on first use.
-custom_imports = dict(imports=['soft_mm', 'soft_mm.datasets', 'soft_mm.utils'], allow_failed_imports=False)
+custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)
 
 dataset_type = 'SyntheticShapesSegDataset'
 data_root = 'data/shapes/'
