@@ -5,7 +5,7 @@ for mmdet and mmseg configs and the ``soft_*`` / ``soft_norm_*`` models in timm,
 stores in its checkpoints for ``torch.load(weights_only=True)`` (torch >= 2.6), so ``--resume``, ``load_from`` and
 testing a checkpoint work with any OpenMMLab tool.
 """
-from . import models, utils
+from . import engine, models, utils  # engine: registers the checkpoint and invalid-loss hooks
 from .models import SOFT, SoftVisionTransformer
 from .registry import register_backbones
 from .version import __version__

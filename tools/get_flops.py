@@ -27,7 +27,6 @@ from mmengine.analysis import FlopAnalyzer, parameter_count
 from mmengine.analysis.jit_handles import get_shape
 from torch import nn
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
 import soft_mm.ops
 from soft_mm.converters import build_classifier_from_checkpoint, match_arch
 from soft_mm.models import ARCH_SETTINGS, PUBLISHED, SoftVisionTransformer

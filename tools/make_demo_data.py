@@ -8,9 +8,7 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 import shutil
-import sys
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
 from soft_mm.datasets.synthetic_shapes import ensure_semantic_labels, ensure_shapes_dataset
 
 
