@@ -20,3 +20,6 @@ model = dict(
     neck=dict(in_channels=[64, 128, 320, 512]))
 
 optim_wrapper = dict(optimizer=dict(_delete_=True, type='AdamW', lr=1e-4, weight_decay=1e-4))
+# crash-safe checkpoints and a stop at the first NaN/Inf loss (soft_mm/engine/hooks.py; keep the schedule's interval)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
+custom_hooks = [dict(type='InvalidLossHook')]
