@@ -101,8 +101,11 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
         detail = error.msg if error.lineno is None else f'{error.msg} at line {error.lineno}'
         raise ConfigError(f'{path} cannot be parsed ({detail}): fix the Python syntax of the config') from error
     except Exception as error:  # the config is a Python program: any error while it or a base runs is the config's
-        first_line = (str(error).strip().splitlines() or [''])[0]
-        raise ConfigError(f'{path} cannot be loaded ({type(error).__name__}: {first_line}): fix the config or the '
+        cause = error
+        while isinstance(cause, ImportError) and (cause.__cause__ or cause.__context__):  # mmengine re-raises
+            cause = cause.__cause__ or cause.__context__
+        first_line = (str(cause).strip().splitlines() or [''])[0]
+        raise ConfigError(f'{path} cannot be loaded ({type(cause).__name__}: {first_line}): fix the config or the '
                           '_base_ files and custom_imports it names') from error
     if cfg_options:
         cfg.merge_from_dict(cfg_options)
