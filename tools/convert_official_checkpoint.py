@@ -48,8 +48,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--no-verify', action='store_true',
                         help='skip the strict load into SoftVisionTransformer (it builds the model)')
     parser.add_argument('--allow-unsafe-load', action='store_true',
-                        help='if the safe loader refuses SRC (pickled objects other than tensors and argparse.Namespace),'
-                             ' read it with torch.load(weights_only=False), which can run code: trusted files only')
+                        help='if the safe loader refuses SRC (pickled objects other than tensors and '
+                             'argparse.Namespace), read it with torch.load(weights_only=False), which can run code: '
+                             'trusted files only')
     parser.add_argument('--debug', action='store_true', help='show the traceback of an error')
     return parser.parse_args(argv)
 
