@@ -41,6 +41,9 @@ _NOT_REGISTERED = re.compile(r'^(\S+) is not in the (\S+) registry')
 class ConfigError(ValueError):
     """A config that cannot be used; ``str(error)`` is one sentence naming the file, the problem and the fix."""
 
+    def __init__(self, message: str) -> None:
+        super().__init__(message if message.endswith('.') else f'{message}.')
+
 
 def base_parser(description: str) -> argparse.ArgumentParser:
     """The arguments every runner tool takes: config, --work-dir, --cfg-options, --launcher, --local-rank, --debug."""

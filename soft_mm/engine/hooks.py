@@ -128,4 +128,4 @@ class InvalidLossHook(Hook):
         raise InvalidLossError(
             f'training stopped at iteration {runner.iter + 1} (epoch {runner.epoch + 1}) because the loss is not '
             f'finite ({terms}); {resume} after lowering the learning rate, adding gradient clipping '
-            '(optim_wrapper.clip_grad) or checking the data of that iteration')
+            '(optim_wrapper.clip_grad) or checking the data of that iteration.')
