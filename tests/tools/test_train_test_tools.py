@@ -102,12 +102,12 @@ def test_bad_checkpoints_stop_with_one_sentence(demo_dir, demo_state_dict, monke
     assert _stops_with(train_tool, [RETINANET_DEMO, *work, '--cfg-options', 'load_from=resnet.pth']).startswith(
         'resnet.pth does not fit the model of this config')
     # a whole detector given as the backbone's ImageNet init
-    message = _stops_with(train_tool, [RETINANET_DEMO, *work, '--cfg-options',
-                                       "model.backbone.init_cfg={'type':'Pretrained','checkpoint':'model.pth'}"])
+    init = ['--cfg-options', 'model.backbone.init_cfg.type=Pretrained']
+    message = _stops_with(train_tool, [RETINANET_DEMO, *work, *init, 'model.backbone.init_cfg.checkpoint=model.pth'])
     assert message.startswith('model.pth does not fit model.backbone: only 0 of its ')
     assert "add prefix='backbone.' to the init_cfg" in message
-    message = _stops_with(train_tool, [RETINANET_DEMO, *work, '--cfg-options',
-                                       "model.backbone.init_cfg={'type':'Pretrained','checkpoint':'truncated.pth'}"])
+    message = _stops_with(train_tool, [RETINANET_DEMO, *work, *init,
+                                       'model.backbone.init_cfg.checkpoint=truncated.pth'])
     assert message.startswith('truncated.pth is truncated')
 
 
@@ -136,9 +136,11 @@ def test_nan_image_stops_a_demo_training_step(demo_dir, monkeypatch):
 
     monkeypatch.chdir(demo_dir)
     work_dir = demo_dir / 'work_nan'
+    config = demo_dir / 'retinanet_nan_image.py'
+    config.write_text(f"_base_ = ['{RETINANET_DEMO}']\n"
+                      "custom_hooks = [dict(type='InvalidLossHook'), dict(type='NaNImageForTests')]\n")
     message = _stops_with(_load_tool('train'), [
-        RETINANET_DEMO, '--work-dir', str(work_dir), '--cfg-options', 'train_cfg.max_epochs=1', *SHORT,
-        "custom_hooks=[{'type':'InvalidLossHook'},{'type':'NaNImageForTests'}]"])
+        str(config), '--work-dir', str(work_dir), '--cfg-options', 'train_cfg.max_epochs=1', *SHORT])
     assert message.startswith('training stopped at iteration 2 (epoch 1) because the loss is not finite (loss=nan')
     assert 'no checkpoint was saved before it: restart after lowering the learning rate' in message
     assert not list(work_dir.glob('*.pth'))
