@@ -11,3 +11,6 @@ _base_ = [
 
 model = dict(backbone={{_base_.soft_backbone}}, neck=dict(in_channels={{_base_.soft_out_channels}}))
 optim_wrapper = dict(optimizer={{_base_.soft_optimizer}})
+# crash-safe checkpoints and a stop at the first NaN/Inf loss (soft_mm/engine/hooks.py; keep the schedule's interval)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
+custom_hooks = [dict(type='InvalidLossHook')]

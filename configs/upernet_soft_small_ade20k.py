@@ -27,3 +27,6 @@ param_scheduler = [
 train_dataloader = dict(batch_size=2)
 val_dataloader = dict(batch_size=1)
 test_dataloader = val_dataloader
+# crash-safe checkpoints and a stop at the first NaN/Inf loss (soft_mm/engine/hooks.py; keep the schedule's interval)
+default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook'))
+custom_hooks = [dict(type='InvalidLossHook')]

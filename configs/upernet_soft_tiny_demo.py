@@ -37,7 +37,8 @@ param_scheduler = [
 ]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20, log_metric_by_epoch=False),
-    checkpoint=dict(type='CheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1),
+    checkpoint=dict(type='AtomicCheckpointHook', by_epoch=False, interval=max_iters, max_keep_ckpts=1),
     visualization=dict(type='SegVisualizationHook'))
+custom_hooks = [dict(type='InvalidLossHook')]
 log_processor = dict(window_size=20)
 randomness = dict(seed=0)

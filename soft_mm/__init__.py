@@ -5,7 +5,7 @@ registers: the ``SOFT`` backbone for mmdet/mmseg configs, the demo datasets, the
 timm, and the objects mmengine stores in its checkpoints for ``torch.load(weights_only=True)`` (see
 :mod:`soft_mm.registry`).
 """
-from . import models
+from . import engine, models  # noqa: F401  (engine registers the checkpoint and invalid-loss hooks)
 from .models import SOFT, SoftVisionTransformer
 from .registry import register_all
 from .version import __version__

@@ -1,16 +1,23 @@
 """Convert the SOFT authors' ImageNet checkpoint (fudan-zvg/SOFT layout) to soft_mm's layout.
 
     python tools/convert_official_checkpoint.py SRC DST [--soft-norm] [--key auto|state_dict|state_dict_ema|model]
+                                                [--allow-unsafe-load] [--debug]
 
 DST holds ``{'state_dict', 'meta'}`` and loads into ``SoftVisionTransformer`` (see
 ``soft_mm.converters.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',
 checkpoint=DST)``, into the ``SOFT`` backbone. The weights do not say whether they are SOFT-Norm: pass ``--soft-norm``
 for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/converters/official.py``.
+
+SRC is read with ``torch.load(weights_only=True)`` (``argparse.Namespace`` allow-listed for timm's files); a file that
+holds other pickled objects is refused unless ``--allow-unsafe-load`` is given, which unpickles it fully and can run
+code stored in it. DST is written atomically (a temporary file renamed into place). A file that cannot be read or
+converted stops with one sentence (``--debug``: the traceback).
 """
 from __future__ import annotations
 
 import argparse
 import os.path as osp
+import pickle
 import sys
 from collections.abc import Mapping
 from typing import Any
@@ -19,6 +26,9 @@ from soft_mm.converters import CHECKPOINT_KEYS, convert_official_checkpoint, sav
 from soft_mm.converters.official import match_arch
 from soft_mm.models import ARCH_SETTINGS, resolve_arch
 from soft_mm.models.arch import ARCH_KEYS
+from soft_mm.utils.checkpoint_files import CheckpointFileError, checkpoint_path_of_traceback, describe_load_error
+
+UNSAFE_LOAD_HINT = 'only if you trust the file, pass --allow-unsafe-load (full unpickling can run code stored in it)'
 
 
 def describe_arch(arch: str | Mapping[str, Any]) -> str:
@@ -53,9 +63,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='where the weights are; auto takes state_dict or model, EMA weights only if alone')
     parser.add_argument('--no-verify', action='store_true',
                         help='skip the strict load into SoftVisionTransformer (it builds the model)')
-    parser.add_argument('--safe-only', action='store_true',
-                        help='never fall back to torch.load(weights_only=False) for files with pickled objects')
+    parser.add_argument('--allow-unsafe-load', action='store_true',
+                        help='if the safe loader refuses SRC (pickled objects other than tensors and '
+                             'argparse.Namespace), read it with torch.load(weights_only=False), which can run code: '
+                             'trusted files only')
+    parser.add_argument('--debug', action='store_true', help='show the traceback of an error')
     return parser.parse_args(argv)
+
+
+def _reading_error(src: str, error: Exception) -> str | None:
+    """One sentence for an error raised while reading SRC, or None if reading was not the problem."""
+    cause = error.__cause__ if isinstance(error.__cause__, pickle.UnpicklingError) else None
+    if cause is not None:  # load_official_checkpoint refused to unpickle
+        problem, _ = describe_load_error(cause)
+        return str(CheckpointFileError(src, problem, UNSAFE_LOAD_HINT))
+    path = checkpoint_path_of_traceback(error.__traceback__)
+    return str(CheckpointFileError(path, *describe_load_error(error))) if path is not None else None
 
 
 def _settings_line(arch: str | dict) -> str:
@@ -67,9 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         converted = convert_official_checkpoint(args.src, soft_norm=args.soft_norm, key=args.key,
-                                                allow_pickle=not args.safe_only, verify=not args.no_verify)
-    except (ValueError, TypeError, FileNotFoundError) as error:
-        print(f'error: cannot convert {args.src}: {error}', file=sys.stderr)
+                                                allow_pickle=args.allow_unsafe_load, verify=not args.no_verify)
+    except Exception as error:
+        message = None if args.debug else _reading_error(args.src, error)
+        if message is None and (args.debug or not isinstance(error, (ValueError, TypeError))):
+            raise
+        print(f'error: {message or f"cannot convert {args.src}: {error}"}', file=sys.stderr)
         return 1
     arch = converted.arch
     print(f'read    {args.src} [{converted.source_key or "bare state dict"}]: {converted.num_source_tensors} tensors')

@@ -10,8 +10,10 @@ param_scheduler = [
          convert_to_iter_based=True),
 ]
 
+# crash-safe checkpoints and a stop at the first NaN/Inf loss (soft_mm/engine/hooks.py)
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=20),
-    checkpoint=dict(type='CheckpointHook', interval=max_epochs, max_keep_ckpts=1))
+    checkpoint=dict(type='AtomicCheckpointHook', interval=max_epochs, max_keep_ckpts=1))
+custom_hooks = [dict(type='InvalidLossHook')]
 log_processor = dict(window_size=20)
 randomness = dict(seed=0)

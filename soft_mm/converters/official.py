@@ -42,6 +42,7 @@ from torch import nn
 from ..models.arch import ARCH_KEYS, ARCH_SETTINGS, resolve_arch
 from ..models.classifier import SoftVisionTransformer
 from ..models.settings import AUTHORS_SETTINGS
+from ..utils.atomic import atomic_save
 
 # What users call; the building blocks below (key mapping, arch inference, ...) stay importable from this module.
 __all__ = ['CHECKPOINT_KEYS', 'ConvertedCheckpoint', 'build_classifier_from_checkpoint', 'convert_official_checkpoint',
@@ -316,11 +317,11 @@ def make_meta(arch: str | Mapping[str, Any], soft_norm: bool, source: str = '', 
 
 def save_converted_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor],
                               meta: Mapping[str, Any]) -> None:
-    """Write ``{'state_dict': ..., 'meta': ...}`` (readable with ``weights_only=True``)."""
+    """Write ``{'state_dict': ..., 'meta': ...}`` (readable with ``weights_only=True``) atomically."""
     directory = os.path.dirname(os.fspath(path))
     if directory:
         os.makedirs(directory, exist_ok=True)
-    torch.save({'state_dict': {k: v.detach().cpu() for k, v in state_dict.items()}, 'meta': dict(meta)}, path)
+    atomic_save({'state_dict': {k: v.detach().cpu() for k, v in state_dict.items()}, 'meta': dict(meta)}, path)
 
 
 def load_converted_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:

@@ -71,4 +71,43 @@ def test_cli_fails_clearly_on_other_layouts(tmp_path, tool, capsys):
     assert 'error: cannot convert' in err and 'not an official SOFT state dict' in err
     assert not dst.exists()
     assert tool.main([str(tmp_path / 'missing.pth'), str(dst)]) == 1
-    assert 'No such file' in capsys.readouterr().err
+    assert capsys.readouterr().err == f'error: {tmp_path / "missing.pth"} not found: pass the path of an existing ' \
+                                      'checkpoint.\n'
+
+
+def test_cli_bad_files_stop_with_one_sentence(tmp_path, official_tiny, tool, capsys):
+    good = tmp_path / 'soft_tiny.pth'
+    torch.save({'state_dict': official_tiny}, good)
+    data = good.read_bytes()
+    (tmp_path / 'truncated.pth').write_bytes(data[: len(data) // 3])
+    (tmp_path / 'notes.pth').write_text('these are not weights\n')
+    dst = tmp_path / 'never.pth'
+    for name, problem in (('truncated.pth', 'is truncated (the file ends before the checkpoint does): copy it again'),
+                          ('notes.pth', 'is not a PyTorch checkpoint (torch.load cannot read it): pass a .pth file')):
+        assert tool.main([str(tmp_path / name), str(dst)]) == 1
+        err = capsys.readouterr().err
+        assert err.startswith(f'error: {tmp_path / name} {problem}') and err.count('\n') == 1, err
+    with pytest.raises(Exception) as exc:
+        tool.main([str(tmp_path / 'truncated.pth'), str(dst), '--debug'])
+    assert 'central directory' in str(exc.value)
+    assert not dst.exists() and not list(tmp_path.glob('.*'))
+
+
+class _Trainer:
+    """A pickled object other than argparse.Namespace (as old training scripts stored)."""
+
+
+def test_cli_refuses_unsafe_unpickling_unless_allowed(tmp_path, official_tiny, tool, capsys):
+    src = tmp_path / 'old_soft_tiny.pth'
+    torch.save({'state_dict': official_tiny, 'trainer': _Trainer()}, src)
+    dst = tmp_path / 'converted.pth'
+    assert tool.main([str(src), str(dst), '--no-verify']) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(f'error: {src} holds a pickled ') and err.count('\n') == 1
+    assert '_Trainer, which torch.load(weights_only=True) refuses to run: only if you trust the file, pass ' \
+           '--allow-unsafe-load (full unpickling can run code stored in it).' in err
+    assert not dst.exists()
+    with pytest.warns(UserWarning, match='weights_only=False, which unpickles arbitrary objects'):
+        assert tool.main([str(src), str(dst), '--no-verify', '--allow-unsafe-load']) == 0
+    state_dict, _ = load_converted_checkpoint(dst)
+    torch.testing.assert_close(state_dict['head.weight'], official_tiny['head.weight'], rtol=0, atol=0)

@@ -1,0 +1,237 @@
+"""What ``tools/train.py`` and ``tools/test.py`` share: arguments, config loading, work dir, runner, checkpoint checks
+and turning a user's mistake into one sentence.
+
+A bad config, dataset path or checkpoint file stops the tool with exit status 1 and one sentence on stderr that names
+the file, what is wrong and what to do; ``--debug`` shows the full traceback instead. Errors that are not the user's
+(bugs) keep their traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import os.path as osp
+import re
+from collections.abc import Iterator
+from typing import Any
+
+from mmengine.config import Config, DictAction
+from mmengine.registry import RUNNERS
+from mmengine.runner import Runner, find_latest_checkpoint
+from torch import nn
+
+from ..utils.checkpoint import allow_mmengine_checkpoint_globals
+from ..utils.checkpoint_files import (
+    CheckpointFileError,
+    check_state_dict_fits,
+    checkpoint_path_of_traceback,
+    describe_load_error,
+    read_checkpoint,
+    state_dict_of,
+)
+from ..utils.launch import LAUNCHERS, adapt_config_to_device
+from .hooks import AtomicCheckpointHook, InvalidLossError, InvalidLossHook
+
+# type names that only resolve once soft_mm is imported
+SOFT_MM_TYPES = frozenset({'SOFT', 'soft_mm.SOFT', AtomicCheckpointHook.__name__, InvalidLossHook.__name__})
+CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)"
+_NOT_REGISTERED = re.compile(r'^(\S+) is not in the (\S+) registry')
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; ``str(error)`` is one sentence naming the file, the problem and the fix."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message if message.endswith('.') else f'{message}.')
+
+
+def base_parser(description: str) -> argparse.ArgumentParser:
+    """The arguments every runner tool takes: config, --work-dir, --cfg-options, --launcher, --local-rank, --debug."""
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument('config', help='config file')
+    parser.add_argument('--work-dir', help='where logs and checkpoints go (default: work_dirs/<config name>)')
+    parser.add_argument('--cfg-options', nargs='+', action=DictAction,
+                        help='override config entries, e.g. train_cfg.max_epochs=2 model.backbone.init_cfg=None')
+    parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
+    parser.add_argument('--local-rank', '--local_rank', type=int, default=0)  # set by torch.distributed.launch
+    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    return parser
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``, exporting ``LOCAL_RANK`` for mmengine as torch.distributed.launch expects."""
+    args = parser.parse_args(argv)
+    os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
+    return args
+
+
+def _type_names(node: Any) -> Iterator[str]:
+    if isinstance(node, dict):
+        if isinstance(node.get('type'), str):
+            yield node['type']
+        for value in node.values():
+            yield from _type_names(value)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            yield from _type_names(value)
+
+
+def check_custom_imports(cfg: Config, path: str) -> None:
+    """Raise :class:`ConfigError` when the config names a soft_mm type without importing soft_mm.
+
+    The tools import soft_mm themselves, so such a config would run here and fail in every other OpenMMLab tool
+    (``mmdet``'s ``tools/train.py``, ``mim train``) with ``KeyError: 'SOFT is not in the mmdet::model registry'``.
+    """
+    used = sorted(SOFT_MM_TYPES.intersection(_type_names(cfg.to_dict())))
+    imports = (cfg.get('custom_imports') or {}).get('imports', [])
+    imports = [imports] if isinstance(imports, str) else list(imports)
+    if used and not any(name == 'soft_mm' or name.startswith('soft_mm.') for name in imports):
+        raise ConfigError(f"{path} uses type='{used[0]}' but does not import soft_mm: add {CUSTOM_IMPORTS_LINE} "
+                          'to it (mmdet, mmseg and mim find SOFT only then)')
+
+
+def load_config(path: str, cfg_options: dict | None = None) -> Config:
+    """``Config.fromfile(path)`` (which runs the config's ``custom_imports``) plus ``--cfg-options``.
+
+    A missing file, a syntax error or an error while the config (or one of its bases) runs is a :class:`ConfigError`.
+    """
+    if not osp.isfile(path):
+        raise ConfigError(f'{path} not found: pass the path of a config file (e.g. configs/retinanet_soft_tiny_demo.py)'
+                          if not osp.isdir(path) else f'{path} is a folder: pass the path of a config file (*.py)')
+    try:
+        cfg = Config.fromfile(path)
+    except SyntaxError as error:
+        detail = error.msg if error.lineno is None else f'{error.msg} at line {error.lineno}'
+        raise ConfigError(f'{path} cannot be parsed ({detail}): fix the Python syntax of the config') from error
+    except Exception as error:  # the config is a Python program: any error while it or a base runs is the config's
+        cause = error
+        while isinstance(cause, ImportError) and (cause.__cause__ or cause.__context__):  # mmengine re-raises
+            cause = cause.__cause__ or cause.__context__
+        first_line = (str(cause).strip().splitlines() or [''])[0]
+        raise ConfigError(f'{path} cannot be loaded ({type(cause).__name__}: {first_line}): fix the config or the '
+                          '_base_ files and custom_imports it names') from error
+    if cfg_options:
+        cfg.merge_from_dict(cfg_options)
+    check_custom_imports(cfg, path)
+    return cfg
+
+
+def default_work_dir(config_path: str) -> str:
+    """``work_dirs/<config file name without .py>``."""
+    return osp.join('work_dirs', osp.splitext(osp.basename(config_path))[0])
+
+
+def set_work_dir(cfg: Config, config_path: str, work_dir: str | None) -> None:
+    """``--work-dir`` if given, else the config's ``work_dir``, else :func:`default_work_dir`."""
+    cfg.work_dir = work_dir or cfg.get('work_dir') or default_work_dir(config_path)
+
+
+def build_runner(cfg: Config, launcher: str) -> Runner:
+    """Adapt ``cfg`` to the device (CPU: gloo, no SyncBN) and build its runner (``runner_type`` if the config has one).
+
+    Allow-lists the objects of mmengine's checkpoints for ``torch.load(weights_only=True)`` first.
+    """
+    allow_mmengine_checkpoint_globals()
+    adapt_config_to_device(cfg, launcher)
+    return Runner.from_cfg(cfg) if 'runner_type' not in cfg else RUNNERS.build(cfg)
+
+
+def _module_at(model: nn.Module, keys: tuple[str, ...]) -> nn.Module | None:
+    module = getattr(model, 'module', model)  # (Distributed)DataParallel
+    for key in keys:
+        module = getattr(module, key, None)
+        if not isinstance(module, nn.Module):
+            return None
+    return module
+
+
+def _pretrained_inits(node: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
+    """``(config keys of the module, init_cfg)`` for every ``type='Pretrained'`` init with a checkpoint."""
+    if not isinstance(node, dict):
+        return
+    init_cfgs = node.get('init_cfg')
+    for init_cfg in init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]:
+        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained' and init_cfg.get('checkpoint'):
+            yield keys, init_cfg
+    for key, value in node.items():
+        if key != 'init_cfg':
+            yield from _pretrained_inits(value, keys + (key,))
+
+
+def _is_local(path: str) -> bool:
+    return '://' not in path
+
+
+def resume_checkpoint(cfg: Config) -> str | None:
+    """The file ``runner.train()`` resumes from: ``load_from`` when given, else the work dir's ``last_checkpoint``."""
+    if not cfg.get('resume'):
+        return None
+    return cfg.get('load_from') or find_latest_checkpoint(cfg.work_dir)
+
+
+def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
+    """Read every local checkpoint the run will load and check that it fits: raise :class:`CheckpointFileError`.
+
+    Training: the resumed checkpoint (a full training state of this model), ``load_from`` (this model's weights) and
+    every ``Pretrained`` ``init_cfg`` (the weights of that module, after its ``prefix``). Testing: ``load_from``.
+    Tensors are memory-mapped, so a large checkpoint is not read twice.
+    """
+    resumed = resume_checkpoint(cfg) if train else None
+    if resumed and _is_local(resumed):
+        checkpoint = read_checkpoint(resumed)
+        if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get('meta'), dict)
+                and 'state_dict' in checkpoint):
+            raise CheckpointFileError(resumed, 'is not a training checkpoint (it has no meta and state_dict entries '
+                                      'to resume from)', 'pass a checkpoint written by tools/train.py, or start from '
+                                      'its weights with --cfg-options load_from=FILE instead of --resume')
+        check_state_dict_fits(runner.model, state_dict_of(checkpoint, resumed), resumed, 'the model of this config',
+                              'resume from a checkpoint of a run of this config')
+    load_from = cfg.get('load_from')
+    if load_from and _is_local(load_from) and load_from != resumed:
+        check_state_dict_fits(runner.model, state_dict_of(read_checkpoint(load_from), load_from), load_from,
+                              'the model of this config', 'pass a checkpoint trained with this config (ImageNet '
+                              'weights of the backbone go in model.backbone.init_cfg)')
+    if not train or resumed:
+        return  # testing and resuming replace the initial weights
+    for keys, init_cfg in _pretrained_inits(cfg.get('model')):
+        checkpoint, module = init_cfg['checkpoint'], _module_at(runner.model, keys)
+        if module is None or not isinstance(checkpoint, str) or not _is_local(checkpoint):
+            continue
+        where = f"model.{'.'.join(keys)}" if keys else 'the model'
+        check_state_dict_fits(module, state_dict_of(read_checkpoint(checkpoint), checkpoint), checkpoint, where,
+                              f'pass a checkpoint of {where} (for SOFT: an ImageNet checkpoint converted with '
+                              'tools/convert_official_checkpoint.py)', prefix=init_cfg.get('prefix'))
+
+
+def explain(error: BaseException) -> str | None:
+    """The one sentence for a user's mistake behind ``error``, or None for an error that deserves its traceback."""
+    if isinstance(error, (ConfigError, CheckpointFileError, InvalidLossError)):
+        return str(error)
+    path = checkpoint_path_of_traceback(error.__traceback__)
+    if path is not None:  # torch.load failed deep inside mmengine (resume, load_from, init_cfg)
+        return str(CheckpointFileError(path, *describe_load_error(error)))
+    if isinstance(error, KeyError) and error.args and isinstance(error.args[0], str):
+        match = _NOT_REGISTERED.match(error.args[0])
+        if match:
+            name, registry = match.groups()
+            hint = f'add {CUSTOM_IMPORTS_LINE} to the config' if name in SOFT_MM_TYPES else (
+                'fix the name, or add the package that defines it to custom_imports in the config')
+            return f"type='{name}' is not registered in {registry}: {hint}."
+    return None
+
+
+@contextlib.contextmanager
+def one_sentence_errors(debug: bool = False) -> Iterator[None]:
+    """Re-raise a user's mistake (see :func:`explain`) as ``SystemExit(sentence)``: exit status 1, no traceback.
+
+    With ``debug`` everything keeps its traceback.
+    """
+    try:
+        yield
+    except SystemExit:
+        raise
+    except Exception as error:
+        message = None if debug else explain(error)
+        if message is None:
+            raise
+        raise SystemExit(message) from None

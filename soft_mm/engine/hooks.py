@@ -1,0 +1,131 @@
+"""Training hooks that keep a long run recoverable: crash-safe checkpoints and a stop at the first invalid loss.
+
+Both are registered in mmengine's root ``HOOKS`` registry, so mmdet, mmseg and mmpretrain configs name them without a
+scope once ``soft_mm`` is imported (``custom_imports=dict(imports=['soft_mm'])``)::
+
+    default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=3))
+    custom_hooks = [dict(type='InvalidLossHook')]
+"""
+from __future__ import annotations
+
+import glob
+import math
+import os
+import os.path as osp
+import time
+
+import torch
+from mmengine.dist import is_main_process
+from mmengine.fileio import LocalBackend
+from mmengine.hooks import CheckpointHook, Hook
+from mmengine.registry import HOOKS
+
+from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
+
+# Test-only: seconds to wait between writing a checkpoint's temporary file and renaming it, so that a test can kill
+# the run in the middle of a checkpoint write.
+PAUSE_ENV = 'SOFT_MM_TEST_CHECKPOINT_PAUSE_S'
+
+
+@HOOKS.register_module()
+class AtomicCheckpointHook(CheckpointHook):
+    """mmengine's ``CheckpointHook`` (same arguments) with crash-safe writes on a local file system.
+
+    mmengine 0.10.7 deletes the oldest checkpoint beyond ``max_keep_ckpts`` first, then writes ``epoch_N.pth`` in
+    place, then ``last_checkpoint``: a kill during the write leaves a truncated file that ``last_checkpoint`` and
+    ``--resume`` may point to, and nothing to go back to. Here every checkpoint is written to a hidden
+    ``.<name>.<random>.partial`` file in the same folder, flushed and renamed into place; ``last_checkpoint`` is
+    replaced the same way afterwards; and the old checkpoints are deleted last. Whenever the process dies,
+    ``last_checkpoint`` names a complete file. Temporary files of killed runs are removed when training starts.
+    Remote back-ends (``out_dir='s3://...'``) keep mmengine's behaviour; object stores publish an upload only once it
+    is complete. ``save_best`` checkpoints are written by mmengine's own code.
+    """
+
+    def before_train(self, runner) -> None:
+        super().before_train(runner)
+        if self._is_local() and is_main_process():
+            for stale in glob.glob(osp.join(glob.escape(self.out_dir), f'.*{PARTIAL_SUFFIX}')):
+                runner.logger.warning(f'removing {stale}, the unfinished checkpoint of an earlier run')
+                os.remove(stale)
+
+    def _is_local(self) -> bool:
+        return isinstance(getattr(self, 'file_backend', None), LocalBackend) and self.file_client_args is None
+
+    def _save_checkpoint_with_step(self, runner, step: int, meta: dict) -> None:
+        if not self._is_local():
+            super()._save_checkpoint_with_step(runner, step, meta)
+            return
+        outdated = None
+        if self.max_keep_ckpts > 0 and not (self.keep_ckpt_ids and self.keep_ckpt_ids[-1] == step):
+            if len(self.keep_ckpt_ids) == self.max_keep_ckpts:
+                outdated = self.keep_ckpt_ids.popleft()  # deleted only once the new checkpoint is complete
+            self.keep_ckpt_ids.append(step)
+            runner.message_hub.update_info('keep_ckpt_ids', list(self.keep_ckpt_ids))
+
+        filename = self.filename_tmpl.format(step)
+        self.last_ckpt = osp.join(self.out_dir, filename)
+        runner.message_hub.update_info('last_ckpt', self.last_ckpt)  # saved inside the checkpoint, as mmengine does
+        temp = partial_path(self.last_ckpt) if is_main_process() else None
+        runner.save_checkpoint(self.out_dir, osp.basename(temp) if temp else filename,
+                               save_optimizer=self.save_optimizer, save_param_scheduler=self.save_param_scheduler,
+                               meta=meta, by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
+        if not is_main_process():  # Runner.save_checkpoint writes on the main process only
+            return
+        pause = float(os.environ.get(PAUSE_ENV) or 0)
+        if pause > 0:
+            runner.logger.info(f'{PAUSE_ENV}: pausing {pause:g} s before publishing {self.last_ckpt}')
+            time.sleep(pause)
+        publish(temp, self.last_ckpt)
+        atomic_write_text(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
+        if outdated is not None:
+            old = osp.join(self.out_dir, self.filename_tmpl.format(outdated))
+            if osp.isfile(old):
+                os.remove(old)
+
+
+class InvalidLossError(RuntimeError):
+    """Training stopped at a NaN or infinite loss; ``str(error)`` is one sentence with the iteration and what to do."""
+
+
+@HOOKS.register_module()
+class InvalidLossHook(Hook):
+    """Stop training at the first iteration whose loss (or any ``loss*`` term) is NaN or infinite.
+
+    Works for every model built on mmengine's ``BaseModel`` (mmdet, mmseg, mmpretrain): it reads the ``log_vars``
+    that ``train_step`` returns. Runs before the checkpoint hook, so no checkpoint of the broken weights is written;
+    the message names the iteration, the bad terms and the last complete checkpoint to resume from.
+
+    Args:
+        interval: check every ``interval`` iterations (1: every one; the check reads one scalar per loss term).
+    """
+
+    priority = 'VERY_HIGH'
+
+    def __init__(self, interval: int = 1) -> None:
+        if not (isinstance(interval, int) and interval >= 1):
+            raise ValueError(f'interval must be an int >= 1, got {interval!r}')
+        self.interval = interval
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs: dict | None = None) -> None:
+        if not outputs or not self.every_n_train_iters(runner, self.interval):
+            return
+        bad = {}
+        for name, value in outputs.items():
+            if 'loss' not in name:
+                continue
+            number = float(value.detach().float().sum()) if isinstance(value, torch.Tensor) else float(value)
+            if not math.isfinite(number):
+                bad[name] = number
+        if not bad:
+            return
+        last = runner.message_hub.get_info('last_ckpt')
+        if last is None and osp.isfile(osp.join(runner.work_dir, 'last_checkpoint')):
+            with open(osp.join(runner.work_dir, 'last_checkpoint')) as f:
+                last = f.read().strip() or None
+        terms = ', '.join(f'{name}={value}' for name, value in bad.items())
+        resume = (f'the last good checkpoint is {last}: resume from it with --resume {last}' if last else
+                  'no checkpoint was saved before it: restart')
+        raise InvalidLossError(
+            f'training stopped at iteration {runner.iter + 1} (epoch {runner.epoch + 1}) because the loss is not '
+            f'finite ({terms}); {resume} after lowering the learning rate, adding gradient clipping '
+            '(optim_wrapper.clip_grad) or checking the data of that iteration.')

@@ -1,0 +1,192 @@
+"""The bad-input matrix: each case either stops with a specific error that names the argument (and the allowed values)
+or gives a finite result. Backbone cases need torch, timm and mmengine; whole-detector cases need mmdet.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from soft_mm.models import SOFT
+
+ROOT = Path(__file__).resolve().parents[1]
+RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
+
+
+def _backbone(**kwargs) -> SOFT:
+    torch.manual_seed(0)
+    return SOFT(**{'arch': 'tiny', 'landmark_mode': 'avg', 'drop_path_rate': 0.0, **kwargs})
+
+
+def _all_finite(tensors) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+# --- construction ---------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(('kwargs', 'error', 'match'), [
+    ({'arch': 'giant'}, ValueError, r"arch='giant' is not a SOFT architecture; valid names: tiny, small, medium"),
+    ({'arch': 3}, TypeError, r'arch must be a name \(tiny, small'),
+    ({'landmark_mode': 'random'}, ValueError, r"landmark_mode='random' is not one of \('conv', 'avg'\)"),
+    ({'arch': {'embed_dims': [64, 128, 320, 512], 'num_heads': [1, 2, 5, 7], 'depths': [1, 1, 1, 1]}}, ValueError,
+     r'embed_dims and num_heads are inconsistent.*\(512, 7\)'),
+    ({'arch': {'embed_dims': [64, 128, 320], 'num_heads': [1, 2, 5], 'depths': [1, 1, 1]}}, ValueError,
+     r"arch\['embed_dims'\] must be a sequence of 4 ints"),
+    ({'arch': {'embed_dims': [64, 128, 320, 512], 'num_heads': [1, 2, 5, 8]}}, ValueError,
+     r'arch dict is missing the keys .*depths'),
+    ({'arch': {'embed_dims': [64, 128, 320, 512], 'num_heads': [1, 2, 5, 8], 'depths': [1, 1, 1, 1], 'dpeth': 1}},
+     ValueError, r'arch dict has unknown keys .*dpeth.*allowed keys: embed_dims'),
+    ({'arch': {'embed_dims': [64, 128, 320, 512], 'num_heads': [1, 2, 5, 8], 'depths': [1, 0, 1, 1]}}, ValueError,
+     r"arch\['depths'\] must hold positive ints"),
+    ({'out_indices': (0, 4)}, ValueError, r'out_indices must be a non-empty sequence of stage indices in 0..3'),
+    ({'out_indices': ()}, ValueError, r'out_indices must be a non-empty sequence'),
+    ({'frozen_stages': 5}, ValueError, r'frozen_stages must be an int in -1..4, got 5'),
+    ({'frozen_stages': -2}, ValueError, r'frozen_stages must be an int in -1..4, got -2'),
+])
+def test_bad_settings_name_the_argument(kwargs, error, match):
+    with pytest.raises(error, match=match):
+        _backbone(**kwargs)
+
+
+# --- inputs ---------------------------------------------------------------------------------------------------------
+
+def test_wrong_number_of_dims():
+    with pytest.raises(ValueError, match=r'input must be \(B, C, H, W\), got shape \(3, 64, 64\)'):
+        _backbone().eval()(torch.randn(3, 64, 64))
+
+
+def test_wrong_number_of_channels_names_in_channels():
+    with pytest.raises(ValueError, match=r'in_channels=3.*got 1'):
+        _backbone().eval()(torch.randn(1, 1, 64, 64))
+
+
+def test_tiny_and_extreme_aspect_inputs_give_finite_maps_of_the_right_size():
+    model = _backbone().eval()
+    with torch.no_grad():
+        outs = model(torch.randn(1, 3, 2, 2))  # smaller than the stride-4 stem: every map is 1x1
+        assert [tuple(o.shape) for o in outs] == [(1, 64, 1, 1), (1, 128, 1, 1), (1, 320, 1, 1), (1, 512, 1, 1)]
+        assert _all_finite(outs)
+        outs = model(torch.randn(1, 3, 8, 2048))
+        assert [tuple(o.shape) for o in outs] == [(1, 64, 2, 512), (1, 128, 1, 256), (1, 320, 1, 128),
+                                                   (1, 512, 1, 64)]
+        assert _all_finite(outs)
+
+
+def test_batch_of_one_in_training_with_batchnorm():
+    model = _backbone().train()
+    x = torch.randn(1, 3, 33, 47, requires_grad=True)
+    outs = model(x)
+    sum((o * torch.randn_like(o)).sum() for o in outs).backward()
+    assert [tuple(o.shape[2:]) for o in outs] == [(9, 12), (5, 6), (3, 3), (2, 2)]
+    assert _all_finite(outs) and bool(torch.isfinite(x.grad).all())
+    # a 1x1 map after the stem leaves BatchNorm one value per channel: torch refuses, as for any BN network
+    with pytest.raises(ValueError, match='Expected more than 1 value per channel when training'):
+        model(torch.randn(1, 3, 2, 2))
+
+
+@pytest.mark.parametrize('landmark_mode', ['avg', 'conv'])
+def test_all_equal_tokens_singular_kernel_stays_finite(landmark_mode):
+    """A constant image makes every token (and landmark) equal: the landmark kernel is all ones (rank 1)."""
+    model = _backbone(landmark_mode=landmark_mode).train()
+    x = torch.full((2, 3, 64, 64), 0.5, requires_grad=True)
+    outs = model(x)
+    sum((o * torch.randn_like(o)).sum() for o in outs).backward()
+    assert _all_finite(outs) and bool(torch.isfinite(x.grad).all())
+    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+
+
+@pytest.mark.parametrize('scale', [1e4, 1e-6])
+def test_very_large_and_small_input_magnitudes(scale):
+    model = _backbone().eval()
+    torch.manual_seed(1)
+    with torch.no_grad():
+        outs = model(torch.randn(2, 3, 64, 64) * scale)
+    assert _all_finite(outs)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_backbone_autocast_forward_backward(dtype):
+    model = _backbone().train()
+    x = torch.randn(2, 3, 64, 64, requires_grad=True)
+    with torch.autocast('cpu', dtype=dtype):
+        outs = model(x)
+    sum(o.float().square().mean() for o in outs).backward()
+    assert _all_finite(outs) and bool(torch.isfinite(x.grad).all())
+    assert all(bool(torch.isfinite(p.grad).all()) for p in model.parameters() if p.grad is not None)
+
+
+# --- whole detector (mmdet) -----------------------------------------------------------------------------------------
+
+def _retinanet_and_batch(boxes_per_image: list[int], size: tuple[int, int] = (96, 128)):
+    """The demo RetinaNet (SOFT-Norm-Tiny) and a preprocessed training batch with the given numbers of boxes."""
+    pytest.importorskip('mmdet')
+    from mmdet.registry import MODELS
+    from mmdet.structures import DetDataSample
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    from mmengine.structures import InstanceData
+
+    register_all_modules()
+    torch.manual_seed(0)
+    model = MODELS.build(Config.fromfile(RETINANET_DEMO).model).train()
+    h, w = size
+    inputs, samples = [], []
+    for n in boxes_per_image:
+        inputs.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8))
+        sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1.0, 1.0)))
+        xy = torch.rand(n, 2) * torch.tensor([w - 40.0, h - 40.0])
+        sample.gt_instances = InstanceData(bboxes=torch.cat([xy, xy + 20 + 15 * torch.rand(n, 2)], 1),
+                                           labels=torch.randint(0, 3, (n,)))
+        samples.append(sample)
+    data = model.data_preprocessor({'inputs': inputs, 'data_samples': samples}, training=True)
+    return model, data
+
+
+def _loss_and_grads(model, data) -> tuple[dict, list[torch.Tensor]]:
+    losses = model.loss(data['inputs'], data['data_samples'])
+    total, _ = model.parse_losses(losses)
+    total.backward()
+    return losses, [p.grad for p in model.parameters() if p.grad is not None]
+
+
+def test_detection_batch_with_images_without_ground_truth():
+    model, data = _retinanet_and_batch([0, 2, 0])
+    losses, grads = _loss_and_grads(model, data)
+    assert all(bool(torch.isfinite(sum(v) if isinstance(v, list) else v).all()) for v in losses.values())
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_detection_batch_of_one_in_training_with_batchnorm():
+    model, data = _retinanet_and_batch([3])
+    _, grads = _loss_and_grads(model, data)
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+def test_detector_autocast_loss_forward_backward(dtype):
+    """CPU autocast through the whole RetinaNet loss path (backbone, FPN, head, focal and L1 losses).
+
+    The prediction path is not covered: it ends in mmcv's nms, whose CPU kernel has no bfloat16/float16 version.
+    """
+    model, data = _retinanet_and_batch([2, 1])
+    with torch.autocast('cpu', dtype=dtype):
+        losses = model.loss(data['inputs'], data['data_samples'])
+        total, _ = model.parse_losses(losses)
+    total.float().backward()
+    assert bool(torch.isfinite(total).all())
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
+
+
+def test_config_naming_soft_without_custom_imports(tmp_path):
+    """The tools stop with the fix; other OpenMMLab tools see a registry KeyError, which the tools also explain."""
+    pytest.importorskip('mmdet')  # the demo's bases are mmdet's
+    from soft_mm.engine.cli import ConfigError, explain, load_config
+
+    config = tmp_path / 'retinanet_soft.py'
+    config.write_text(f"_base_ = ['{ROOT / 'configs/retinanet_soft_tiny_demo.py'}']\ncustom_imports = None\n")
+    with pytest.raises(ConfigError, match=r"uses type='SOFT' but does not import soft_mm: add custom_imports = "
+                                          r"dict\(imports=\['soft_mm'\]"):
+        load_config(str(config))
+    assert 'add custom_imports' in explain(KeyError('SOFT is not in the mmdet::model registry. Please check'))
