@@ -92,7 +92,7 @@ def nystrom_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw_shape:
                     grid: int = LANDMARK_GRID, pinv_iters: int = 6) -> torch.Tensor:
     """Nyströmformer-style attention: ``softmax(Q Lk^T) pinv(softmax(Lq Lk^T)) softmax(Lq K^T) V``, landmarks by
     average pooling of the q and k maps to ``grid x grid``, pseudo-inverse by its cubic iteration. (B,h,N,d) each."""
-    b, h, n, d = q.shape
+    b, h, _, d = q.shape
     scale = d ** -0.5
 
     def pool(x: torch.Tensor) -> torch.Tensor:
@@ -444,7 +444,7 @@ def main(argv: list[str] | None = None) -> int:
         {'args': {k: v for k, v in vars(args).items() if k != 'worker'}, 'rows': rows, 'exponents': fits},
         indent=2))
     plot(rows, args.methods, header, out / 'attention_benchmark.png')
-    print(f'saved {out / "attention_benchmark.md"}, {out / "attention_benchmark.png"}, {out / "attention_benchmark.json"}')
+    print(f'saved attention_benchmark.md, .png and .json in {out}')
     return 0
 
 

@@ -155,7 +155,8 @@ def markdown(rows: list[dict[str, Any]], models: list[str], sizes: list[tuple[in
                      f"{_fmt(r.get('fwd_bwd_peak_mib'), '.0f')} |")
     soft_rows = [r for r in rows if 'stage_s' in r]
     if soft_rows:
-        lines += ['', '| SOFT backbone | input | stage 1 s | stage 2 s | stage 3 s | stage 4 s |', '|---|---|---|---|---|---|']
+        lines += ['', '| SOFT backbone | input | stage 1 s | stage 2 s | stage 3 s | stage 4 s |',
+                  '|---|---|---|---|---|---|']
         for r in soft_rows:
             lines.append(f"| {r['model']} | {r['hw'][0]}x{r['hw'][1]} | " + ' | '.join(f'{t:.3f}' for t in r['stage_s'])
                          + ' |')
@@ -262,7 +263,8 @@ def main(argv: list[str] | None = None) -> int:
     rows, notes, too_slow = [], [], set()
     sizes = sorted(args.hw_sizes, key=lambda s: s[0] * s[1])
     print(f'device={args.device} threads={torch.get_num_threads()} float32 batch 1; median of {args.repeats}')
-    print(f"{'backbone':>16} {'input':>10} {'params':>7} {'GFLOPs':>7} {'fwd s':>7} {'f+b s':>7} {'f+b MiB':>8}  stages s")
+    print(f"{'backbone':>16} {'input':>10} {'params':>7} {'GFLOPs':>7} {'fwd s':>7} {'f+b s':>7} {'f+b MiB':>8}  "
+          'stages s')
     for hw in sizes:
         pixels = hw[0] * hw[1]
         for model in args.models:
@@ -282,7 +284,8 @@ def main(argv: list[str] | None = None) -> int:
             if row['fwd_s'] > args.max_case_s:
                 too_slow.add(model)
             stages = ' '.join(f'{t:.3f}' for t in row.get('stage_s', []))
-            print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} {row['params'] / 1e6:>6.1f}M {_fmt(row.get('gflops'), '.1f'):>7} "
+            print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} {row['params'] / 1e6:>6.1f}M "
+                  f"{_fmt(row.get('gflops'), '.1f'):>7} "
                   f"{row['fwd_s']:>7.2f} {_fmt(row.get('fwd_bwd_s')):>7} {_fmt(row.get('fwd_bwd_peak_mib'), '.0f'):>8}"
                   f"  {stages}", flush=True)
     if args.flops_max_pixels < max(h * w for h, w in sizes):

@@ -1,4 +1,6 @@
 """SOFT attention: the Nyström approximation of full Gaussian-kernel attention through m landmark tokens."""
+from __future__ import annotations
+
 import torch
 from torch import Tensor
 

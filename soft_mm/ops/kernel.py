@@ -1,4 +1,6 @@
 """Gaussian (RBF) kernel between two sets of vectors, the softmax replacement of SOFT."""
+from __future__ import annotations
+
 import torch
 from torch import Tensor
 

@@ -21,7 +21,7 @@ def run_tool(tmp_path, *args):
 
 
 def test_tiny_soft_run_writes_table_plot_and_json(tmp_path):
-    proc, data = run_tool(tmp_path, '--models', 'soft_tiny', '--sizes', '64x96', '96x128',
+    _, data = run_tool(tmp_path, '--models', 'soft_tiny', '--sizes', '64x96', '96x128',
                           '--train-max-pixels', str(64 * 96), '--flops-max-pixels', str(64 * 96))
     rows = {tuple(r['hw']): r for r in data['rows']}
     assert set(rows) == {(64, 96), (96, 128)}
