@@ -178,13 +178,12 @@ def markdown(rows: list[dict[str, Any]], models: list[str], sizes: list[tuple[in
     reference = [m for m in models if m.startswith('soft_norm_small')] or [m for m in models if m.startswith('soft')]
     if reference and BASE_SIZE in sizes:
         ref = by_key.get((reference[0], BASE_SIZE))
-        if ref and 'fwd_s' in ref:
+        others = [m for m in models if m != reference[0] and 'fwd_s' in by_key.get((m, BASE_SIZE), {})]
+        if ref and 'fwd_s' in ref and others:
             lines += ['', f'{reference[0]} at {BASE_SIZE[0]}x{BASE_SIZE[1]} against the others '
                       '(their time / its time; their peak memory / its peak memory):', '']
-            for model in models:
-                other = by_key.get((model, BASE_SIZE))
-                if model == reference[0] or not other or 'fwd_s' not in other:
-                    continue
+            for model in others:
+                other = by_key[(model, BASE_SIZE)]
                 parts = [f"forward {other['fwd_s'] / ref['fwd_s']:.2f}x"]
                 if other.get('fwd_bwd_s') and ref.get('fwd_bwd_s'):
                     parts.append(f"forward+backward {other['fwd_bwd_s'] / ref['fwd_bwd_s']:.2f}x")
