@@ -1,12 +1,19 @@
 """SOFT attention: the Nyström approximation of full Gaussian-kernel attention through m landmark tokens."""
+from __future__ import annotations
+
 import torch
 from torch import Tensor
 
 from ._precision import compute_dtype, no_autocast
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
+from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 
-__all__ = ['soft_attention']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'soft_attention']
+
+# With tile_size=None, inputs of more tokens than this take the tiled path; smaller ones the untiled products, which
+# are as fast there (their N×m temporaries still fit in cache) and cheaper in Python overhead.
+AUTO_TILING_MIN_TOKENS = 2 * DEFAULT_TILE_SIZE
 
 
 def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
@@ -29,13 +36,35 @@ def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
                          f'to match q {tuple(q.shape)}, got {tuple(v.shape)}')
 
 
+def _graph_capture_in_progress() -> bool:
+    """True under ``torch.jit.trace``, ONNX export and ``torch.compile``: they record or freeze a Python loop over a
+    shape-dependent number of tiles at the traced size, so they must see the untiled products."""
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+
+
+def _resolve_tile_size(tile_size: int | None, num_tokens: int) -> int:
+    """Tokens per tile for the tiled path, or 0 for the untiled products."""
+    if tile_size is not None and (isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 0):
+        raise ValueError(f'soft_attention: tile_size must be None (automatic), 0 (untiled) or an int >= 1, '
+                         f'got {tile_size!r}')
+    if _graph_capture_in_progress():
+        return 0
+    if tile_size is None:
+        return DEFAULT_TILE_SIZE if num_tokens > AUTO_TILING_MIN_TOKENS else 0
+    return tile_size
+
+
 def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20, normalize: bool = False,
-                   ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
+                   ridge: float = 0.0, backward: str = 'implicit', *, tile_size: int | None = None) -> Tensor:
     """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``S @ v`` with ``S = K(q, q)``.
 
     ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and
     ``A = K(landmarks, landmarks)`` is m×m; ``A^+`` is :func:`newton_inverse` of ``A`` (``num_iters``, ``ridge`` and
     ``backward`` are passed on). The product order costs O(N m d + m^2 d) and never forms an N×N or N×m×m tensor.
+    Above :data:`AUTO_TILING_MIN_TOKENS` tokens the products run tile by tile (:func:`tiled_nystrom_products`): each
+    block of ``K1`` is built, used and dropped in cache and rebuilt in the backward, so no N×m tensor is stored; the
+    result equals the untiled products up to rounding. Tracing, ONNX export and ``torch.compile`` always get the
+    untiled products, whose graph does not depend on N.
     With every token as a landmark (m = N, well-conditioned A, converged inverse) the result is exactly ``S @ v``.
 
     The caller must already have scaled ``q`` and ``landmarks`` by ``d ** -0.25``, which turns the unit bandwidth into
@@ -58,23 +87,53 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         ridge: ``ridge * I`` added to ``A`` before inversion, a float >= 0 (see :func:`newton_inverse`; 1e-3 to 1e-2
             guards against nearly duplicated landmarks).
         backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
+        tile_size: tokens per tile of the tiled path; ``None`` picks it (tiles of ``DEFAULT_TILE_SIZE`` above
+            ``AUTO_TILING_MIN_TOKENS`` tokens, untiled below), ``0`` forces the untiled products (the reference; it
+            also supports double backward where the Newton backward does), an int >= 1 forces tiles of that size.
 
     Returns:
         ``(B, h, N, d_v)`` attention output.
     """
     _check_attention_inputs(q, landmarks, v)
+    tile_size = _resolve_tile_size(tile_size, q.shape[2])
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
     work_dtype = compute_dtype(out_dtype)
     with no_autocast(q.device):
         q, landmarks, v = q.to(work_dtype), landmarks.to(work_dtype), v.to(work_dtype)
-        k1 = gaussian_kernel(q, landmarks)  # (B, h, N, m)
         kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
         kernel_inv = newton_inverse(kernel_landmarks, num_iters=num_iters, ridge=ridge, backward=backward)
-        context = k1.transpose(-2, -1) @ v  # (B, h, m, d_v)
-        if normalize:
-            inv_sqrt_row_sums = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)  # D^-1/2 as (B, h, m, 1)
-            context = inv_sqrt_row_sums * (kernel_inv @ (inv_sqrt_row_sums * context))
+        if tile_size:
+            out = _tiled_attention(q, landmarks, v, kernel_landmarks, kernel_inv, normalize, tile_size)
         else:
-            context = kernel_inv @ context
-        out = k1 @ context  # (B, h, N, d_v)
+            out = _untiled_attention(q, landmarks, v, kernel_landmarks, kernel_inv, normalize)
     return out.to(out_dtype)
+
+
+def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
+                     normalize: bool, tile_size: int) -> Tensor:
+    """The products through :func:`tiled_nystrom_products`, with the m×m middle matrix formed explicitly."""
+    if normalize:
+        inv_sqrt_row_sums = kernel_landmarks.sum(-1).rsqrt()  # D^-1/2 as (B, h, m)
+        middle = inv_sqrt_row_sums.unsqueeze(-1) * kernel_inv * inv_sqrt_row_sums.unsqueeze(-2)
+    else:
+        middle = kernel_inv
+    batch, heads, num_tokens, head_dim = q.shape
+    num_landmarks, value_dim = landmarks.shape[2], v.shape[3]
+    out = tiled_nystrom_products(q.reshape(batch * heads, num_tokens, head_dim),
+                                 landmarks.reshape(batch * heads, num_landmarks, head_dim),
+                                 v.reshape(batch * heads, num_tokens, value_dim),
+                                 middle.reshape(batch * heads, num_landmarks, num_landmarks), tile_size)
+    return out.reshape(batch, heads, num_tokens, value_dim)
+
+
+def _untiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
+                       normalize: bool) -> Tensor:
+    """The reference: ``K1`` held in full, products in the order ``K1 (middle (K1^T v))``."""
+    k1 = gaussian_kernel(q, landmarks)  # (B, h, N, m)
+    context = k1.transpose(-2, -1) @ v  # (B, h, m, d_v)
+    if normalize:
+        inv_sqrt_row_sums = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)  # D^-1/2 as (B, h, m, 1)
+        context = inv_sqrt_row_sums * (kernel_inv @ (inv_sqrt_row_sums * context))
+    else:
+        context = kernel_inv @ context
+    return k1 @ context  # (B, h, N, d_v)

@@ -1,8 +1,10 @@
 """Gaussian (RBF) kernel between two sets of vectors, the softmax replacement of SOFT."""
+from __future__ import annotations
+
 import torch
 from torch import Tensor
 
-__all__ = ['gaussian_kernel']
+__all__ = ['augment_kernel_cols', 'augment_kernel_rows', 'gaussian_kernel']
 
 
 def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
@@ -34,3 +36,29 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     y_sq = y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
     dist_sq = x_sq + y_sq - 2.0 * (x @ y.transpose(-2, -1))
     return torch.exp(-0.5 * dist_sq.clamp_min(0.0))
+
+
+
+def augment_kernel_rows(x: Tensor, neg_half_sq_norms: Tensor | None = None) -> Tensor:
+    """Rows ``[x, -|x|^2 / 2, 1]``: with :func:`augment_kernel_cols` their products are the kernel's exponents.
+
+    ``(augment_kernel_rows(x) @ augment_kernel_cols(y)^T)_ij = x_i . y_j - |x_i|^2 / 2 - |y_j|^2 / 2
+    = -|x_i - y_j|^2 / 2``, so ``exp(min(., 0))`` of it equals :func:`gaussian_kernel` (same expanded form, same
+    clamp) at the cost of one matmul and two element-wise passes; no factor that could overflow (such as
+    ``exp(x . y)``) is ever formed. The tiled attention builds each kernel block this way in cache.
+
+    Args:
+        x: ``(..., N, d)``.
+        neg_half_sq_norms: ``(..., N, 1)`` precomputed ``-|x|^2 / 2`` (computed here when None).
+
+    Returns:
+        ``(..., N, d + 2)``, contiguous.
+    """
+    if neg_half_sq_norms is None:
+        neg_half_sq_norms = -0.5 * x.pow(2).sum(-1, keepdim=True)
+    return torch.cat([x, neg_half_sq_norms, torch.ones_like(x[..., :1])], -1)
+
+
+def augment_kernel_cols(y: Tensor) -> Tensor:
+    """Rows ``[y, 1, -|y|^2 / 2]``, the key-side partner of :func:`augment_kernel_rows`: ``(..., M, d + 2)``."""
+    return torch.cat([y, torch.ones_like(y[..., :1]), -0.5 * y.pow(2).sum(-1, keepdim=True)], -1)

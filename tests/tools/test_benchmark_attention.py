@@ -1,31 +1,80 @@
+"""Tests of tools/benchmark_attention.py: its baselines compute what they claim, and a tiny run writes its outputs."""
+import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+import torch
+import torch.nn.functional as F
+
+from soft_mm.ops import soft_attention
+
 ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / 'tools' / 'benchmark_attention.py'
 
 
-def test_benchmark_attention_writes_table_plot_and_json(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools/benchmark_attention.py'), '--sizes', '8', '20',
-                           '--repeats', '1', '--max-full-gib', '1e-4', '--out', str(tmp_path)],
-                          capture_output=True, text=True, timeout=300)
+def _load_tool(name: str):
+    spec = importlib.util.spec_from_file_location(name, ROOT / 'tools' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def tool():
+    return _load_tool('benchmark_attention')
+
+
+def test_plain_math_is_soft_attention(tool):
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 50, 4, generator=gen, dtype=torch.float64)
+    landmarks = 2 * torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, 50, 3, generator=gen, dtype=torch.float64)
+    expected = soft_attention(q, landmarks, v, ridge=0.01)
+    torch.testing.assert_close(tool.plain_math(q, landmarks, v, ridge=0.01), expected, rtol=1e-12, atol=1e-12)
+
+
+def test_nystrom_softmax_with_every_token_as_landmark_is_exact_softmax(tool):
+    gen = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 20, 4, generator=gen, dtype=torch.float64) for _ in range(3))
+    out = tool.nystrom_softmax(q, k, v, (4, 5), grid=7, pinv_iters=40)  # a 4x5 map: its 20 tokens are the landmarks
+    torch.testing.assert_close(out, F.scaled_dot_product_attention(q, k, v), rtol=1e-8, atol=1e-8)
+    approx = tool.nystrom_softmax(q, k, v, (4, 5), grid=2)
+    assert (approx - F.scaled_dot_product_attention(q, k, v)).abs().max() > 1e-3  # 4 landmarks: an approximation
+
+
+def test_flop_formula(tool):
+    fwd, fwd_bwd = tool.case_flops('soft_op', (10, 20), 64, 2)
+    m, d, n = 49, 32, 200
+    assert fwd == 2 * 2 * (3 * n * m * d + 2 * 20 * m ** 3)
+    assert fwd_bwd == 2 * 2 * (9 * n * m * d + 2 * 20 * m ** 3)
+    assert tool.case_flops('sdpa', (10, 20), 64, 2) == (4.0 * 2 * n * n * d, 12.0 * 2 * n * n * d)
+    assert tool.case_flops('pvt_sra', (16, 20), 64, 2)[0] == 4.0 * 2 * 320 * (2 * 3) * d
+    assert tool.fit_exponent([1, 2, 4], [3, 12, 48]) == pytest.approx(2.0)
+
+
+def test_tiny_run_writes_table_plot_and_json(tmp_path):
+    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '8', '16x12', '--methods', 'soft_op', 'plain_math',
+                           'soft_norm_conv', 'sdpa', '--repeats', '1', '--max-case-s', '0', '--out', str(tmp_path)],
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
-    rows = json.loads((tmp_path / 'attention_scaling.json').read_text())['rows']
-    assert [r['tokens'] for r in rows] == [64, 400]
-    # landmarks are bounded by the 7x7 grid; conv mode at stride 8: ceil(8/8)=1, ceil(20/8)=3 per side
-    assert [r['landmarks'] for r in rows] == [1, 9]
-    # 2 heads x N^2 x 4 bytes: 64 tokens = 3.1e-5 GiB (under the 1e-4 cap, timed), 400 tokens = 1.2e-3 GiB (skipped)
-    assert rows[0]['full_matrix_gib'] == 2 * 64 ** 2 * 4 / 2 ** 30
-    assert rows[0]['softmax_ms'] > 0
-    assert rows[1]['softmax_ms'] is None
-    assert all(r['soft_ms'] > 0 for r in rows)
-    assert (tmp_path / 'attention_scaling.png').stat().st_size > 1000
-    assert 'skipped' in proc.stdout
+    data = json.loads((tmp_path / 'attention_benchmark.json').read_text())
+    rows = {(r['method'], r['tokens']): r for r in data['rows']}
+    assert sorted({r['tokens'] for r in data['rows']}) == [64, 192]
+    assert all(r['fwd_ms'] > 0 and r['fwd_bwd_ms'] > 0 for r in data['rows'])
+    # --max-case-s 0: sdpa is measured at 64 tokens only and estimated at 192 by N^2 scaling
+    assert not rows[('sdpa', 64)]['estimated'] and rows[('sdpa', 192)]['estimated']
+    assert rows[('sdpa', 192)]['fwd_bwd_ms'] == pytest.approx(rows[('sdpa', 64)]['fwd_bwd_ms'] * 9)
+    assert rows[('soft_op', 192)]['fwd_bwd_peak_mib'] is not None and rows[('soft_op', 192)]['sgemm_gflops'] > 0
+    assert set(data['exponents']) == {'soft_op', 'plain_math', 'soft_norm_conv', 'sdpa'}
+    assert (tmp_path / 'attention_benchmark.png').stat().st_size > 1000
+    table = (tmp_path / 'attention_benchmark.md').read_text()
+    assert '(est.)' in table and 'time exponent' in table and 'vs plain_math' in table
 
 
-def test_benchmark_attention_rejects_bad_sizes():
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools/benchmark_attention.py'), '--sizes', '0'],
-                          capture_output=True, text=True, timeout=120)
+def test_rejects_bad_sizes():
+    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '0'], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
     assert '--sizes must be positive' in proc.stderr

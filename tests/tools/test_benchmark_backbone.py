@@ -1,0 +1,52 @@
+"""Tests of tools/benchmark_backbone.py: a tiny run of SOFT (and of mmdet's backbones where mmdet is installed)."""
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from soft_mm.models import SOFT
+
+ROOT = Path(__file__).resolve().parents[2]
+TOOL = ROOT / 'tools' / 'benchmark_backbone.py'
+
+
+def run_tool(tmp_path, *args):
+    proc = subprocess.run([sys.executable, str(TOOL), '--repeats', '1', '--out', str(tmp_path), *args],
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    return proc, json.loads((tmp_path / 'backbone_benchmark.json').read_text())
+
+
+def test_tiny_soft_run_writes_table_plot_and_json(tmp_path):
+    _, data = run_tool(tmp_path, '--models', 'soft_tiny', '--sizes', '64x96', '96x128',
+                          '--train-max-pixels', str(64 * 96), '--flops-max-pixels', str(64 * 96))
+    rows = {tuple(r['hw']): r for r in data['rows']}
+    assert set(rows) == {(64, 96), (96, 128)}
+    small, large = rows[(64, 96)], rows[(96, 128)]
+    assert small['params'] == sum(p.numel() for p in SOFT(arch='tiny').parameters())
+    assert small['gflops'] > 0 and 'gflops' not in large  # FLOPs only up to --flops-max-pixels
+    assert small['fwd_bwd_s'] > 0 and small['fwd_bwd_peak_mib'] is not None and 'fwd_bwd_s' not in large
+    assert len(small['stage_s']) == 4 and all(t > 0 for t in small['stage_s'])
+    assert sum(small['stage_s']) <= small['fwd_s'] * 1.5  # the stages partition one forward (timed separately)
+    assert (tmp_path / 'backbone_benchmark.png').stat().st_size > 1000
+    table = (tmp_path / 'backbone_benchmark.md').read_text()
+    assert 'stage 1 s' in table and 'FLOPs counted up to' in table
+
+
+def test_mmdet_backbones_build(tmp_path):
+    pytest.importorskip('mmdet')
+    spec = importlib.util.spec_from_file_location('benchmark_backbone', TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    # backbone parameters without a classification head (millions): PVT-Small 24.0, PVTv2-B2 24.8, Swin-T 27.5
+    for name, params_m in (('pvt_s', 24.0), ('pvtv2_b2', 24.8), ('swin_t', 27.5)):
+        model = tool.build_model(name)
+        assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - params_m) < 0.2, name
+
+
+def test_rejects_bad_sizes():
+    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '12y5'], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and '--sizes must be positive' in proc.stderr
