@@ -39,7 +39,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.arch import ARCH_KEYS, ARCH_SETTINGS, resolve_arch
+from ..models.arch import ARCH_KEYS, ARCH_SETTINGS, DEFAULT_STAGE_ATTENTION, resolve_arch
 from ..models.classifier import SoftVisionTransformer
 from ..models.settings import AUTHORS_SETTINGS
 from ..utils.atomic import atomic_save
@@ -310,7 +310,9 @@ def make_meta(arch: str | Mapping[str, Any], soft_norm: bool, source: str = '', 
     """The ``meta`` of a converted file: everything needed to rebuild the model, as plain Python values."""
     if not isinstance(arch, str):
         settings = resolve_arch(dict(arch))
-        arch = {k: list(settings[k]) if isinstance(settings[k], tuple) else settings[k] for k in ARCH_KEYS}
+        # every setting the authors' layout can vary; the stage attention kinds only when they are not the default
+        keys = [k for k in ARCH_KEYS if k != 'stage_attention' or settings[k] != DEFAULT_STAGE_ATTENTION]
+        arch = {k: list(settings[k]) if isinstance(settings[k], tuple) else settings[k] for k in keys}
     return dict(arch=arch, soft_norm=bool(soft_norm), num_classes=int(num_classes), **AUTHORS_SETTINGS.as_dict(),
                 source=str(source), source_key=source_key, converter='soft_mm.converters.official')
 

@@ -82,7 +82,8 @@ def check_custom_imports(cfg: Config, path: str) -> None:
     The tools import soft_mm themselves, so such a config would run here and fail in every other OpenMMLab tool
     (``mmdet``'s ``tools/train.py``, ``mim train``) with ``KeyError: 'SOFT is not in the mmdet::model registry'``.
     """
-    used = sorted(SOFT_MM_TYPES.intersection(_type_names(cfg.to_dict())))
+    # the backbone first: it is what users add to a config
+    used = sorted(SOFT_MM_TYPES.intersection(_type_names(cfg.to_dict())), key=lambda name: ('SOFT' not in name, name))
     imports = (cfg.get('custom_imports') or {}).get('imports', [])
     imports = [imports] if isinstance(imports, str) else list(imports)
     if used and not any(name == 'soft_mm' or name.startswith('soft_mm.') for name in imports):

@@ -14,8 +14,10 @@ ARCH_KEYS = ('embed_dims', 'num_heads', 'depths', 'landmark_strides', 'v_conv_ke
 STAGE_ATTENTION_KINDS = ('soft', 'softmax')
 NUM_STAGES = 4
 
+DEFAULT_STAGE_ATTENTION = ('soft', 'soft', 'soft', 'softmax')
+
 _COMMON = dict(landmark_strides=(8, 4, 2), v_conv_kernels=(9, 5, 3), mlp_ratio=4,
-               stage_attention=('soft', 'soft', 'soft', 'softmax'))
+               stage_attention=DEFAULT_STAGE_ATTENTION)
 
 ARCH_SETTINGS: dict[str, dict[str, Any]] = {
     'tiny': dict(embed_dims=(64, 128, 320, 512), num_heads=(2, 4, 10, 16), depths=(1, 2, 3, 2), **_COMMON),
