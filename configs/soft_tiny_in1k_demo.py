@@ -23,7 +23,7 @@ model = dict(
     num_classes=num_classes,
     landmark_mode='avg',
     drop_path_rate=0.0,
-    train_cfg=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', alpha=1.0)], probs=[0.25, 0.25]),
+    train_cfg=dict(augments=[dict(type='Mixup', alpha=0.8), dict(type='CutMix', alpha=1.0)], probs=[0.2, 0.2]),
 )
 
 bgr_mean = [103.53, 116.28, 123.675]  # the ImageNet mean of mmpretrain's data_preprocessor, BGR order
@@ -33,7 +33,7 @@ train_pipeline = [
     dict(type='RandomResizedCrop', scale=image_size, crop_ratio_range=(0.5, 1.0), backend='pillow',
          interpolation='bicubic'),
     dict(type='RandomFlip', prob=0.5, direction='horizontal'),
-    dict(type='RandAugment', policies='timm_increasing', num_policies=2, total_level=10, magnitude_level=9,
+    dict(type='RandAugment', policies='timm_increasing', num_policies=2, total_level=10, magnitude_level=6,
          magnitude_std=0.5, hparams=dict(pad_val=[round(x) for x in bgr_mean], interpolation='bicubic')),
     dict(type='RandomErasing', erase_prob=0.25, mode='rand', min_area_ratio=0.02, max_area_ratio=1 / 3,
          fill_color=bgr_mean, fill_std=bgr_std),
@@ -62,7 +62,7 @@ param_scheduler = [
 train_cfg = dict(max_epochs=max_epochs, val_interval=max_epochs)
 
 # EMA over the last ~5% of the steps, as 4e-5 is over the last ~7% of the 375k ImageNet steps
-custom_hooks = [dict(type='EMAHook', momentum=0.01, priority='ABOVE_NORMAL')]
+custom_hooks = [dict(type='EMAHook', momentum=0.02, priority='ABOVE_NORMAL')]
 default_hooks = dict(
     logger=dict(type='LoggerHook', interval=10),
     checkpoint=dict(type='CheckpointHook', interval=max_epochs, max_keep_ckpts=1))

@@ -50,7 +50,7 @@ def test_mmpretrain_imports_with_its_models():
 def test_config_builds_the_published_classifier(name):
     cfg = _config(name)
     model = _build(cfg)
-    assert type(model).__name__ == 'TimmClassifier'
+    assert type(model).__name__ == 'SoftTimmClassifier'
     assert type(model.model).__name__ == 'SoftVisionTransformer'
     assert model.model.soft_norm == ('norm' in name)
     assert sum(p.numel() for p in model.parameters()) == PARAMS[name.split('_')[-1]]
