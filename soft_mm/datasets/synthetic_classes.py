@@ -2,13 +2,16 @@
 
 The ImageNet demo config pretrains SOFT-Tiny on it in minutes on a CPU with no download. Its ten classes differ only
 in spatial structure: every image draws its foreground and background colours at random (with a minimum contrast, on
-a noisy gradient), so no class can be told by colour; shapes vary in position, size and rotation, textures in period,
-phase and a small tilt::
+a noisy gradient), so no class can be told by colour; textures vary in period, phase and a small tilt, shapes in
+position, size and rotation::
 
-    disk      filled circle             ring      circle outline          square    filled rotated square
-    frame     rotated square outline    triangle  filled rotated triangle  cross     rotated plus sign
-    hstripes  near-horizontal stripes   vstripes  near-vertical stripes    checker   tilted checkerboard
-    dots      4-8 small disks scattered
+    hstripes  near-horizontal stripes     vstripes  near-vertical stripes     diagonal  stripes at +-45 degrees
+    plaid     a grid of thin lines        checker   tilted checkerboard       target    concentric rings
+    dots      4-8 small disks scattered   disk      filled circle             ring      circle outline
+    cross     rotated plus sign
+
+Every class is unchanged by a horizontal flip (diagonal stripes of either direction are one class), so the recipe's
+random flip keeps the labels right.
 
 Class indices follow mmpretrain's ``CustomDataset`` rule, the sorted folder names: :data:`CLASS_NAMES` is that sorted
 tuple.
@@ -31,7 +34,7 @@ Colour = tuple[int, int, int]
 
 
 def _centre_radius(rng: np.random.Generator, size: int) -> tuple[tuple[float, float], float]:
-    radius = rng.uniform(0.18, 0.32) * size
+    radius = rng.uniform(0.28, 0.42) * size
     centre = rng.uniform(radius + 1, size - radius - 1, size=2)
     return (float(centre[0]), float(centre[1])), float(radius)
 
@@ -57,18 +60,6 @@ def _ring(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
     _draw_polygon(image, rng, 'circle', colour, filled=False)
 
 
-def _square(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
-    _draw_polygon(image, rng, 'square', colour, filled=True)
-
-
-def _frame(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
-    _draw_polygon(image, rng, 'square', colour, filled=False)
-
-
-def _triangle(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
-    _draw_polygon(image, rng, 'triangle', colour, filled=True)
-
-
 def _cross(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
     (cx, cy), radius = _centre_radius(rng, image.shape[0])
     half_width = max(1.5, 0.2 * radius)
@@ -89,17 +80,45 @@ def _stripe_field(rng: np.random.Generator, size: int, tilt: float) -> np.ndarra
     return (coordinate % period) < period / 2
 
 
+def _small_tilt(rng: np.random.Generator) -> float:
+    return rng.uniform(-np.pi / 12, np.pi / 12)
+
+
 def _hstripes(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
-    image[_stripe_field(rng, image.shape[0], rng.uniform(-np.pi / 12, np.pi / 12))] = colour
+    image[_stripe_field(rng, image.shape[0], _small_tilt(rng))] = colour
 
 
 def _vstripes(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
-    image[_stripe_field(rng, image.shape[0], np.pi / 2 + rng.uniform(-np.pi / 12, np.pi / 12))] = colour
+    image[_stripe_field(rng, image.shape[0], np.pi / 2 + _small_tilt(rng))] = colour
+
+
+def _diagonal(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
+    direction = np.pi / 4 if rng.random() < 0.5 else -np.pi / 4
+    image[_stripe_field(rng, image.shape[0], direction + _small_tilt(rng))] = colour
+
+
+def _plaid(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
+    size = image.shape[0]
+    tilt = _small_tilt(rng)
+    period = rng.uniform(7, 12) * size / 64
+    width = max(1.0, period / 4)
+    ys, xs = np.mgrid[0:size, 0:size].astype(np.float64)
+    u = xs * np.cos(tilt) - ys * np.sin(tilt) + rng.uniform(0, period)
+    v = xs * np.sin(tilt) + ys * np.cos(tilt) + rng.uniform(0, period)
+    image[((u % period) < width) | ((v % period) < width)] = colour
+
+
+def _target(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
+    size = image.shape[0]
+    centre = rng.uniform(0.25 * size, 0.75 * size, size=2)
+    period = rng.uniform(7, 12) * size / 64
+    ys, xs = np.mgrid[0:size, 0:size].astype(np.float64)
+    image[(np.hypot(xs - centre[0], ys - centre[1]) % period) < period / 2] = colour
 
 
 def _checker(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
     size = image.shape[0]
-    tilt = rng.uniform(-np.pi / 12, np.pi / 12)
+    tilt = _small_tilt(rng)
     cell = rng.uniform(6, 11) * size / 64
     ys, xs = np.mgrid[0:size, 0:size].astype(np.float64)
     u = xs * np.cos(tilt) - ys * np.sin(tilt) + rng.uniform(0, 2 * cell)
@@ -123,8 +142,8 @@ def _dots(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
 
 
 _DRAWERS: dict[str, Callable[[np.ndarray, np.random.Generator, Colour], None]] = {
-    'checker': _checker, 'cross': _cross, 'disk': _disk, 'dots': _dots, 'frame': _frame, 'hstripes': _hstripes,
-    'ring': _ring, 'square': _square, 'triangle': _triangle, 'vstripes': _vstripes}
+    'checker': _checker, 'cross': _cross, 'diagonal': _diagonal, 'disk': _disk, 'dots': _dots, 'hstripes': _hstripes,
+    'plaid': _plaid, 'ring': _ring, 'target': _target, 'vstripes': _vstripes}
 # Class names in mmpretrain's CustomDataset order (sorted folder names): index i is CLASS_NAMES[i].
 CLASS_NAMES = tuple(sorted(_DRAWERS))
 

@@ -76,8 +76,8 @@ def test_colour_does_not_tell_the_class_but_structure_does(small_dataset):
         return np.stack([(np.abs(np.diff(x, axis=2)).sum(-1) > 60).mean((1, 2)),
                          (np.abs(np.diff(x, axis=1)).sum(-1) > 60).mean((1, 2))], axis=1)
 
-    assert accuracy(colour) < 0.2  # measured 0.13
-    assert accuracy(edges) > 0.3  # measured 0.43
+    assert accuracy(colour) < 0.2  # measured 0.125
+    assert accuracy(edges) > 0.35  # measured 0.525
 
 
 def test_bad_arguments_are_named(tmp_path):

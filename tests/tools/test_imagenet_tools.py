@@ -31,9 +31,13 @@ CLASSIFIER_ONLY = {'cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'}
 DEMO_MIN_TOP1 = 0.7
 
 
+def tool_env() -> dict[str, str]:
+    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+
+
 def run_tool(args: list[str], cwd: Path, timeout: float = 900) -> str:
     """``python tools/...`` (``bash`` for .sh) with this checkout first on the path; returns stdout + stderr."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
+    env = tool_env()
     script = str(ROOT / args[0])
     command = ['bash', script, *args[1:]] if script.endswith('.sh') else [sys.executable, script, *args[1:]]
     proc = subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
@@ -106,7 +110,7 @@ def test_tools_test_gives_the_timm_classifier_outputs(imagenet_case):
     assert load_report(output) == (set(), set())
     with open(folder / 'predictions.pkl', 'rb') as file:
         predictions = pickle.load(file)
-    by_path = {Path(p['img_path']).resolve(): p for p in predictions}
+    by_path = {(folder / p['img_path']).resolve(): p for p in predictions}
     assert sorted(by_path) == sorted(p.resolve() for p in images)
     scores = torch.stack([torch.as_tensor(by_path[p.resolve()]['pred_score']) for p in images]).double()
     expected = timm_probabilities(checkpoint, images).double()
@@ -158,9 +162,8 @@ def test_infer_overlays_a_segmentation(tmp_path):
 
 
 def test_train_without_imagenet_stops_with_one_sentence(tmp_path):
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, str(ROOT / 'tools/train.py'), str(CONFIGS / 'soft_norm_tiny_in1k.py')],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith('data/imagenet not found: ')
 
@@ -170,9 +173,8 @@ def test_infer_refuses_an_unknown_scope(tmp_path):
     config.write_text("default_scope = 'mmaction'\n")
     image = tmp_path / 'x.png'
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
     proc = subprocess.run([sys.executable, str(ROOT / 'tools/infer.py'), str(image), str(config), str(image)],
-                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1
     assert "default_scope='mmaction'" in proc.stderr and 'mmdet, mmseg, mmpretrain' in proc.stderr
 
