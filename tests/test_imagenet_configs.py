@@ -107,7 +107,7 @@ def test_no_weight_decay_on_norms_biases_position_embeddings_and_cls_token():
     decay = {names[id(p)] for group in wrapper.optimizer.param_groups if group['weight_decay'] == 0.05
              for p in group['params']}
     assert decay == set(names.values()) - expected
-    assert wrapper.clip_grad_kwargs == dict(max_norm=1.0)
+    assert wrapper.clip_grad_kwargs == {'max_norm': 1.0}
 
 
 @pytest.mark.parametrize('name', ['soft_tiny', 'soft_norm_tiny'])

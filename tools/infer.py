@@ -26,7 +26,7 @@ from soft_mm.utils import allow_mmengine_checkpoint_globals
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description='Run a detector, segmentor or classifier on one image.')
     parser.add_argument('image', help='input image file')
-    parser.add_argument('config', help='config file (its default_scope picks detection, segmentation or classification)')
+    parser.add_argument('config', help='config file; its default_scope picks detection, segmentation or classification')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', default=None,
                         help='output image for detection / segmentation (default: <image>_det.png / <image>_seg.png)')

@@ -25,7 +25,7 @@ class SyntheticClassesDataset(CustomDataset):
         **kwargs: the other arguments of mmpretrain's ``CustomDataset`` (``pipeline``, ``lazy_init``, ...).
     """
 
-    METAINFO: ClassVar[dict] = dict(classes=CLASS_NAMES)
+    METAINFO: ClassVar[dict] = {'classes': CLASS_NAMES}
     # tools/train.py and tools/test.py skip their missing-path check for datasets that write their own data
     generates_missing_data = True
 

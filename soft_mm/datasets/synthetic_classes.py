@@ -40,7 +40,7 @@ def _centre_radius(rng: np.random.Generator, size: int) -> tuple[tuple[float, fl
 
 
 def _thickness(radius: float) -> int:
-    return max(2, int(round(radius * 0.22)))
+    return max(2, round(radius * 0.22))
 
 
 def _draw_polygon(image: np.ndarray, rng: np.random.Generator, kind: str, colour: Colour, filled: bool) -> None:
@@ -138,7 +138,7 @@ def _dots(image: np.ndarray, rng: np.random.Generator, colour: Colour) -> None:
         if all(np.hypot(*(centre - c)) > 3 * radius for c in centres):
             centres.append(centre)
     for centre in centres:
-        cv2.circle(image, tuple(int(round(v)) for v in centre), int(round(radius)), colour, -1, cv2.LINE_AA)
+        cv2.circle(image, tuple(round(v) for v in centre), round(radius), colour, -1, cv2.LINE_AA)
 
 
 _DRAWERS: dict[str, Callable[[np.ndarray, np.random.Generator, Colour], None]] = {

@@ -28,7 +28,7 @@ class SoftTimmClassifier(TimmClassifier):
     ``<prefix><key>`` in place, so nested copies (EMA) save the timm model's keys too."""
 
     @staticmethod
-    def _remove_state_dict_prefix(self: Any, state_dict: MutableMapping, prefix: str, local_metadata: Any) -> None:
+    def _remove_state_dict_prefix(module: Any, state_dict: MutableMapping, prefix: str, local_metadata: Any) -> None:
         inner = f'{prefix}{TIMM_MODEL_ATTRIBUTE}.'
         for key in [k for k in state_dict if k.startswith(inner)]:
             state_dict[prefix + key[len(inner):]] = state_dict.pop(key)

@@ -113,7 +113,7 @@ def test_mmpretrain_dataset_generates_and_reads(tmp_path):
     from soft_mm.datasets import SyntheticClassesDataset
 
     root = tmp_path / 'data'
-    generator = dict(num_train_per_class=3, num_val_per_class=2, image_size=32, seed=1)
+    generator = {'num_train_per_class': 3, 'num_val_per_class': 2, 'image_size': 32, 'seed': 1}
     dataset = SyntheticClassesDataset(data_root=str(root), split='val', generator=generator)
     assert len(dataset) == 2 * len(CLASS_NAMES)
     assert dataset.metainfo['classes'] == CLASS_NAMES

@@ -11,7 +11,7 @@ from mmpretrain.models import TimmClassifier
 from soft_mm.models import SoftVisionTransformer
 from soft_mm.models.mmpretrain_classifier import SoftTimmClassifier
 
-KWARGS = dict(model_name='soft_norm_tiny', num_classes=7, landmark_mode='avg', drop_path_rate=0.0)
+KWARGS = {'model_name': 'soft_norm_tiny', 'num_classes': 7, 'landmark_mode': 'avg', 'drop_path_rate': 0.0}
 
 
 def test_keys_are_the_timm_models_alone_and_nested():

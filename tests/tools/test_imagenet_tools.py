@@ -163,7 +163,7 @@ def test_infer_overlays_a_segmentation(tmp_path):
 
 def test_train_without_imagenet_stops_with_one_sentence(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / 'tools/train.py'), str(CONFIGS / 'soft_norm_tiny_in1k.py')],
-                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith('data/imagenet not found: ')
 
@@ -174,7 +174,7 @@ def test_infer_refuses_an_unknown_scope(tmp_path):
     image = tmp_path / 'x.png'
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
     proc = subprocess.run([sys.executable, str(ROOT / 'tools/infer.py'), str(image), str(config), str(image)],
-                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300)
+                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1
     assert "default_scope='mmaction'" in proc.stderr and 'mmdet, mmseg, mmpretrain' in proc.stderr
 
@@ -225,7 +225,7 @@ def test_demo_pretraining_learns(tmp_path):
     output = run_tool(['tools/train.py', DEMO, '--work-dir', 'work_dirs/demo'], cwd=tmp_path, timeout=1500)
     top1 = float(re.findall(r'accuracy/top1: ([\d.]+)', output)[-1]) / 100
     assert top1 >= DEMO_MIN_TOP1, output[-3000:]
-    assert (tmp_path / 'work_dirs/demo/epoch_20.pth').is_file()
+    assert (tmp_path / 'work_dirs/demo/epoch_16.pth').is_file()
 
 
 def _official_state_dict(variant: str) -> dict[str, torch.Tensor]:
