@@ -26,9 +26,9 @@ DEMO = str(CONFIGS / 'soft_tiny_in1k_demo.py')
 IMAGENET_MEAN = np.array([123.675, 116.28, 103.53])  # RGB, mmpretrain's ImageNet data_preprocessor
 IMAGENET_STD = np.array([58.395, 57.12, 57.375])
 CLASSIFIER_ONLY = {'cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'}
-# The full demo reached top-1 0.XX in X.X minutes on 2 CPU cores when this was written; the margin absorbs run-to-run
-# variation of multi-threaded CPU training.
-DEMO_MIN_TOP1 = 0.7
+# The full demo reached top-1 0.902 (top-5 1.0) in 11.9 minutes, data generation and evaluation included, on one thread
+# of a 2-core machine shared with other jobs, when this was written; the margin absorbs run-to-run variation.
+DEMO_MIN_TOP1 = 0.75
 
 
 def tool_env() -> dict[str, str]:
