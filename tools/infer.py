@@ -106,6 +106,7 @@ def infer_classification(args: argparse.Namespace, cfg: Config) -> list[tuple[st
     top_scores, top_labels = scores.topk(min(args.topk, scores.numel()))
     ranked = [(classes[label] if classes else str(label), score)
               for label, score in zip(top_labels.tolist(), top_scores.tolist())]
+    print(f'\ntop-{len(ranked)} classes of {args.image}:')  # on a line of its own after the inferencer's progress bar
     for rank, (name, score) in enumerate(ranked, start=1):
         print(f'{rank}. {name:>24s} {score:.4f}')
     return ranked
