@@ -16,6 +16,7 @@ import sys
 from collections.abc import Callable
 
 import mmcv
+import numpy as np
 import torch
 from mmengine.config import Config
 
@@ -68,8 +69,11 @@ def infer_segmentation(args: argparse.Namespace, cfg: Config) -> str:
         raise ValueError(f'--opacity must be in [0, 1], got {args.opacity}')
     model = init_model(cfg, args.checkpoint, device=args.device)
     result = inference_model(model, args.image)
+    meta = dict(model.dataset_meta)
+    if not meta.get('palette'):  # a checkpoint that names its classes only: one fixed random colour per class
+        meta['palette'] = np.random.default_rng(0).integers(0, 256, (len(meta['classes']), 3)).tolist()
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
-    visualizer.dataset_meta = model.dataset_meta
+    visualizer.dataset_meta = meta
     visualizer.alpha = args.opacity  # SegLocalVisualizer's overlay opacity
     out = args.out or osp.splitext(args.image)[0] + '_seg.png'
     image = mmcv.imread(args.image, channel_order='rgb')
@@ -77,7 +81,7 @@ def infer_segmentation(args: argparse.Namespace, cfg: Config) -> str:
                               with_labels=False, out_file=out)
     print(f'wrote {out}')
     labels = result.pred_sem_seg.data.flatten()
-    classes = model.dataset_meta['classes']
+    classes = meta['classes']
     for label, count in zip(*torch.unique(labels, return_counts=True)):
         print(f'{classes[int(label)]:>12s} {int(count) / labels.numel():.3f} of the pixels')
     return out
