@@ -3,9 +3,10 @@
 * ``type='SOFT'`` from any OpenMMLab scope (mmdet, mmseg, mmpretrain, ...) and ``type='soft_mm.SOFT'``: the backbone
   is registered in mmengine's root ``MODELS``, which every downstream registry falls back to, and in soft_mm's own
   child registry (scope ``soft_mm``).
-* The demo datasets (``SyntheticShapesDataset`` for mmdet, ``SyntheticShapesSegDataset`` for mmseg) are registered in
-  mmengine's root ``DATASETS`` as small factories that import their module on first use, so ``import soft_mm`` does not
-  import mmdet or mmseg; importing the module registers the class itself in its package's registry as well.
+* The demo datasets (``SyntheticShapesDataset`` for mmdet, ``SyntheticShapesSegDataset`` for mmseg,
+  ``SyntheticClassesDataset`` for mmpretrain) and mmpretrain's ``SoftTimmClassifier`` are registered in mmengine's root
+  registries as small factories that import their module on first use, so ``import soft_mm`` does not import mmdet,
+  mmseg or mmpretrain; importing the module registers the class itself in its package's registry as well.
 * The objects mmengine stores in its checkpoints are allow-listed for ``torch.load(weights_only=True)`` (torch >= 2.6),
   so ``--resume``, ``load_from`` and testing a checkpoint work with any OpenMMLab tool
   (:func:`soft_mm.utils.checkpoint.allow_mmengine_checkpoint_globals`).
@@ -22,25 +23,30 @@ from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='soft_mm', locations=['soft_mm.models'])
 
-# name -> module defining the dataset class (imported on first build)
+# name -> module defining the class (imported on first build): classes that subclass mmdet's, mmseg's or
+# mmpretrain's own, so defining them imports that package
 LAZY_DATASETS = {
     'SyntheticShapesDataset': 'soft_mm.datasets.shapes_dataset',
     'SyntheticShapesSegDataset': 'soft_mm.datasets.shapes_seg_dataset',
+    'SyntheticClassesDataset': 'soft_mm.datasets.classes_dataset',
 }
+LAZY_MODELS = {'SoftTimmClassifier': 'soft_mm.models.mmpretrain_classifier'}
 
 
-def dataset_class(name: str) -> type:
-    """The class of one of soft_mm's datasets (:data:`LAZY_DATASETS`), importing its module."""
-    return getattr(importlib.import_module(LAZY_DATASETS[name]), name)
+def lazy_class(name: str) -> type:
+    """One of soft_mm's lazily registered classes (:data:`LAZY_DATASETS`, :data:`LAZY_MODELS`), importing its
+    module."""
+    return getattr(importlib.import_module({**LAZY_DATASETS, **LAZY_MODELS}[name]), name)
 
 
-def _lazy_dataset(name: str) -> Callable[..., Any]:
+def _lazy(name: str, **attributes: Any) -> Callable[..., Any]:
     def build(*args: Any, **kwargs: Any) -> Any:
-        return dataset_class(name)(*args, **kwargs)
+        return lazy_class(name)(*args, **kwargs)
 
     build.__name__ = build.__qualname__ = name
-    build.__doc__ = f'Builds ``{LAZY_DATASETS[name]}.{name}`` (imported on first use).'
-    build.generates_missing_data = True  # every soft_mm dataset writes its data when it is missing
+    build.__doc__ = f'Builds soft_mm\'s ``{name}`` (its module is imported on first use).'
+    for key, value in attributes.items():
+        setattr(build, key, value)
     return build
 
 
@@ -51,7 +57,10 @@ def register_all() -> None:
 
     for registry in (MMENGINE_MODELS, MODELS):
         registry.register_module(name='SOFT', module=SOFT, force=True)
-    for name in LAZY_DATASETS:
+    for name in LAZY_DATASETS:  # every soft_mm dataset writes its data when it is missing
         if MMENGINE_DATASETS.get(name) is None:
-            MMENGINE_DATASETS.register_module(name=name, module=_lazy_dataset(name))
+            MMENGINE_DATASETS.register_module(name=name, module=_lazy(name, generates_missing_data=True))
+    for name in LAZY_MODELS:
+        if MMENGINE_MODELS.get(name) is None:
+            MMENGINE_MODELS.register_module(name=name, module=_lazy(name))
     allow_mmengine_checkpoint_globals()

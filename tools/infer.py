@@ -1,43 +1,49 @@
-"""Detect objects in one image and write the image with the detections drawn by mmdet's visualizer.
+"""Run a trained model on one image; what it does follows the config's ``default_scope``:
 
-    python tools/infer.py IMAGE CONFIG CHECKPOINT [--out detections.png] [--score-thr 0.3] [--device cpu]
+    python tools/infer.py IMAGE CONFIG CHECKPOINT [--out OUT.png] [--score-thr 0.3] [--topk 5] [--device cpu]
 
-Prints the output path and one line per drawn detection (class, score, box).
+- ``mmdet``: draws the detections with mmdet's visualizer into OUT (default ``<image>_det.png``) and prints one line
+  per drawn detection (class, score, box);
+- ``mmseg``: overlays the predicted segmentation with mmseg's visualizer into OUT (default ``<image>_seg.png``) and
+  prints the share of the pixels of every predicted class;
+- ``mmpretrain``: prints the top-k classes with their scores (mmpretrain's ``ImageClassificationInferencer``).
 """
 from __future__ import annotations
 
 import argparse
 import os.path as osp
 import sys
+from collections.abc import Callable
 
 import mmcv
+import numpy as np
 import torch
+from mmengine.config import Config
 
-sys.path.insert(0, osp.dirname(osp.dirname(osp.abspath(__file__))))  # soft_mm from a plain checkout too
-from soft_mm.utils import allow_mmengine_checkpoint_globals
+from soft_mm.engine.cli import load_config, one_sentence_errors
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description='Draw a detector\'s predictions on an image.')
+    parser = argparse.ArgumentParser(description='Run a detector, segmentor or classifier on one image.')
     parser.add_argument('image', help='input image file')
-    parser.add_argument('config', help='config file')
+    parser.add_argument('config', help='config file; its default_scope picks detection, segmentation or classification')
     parser.add_argument('checkpoint', help='checkpoint file')
-    parser.add_argument('--out', default=None, help='output image (default: <image name>_det.png next to the input)')
-    parser.add_argument('--score-thr', type=float, default=0.3, help='draw detections scoring at least this')
+    parser.add_argument('--out', default=None,
+                        help='output image for detection / segmentation (default: <image>_det.png / <image>_seg.png)')
+    parser.add_argument('--score-thr', type=float, default=0.3, help='detection: draw detections scoring at least this')
+    parser.add_argument('--opacity', type=float, default=0.5, help='segmentation: opacity of the overlaid classes')
+    parser.add_argument('--topk', type=int, default=5, help='classification: how many classes to print')
     parser.add_argument('--device', default='cuda:0' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> str:
-    args = parse_args(argv)
-    for path in (args.image, args.config, args.checkpoint):
-        if not osp.isfile(path):
-            raise SystemExit(f'{path} not found: pass an existing image, config and checkpoint.')
-    allow_mmengine_checkpoint_globals()
+def infer_detection(args: argparse.Namespace, cfg: Config) -> str:
+    """Draw the detections into ``args.out``; print and return its path."""
     from mmdet.apis import inference_detector, init_detector
     from mmdet.registry import VISUALIZERS
 
-    model = init_detector(args.config, args.checkpoint, device=args.device)
+    model = init_detector(cfg, args.checkpoint, device=args.device)
     result = inference_detector(model, args.image)
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
     visualizer.dataset_meta = model.dataset_meta
@@ -52,6 +58,80 @@ def main(argv: list[str] | None = None) -> str:
         if score >= args.score_thr:
             print(f'{classes[label]:>12s} {score:.3f} [{", ".join(f"{v:.1f}" for v in box)}]')
     return out
+
+
+def infer_segmentation(args: argparse.Namespace, cfg: Config) -> str:
+    """Overlay the predicted segmentation on the image into ``args.out``; print and return its path."""
+    from mmseg.apis import inference_model, init_model
+    from mmseg.registry import VISUALIZERS
+
+    if not 0.0 <= args.opacity <= 1.0:
+        raise ValueError(f'--opacity must be in [0, 1], got {args.opacity}')
+    model = init_model(cfg, args.checkpoint, device=args.device)
+    result = inference_model(model, args.image)
+    meta = dict(model.dataset_meta)
+    if not meta.get('palette'):  # a checkpoint that names its classes only: one fixed random colour per class
+        meta['palette'] = np.random.default_rng(0).integers(0, 256, (len(meta['classes']), 3)).tolist()
+    visualizer = VISUALIZERS.build(model.cfg.visualizer)
+    visualizer.dataset_meta = meta
+    visualizer.alpha = args.opacity  # SegLocalVisualizer's overlay opacity
+    out = args.out or osp.splitext(args.image)[0] + '_seg.png'
+    image = mmcv.imread(args.image, channel_order='rgb')
+    visualizer.add_datasample('segmentation', image, data_sample=result, draw_gt=False, show=False,
+                              with_labels=False, out_file=out)
+    print(f'wrote {out}')
+    labels = result.pred_sem_seg.data.flatten()
+    classes = meta['classes']
+    for label, count in zip(*torch.unique(labels, return_counts=True)):
+        print(f'{classes[int(label)]:>12s} {int(count) / labels.numel():.3f} of the pixels')
+    return out
+
+
+def _dataset_classes(cfg: Config) -> tuple[str, ...] | None:
+    """The class names of the config's test dataset class (its METAINFO), or None."""
+    from mmpretrain.registry import DATASETS
+
+    dataset_type = cfg.get('test_dataloader', {}).get('dataset', {}).get('type')
+    dataset_cls = DATASETS.get(dataset_type) if isinstance(dataset_type, str) else None
+    classes = getattr(dataset_cls, 'METAINFO', {}).get('classes')
+    return tuple(classes) if classes else None
+
+
+def infer_classification(args: argparse.Namespace, cfg: Config) -> list[tuple[str, float]]:
+    """Print and return the ``args.topk`` most likely classes with their softmax scores, best first."""
+    from mmpretrain.apis import ImageClassificationInferencer
+
+    if args.topk < 1:
+        raise ValueError(f'--topk must be a positive int, got {args.topk}')
+    inferencer = ImageClassificationInferencer(cfg, pretrained=args.checkpoint, device=args.device)
+    # the checkpoint's dataset_meta (written by training) names the classes; else the config's dataset class does
+    classes = inferencer.classes or _dataset_classes(cfg)
+    scores = torch.as_tensor(inferencer(args.image)[0]['pred_scores'])
+    top_scores, top_labels = scores.topk(min(args.topk, scores.numel()))
+    ranked = [(classes[label] if classes else str(label), score)
+              for label, score in zip(top_labels.tolist(), top_scores.tolist())]
+    print(f'\ntop-{len(ranked)} classes of {args.image}:')  # on a line of its own after the inferencer's progress bar
+    for rank, (name, score) in enumerate(ranked, start=1):
+        print(f'{rank}. {name:>24s} {score:.4f}')
+    return ranked
+
+
+TASKS: dict[str, Callable[[argparse.Namespace, Config], object]] = {
+    'mmdet': infer_detection, 'mmseg': infer_segmentation, 'mmpretrain': infer_classification}
+
+
+def main(argv: list[str] | None = None) -> object:
+    args = parse_args(argv)
+    for path in (args.image, args.config, args.checkpoint):
+        if not osp.isfile(path):
+            raise SystemExit(f'{path} not found: pass an existing image, config and checkpoint.')
+    with one_sentence_errors(args.debug):
+        cfg = load_config(args.config)  # runs the config's custom_imports (import soft_mm allow-lists checkpoints)
+        scope = cfg.get('default_scope')
+        if scope not in TASKS:
+            raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/infer.py handles the scopes '
+                             f'{", ".join(TASKS)} (detection, segmentation, classification).')
+        return TASKS[scope](args, cfg)
 
 
 if __name__ == '__main__':

@@ -4,7 +4,8 @@
 #   bash tools/install.sh
 #
 # Steps: check the toolchain -> pin setuptools -> torch (kept if present) -> mmengine -> mmcv 2.1.0 built from source
-# with its compiled ops (cached as a wheel outside the checkout) -> mmdet, mmseg, timm, test tools -> soft_mm (editable).
+# with its compiled ops (cached as a wheel outside the checkout) -> mmdet, mmseg, mmpretrain, timm, test tools -> soft_mm
+# (editable).
 #
 # Environment switches:
 #   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm)
@@ -111,7 +112,7 @@ main() {
     touch "$WHEEL_DIR/.installed"
   fi
 
-  step "mmdet, mmsegmentation, timm and the test tools (requirements.txt)"
+  step "mmdet, mmsegmentation, mmpretrain, timm and the test tools (requirements.txt)"
   pip_q -r "$ROOT/requirements.txt"
 
   if [ "${SOFT_MM_WITH_MIM:-0}" = "1" ]; then
@@ -124,7 +125,7 @@ main() {
   pip_q --no-build-isolation --no-deps -e "$ROOT"
 
   step "checking the imports"
-  "$PY" -c "import soft_mm, mmdet, mmseg, timm; from mmcv.ops import batched_nms, roi_align; print('soft_mm', soft_mm.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| timm', timm.__version__)" \
+  "$PY" -c "import soft_mm, mmdet, mmseg, mmpretrain, mmpretrain.models, timm; from mmcv.ops import batched_nms, roi_align; print('soft_mm', soft_mm.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)" \
     || die "the final import check failed; see the messages above."
   step "done"
 }
