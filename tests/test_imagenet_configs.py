@@ -88,7 +88,8 @@ def test_base_inherits_mmpretrain_and_sets_the_authors_recipe():
     assert (warmup.type, warmup.start_factor * optimizer.lr, warmup.end) == ('LinearLR', 1e-6, 10)
     assert (cosine.type, cosine.begin, cosine.end) == ('CosineAnnealingLR', 10, 300)
     assert cosine.eta_min_ratio * optimizer.lr == pytest.approx(5e-5)
-    assert [(h.type, h.momentum) for h in cfg.custom_hooks] == [('EMAHook', 4e-5)]
+    assert [(h.type, h.get('momentum')) for h in cfg.custom_hooks] == [('EMAHook', 4e-5), ('InvalidLossHook', None)]
+    assert cfg.default_hooks.checkpoint.type == 'AtomicCheckpointHook'
 
 
 def test_no_weight_decay_on_norms_biases_position_embeddings_and_cls_token():
