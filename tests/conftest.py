@@ -1,12 +1,19 @@
-"""Shared test helpers."""
+"""Shared test fixtures: tools loaded by path, and random checkpoints in the authors' (fudan-zvg/SOFT) layout,
+generated from their key/shape lists.
+
+``converters/official_keys/soft_<size>.txt`` list every key and shape of the authors' five model definitions (the
+second header line gives their parameter count); the tensors are random with the magnitudes of a trained network.
+"""
 from __future__ import annotations
 
 import importlib.util
+import re
 from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 _TOOLS: dict[str, ModuleType] = {}
@@ -27,3 +34,73 @@ def _load_tool(name: str) -> ModuleType:
 def load_tool() -> Callable[[str], ModuleType]:
     """``load_tool('get_flops')`` -> the module of ``tools/get_flops.py``."""
     return _load_tool
+
+KEYS_DIR = Path(__file__).parent / 'converters' / 'official_keys'
+OFFICIAL_VARIANTS = ('tiny', 'small', 'medium', 'large', 'huge')
+# Scale of the landmark LayerNorm: landmarks ~0.3 per coordinate keep the Gaussian kernels K1 and A in (0.01, 1)
+# (a unit scale gives A ~ identity and K1 ~ 1e-3, where the Nystrom term hardly matters and a test sees little).
+LANDMARK_NORM_SCALE = 0.3
+
+
+def read_official_layout(variant: str) -> tuple[dict[str, tuple[int, ...]], int]:
+    """``({key: shape}, published parameter count)`` of the authors' ``soft_<variant>``."""
+    lines = (KEYS_DIR / f'soft_{variant}.txt').read_text().splitlines()
+    num_params = int(re.search(r'# (\d+) parameters', lines[1])[1])
+    shapes = {}
+    for line in lines[2:]:
+        key, shape = line.split('\t')
+        shapes[key] = tuple(int(s) for s in re.findall(r'\d+', shape))
+    return shapes, num_params
+
+
+def random_official_state_dict(variant: str, seed: int = 0, dtype: torch.dtype = torch.float32,
+                               ) -> dict[str, torch.Tensor]:
+    """Random tensors for every key of the authors' ``soft_<variant>``.
+
+    Linear/conv weights, biases, position embeddings and the cls token ~ N(0, 0.02); LayerNorm/BatchNorm scales
+    ~ 1 + N(0, 0.1) (landmark LayerNorm: ``LANDMARK_NORM_SCALE`` times that); BN running means ~ N(0, 0.1), running
+    variances ~ U(0.5, 1.5).
+    """
+    gen = torch.Generator().manual_seed(seed)
+    shapes, _ = read_official_layout(variant)
+
+    def normal(shape: tuple[int, ...], std: float, mean: float = 0.0) -> torch.Tensor:
+        return mean + std * torch.randn(shape, generator=gen, dtype=dtype)
+
+    state_dict = {}
+    for key, shape in shapes.items():
+        if key.endswith('num_batches_tracked'):
+            state_dict[key] = torch.tensor(1000)
+        elif key.endswith('running_var'):
+            state_dict[key] = 0.5 + torch.rand(shape, generator=gen, dtype=dtype)
+        elif key.endswith('running_mean'):
+            state_dict[key] = normal(shape, 0.1)
+        elif key.endswith('.weight') and len(shape) == 1:  # LayerNorm / BatchNorm scale
+            scale = LANDMARK_NORM_SCALE if 'Qnorm_act' in key else 1.0
+            state_dict[key] = scale * normal(shape, 0.1, mean=1.0)
+        else:
+            state_dict[key] = normal(shape, 0.02)
+    return state_dict
+
+
+@pytest.fixture(scope='session')
+def official_layout():
+    """:func:`read_official_layout` (test modules import no helpers from conftest: fixtures only)."""
+    return read_official_layout
+
+
+@pytest.fixture(scope='session')
+def make_official_state_dict():
+    """:func:`random_official_state_dict`."""
+    return random_official_state_dict
+
+
+@pytest.fixture(scope='session')
+def official_tiny() -> dict[str, torch.Tensor]:
+    return random_official_state_dict('tiny')
+
+
+@pytest.fixture(scope='session')
+def official_small() -> dict[str, torch.Tensor]:
+    """The authors' 'small' definition: depths 1,3,20,4 (38.9M), not the published 24M model."""
+    return random_official_state_dict('small')

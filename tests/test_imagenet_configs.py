@@ -112,7 +112,7 @@ def test_no_weight_decay_on_norms_biases_position_embeddings_and_cls_token():
 
 
 @pytest.mark.parametrize('name', ['soft_tiny', 'soft_norm_tiny'])
-def test_converted_authors_checkpoint_loads_strictly(name, tmp_path):
+def test_converted_authors_checkpoint_loads_strictly(name, tmp_path, official_tiny):
     """The authors' layout -> tools/convert_official_checkpoint.py -> strict load into the config's classifier, and
     the classifier's state dict is the file's (the same keys as the timm model: no wrapper prefix)."""
     from soft_mm.converters.official import (
@@ -122,7 +122,7 @@ def test_converted_authors_checkpoint_loads_strictly(name, tmp_path):
         save_converted_checkpoint,
     )
 
-    official = _official_state_dict('tiny')
+    official = official_tiny
     converted, arch, unmapped = convert_official_state_dict(official)
     assert (arch, unmapped) == ('tiny', [])
     path = tmp_path / f'{name}_in1k.pth'
@@ -134,13 +134,3 @@ def test_converted_authors_checkpoint_loads_strictly(name, tmp_path):
     assert set(reloaded) == set(state_dict)
     assert all(torch.equal(reloaded[k], v) for k, v in state_dict.items())
 
-
-def _official_state_dict(variant: str) -> dict[str, torch.Tensor]:
-    """Random tensors in the authors' layout, from tests/converters/conftest.py (imported by path)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location('soft_mm_tests_official_layout',
-                                                  Path(__file__).parent / 'converters' / 'conftest.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.random_official_state_dict(variant)

@@ -1,5 +1,4 @@
 """Tests of tools/benchmark_attention.py: its baselines compute what they claim, and a tiny run writes its outputs."""
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,16 +14,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'tools' / 'benchmark_attention.py'
 
 
-def _load_tool(name: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
-def tool():
-    return _load_tool('benchmark_attention')
+def tool(load_tool):
+    return load_tool('benchmark_attention')
 
 
 def test_plain_math_is_soft_attention(tool):

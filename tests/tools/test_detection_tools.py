@@ -5,7 +5,6 @@ write) their data under data/shapes.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import os
@@ -14,7 +13,6 @@ import re
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import cv2
 import numpy as np
@@ -53,14 +51,6 @@ def scalars(work_dir: Path) -> list[dict]:
     return lines
 
 
-def load_tool(name: str) -> ModuleType:
-    """Import tools/<name>.py in this process under a unique module name (tools/test.py would shadow stdlib ``test``)."""
-    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name}', ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
 def tiny_demo_dir(tmp_path_factory) -> Path:
     """A scratch folder holding data/shapes with 16 train and 8 val images (the demo configs read data/shapes)."""
@@ -94,7 +84,7 @@ def _fake_coco(folder):
         (folder / 'data/coco' / name).write_text('{}')
 
 
-def test_missing_annotation_and_checkpoint_stop_with_one_sentence(tmp_path, monkeypatch):
+def test_missing_annotation_and_checkpoint_stop_with_one_sentence(tmp_path, monkeypatch, load_tool):
     train_tool, test_tool = load_tool('train'), load_tool('test')
     monkeypatch.chdir(tmp_path)
     config = str(ROOT / 'configs/mask_rcnn_soft_small_coco.py')
@@ -113,7 +103,7 @@ def test_missing_annotation_and_checkpoint_stop_with_one_sentence(tmp_path, monk
         test_tool.main([config, 'epoch_12.pth'])
 
 
-def test_amp_and_cpu_adaptation_of_the_config(monkeypatch):
+def test_amp_and_cpu_adaptation_of_the_config(monkeypatch, load_tool):
     train_tool = load_tool('train')
     from soft_mm.utils import adapt_config_to_device
 
@@ -218,7 +208,7 @@ def test_retinanet_demo_main_job_and_inference(tmp_path):
     assert drawn.shape == original.shape and np.abs(drawn.astype(int) - original).sum() > 0
 
 
-def test_make_demo_data_writes_once(tmp_path):
+def test_make_demo_data_writes_once(tmp_path, load_tool):
     make_demo_data = load_tool('make_demo_data')
     root = tmp_path / 'shapes'
     make_demo_data.main(['--root', str(root), '--num-train', '3', '--num-val', '2', '--seed', '4'])

@@ -180,7 +180,7 @@ def test_infer_refuses_an_unknown_scope(tmp_path):
 
 
 @pytest.mark.slow
-def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path):
+def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, official_tiny):
     """2-process demo pretraining (dist_train.sh, gloo) on a small copy of the data -> its checkpoint initialises the
     demo RetinaNet and UperNet backbones with no missing key (only the classifier's own tensors left over), and they
     train; a converted authors'-layout checkpoint initialises the conv-landmark backbone the same way."""
@@ -209,7 +209,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path):
         assert load_report(output) == (set(), CLASSIFIER_ONLY), config
         assert re.search(r'loss: [\d.]+', output)
 
-    official = _official_state_dict('tiny')
+    official = official_tiny
     converted, arch, _ = convert_official_state_dict(official)
     authors = tmp_path / 'checkpoints/soft_norm_tiny_in1k.pth'
     save_converted_checkpoint(authors, converted, make_meta(arch, True))
@@ -227,13 +227,3 @@ def test_demo_pretraining_learns(tmp_path):
     assert top1 >= DEMO_MIN_TOP1, output[-3000:]
     assert (tmp_path / 'work_dirs/demo/epoch_16.pth').is_file()
 
-
-def _official_state_dict(variant: str) -> dict[str, torch.Tensor]:
-    """Random tensors in the authors' layout, from tests/converters/conftest.py (imported by path)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location('soft_mm_tests_official_layout',
-                                                  ROOT / 'tests' / 'converters' / 'conftest.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.random_official_state_dict(variant)

@@ -32,11 +32,6 @@ def _load_file(path: Path, name: str) -> ModuleType:
     return module
 
 
-def _load_tool(name: str) -> ModuleType:
-    """Import tools/<name>.py under a unique module name (tools/test.py would shadow the stdlib ``test``)."""
-    return _load_file(ROOT / 'tools' / f'{name}.py', f'soft_mm_tools_{name}')
-
-
 def kill_during_checkpoint_write(*args, **kwargs) -> Path:
     """The helper of tests/engine/test_hooks.py: SIGKILL a run while a checkpoint is being written."""
     hook_tests = _load_file(ROOT / 'tests' / 'engine' / 'test_hooks.py', 'soft_mm_tests_engine_hooks')
@@ -71,9 +66,9 @@ def _stops_with(tool: ModuleType, argv: list[str]) -> str:
     return message
 
 
-def test_bad_checkpoints_stop_with_one_sentence(demo_dir, demo_state_dict, monkeypatch):
+def test_bad_checkpoints_stop_with_one_sentence(demo_dir, demo_state_dict, monkeypatch, load_tool):
     monkeypatch.chdir(demo_dir)
-    train_tool, test_tool = _load_tool('train'), _load_tool('test')
+    train_tool, test_tool = load_tool('train'), load_tool('test')
     good = demo_dir / 'model.pth'
     torch.save({'meta': {}, 'state_dict': demo_state_dict}, good)
     data = good.read_bytes()
@@ -115,9 +110,9 @@ def test_bad_checkpoints_stop_with_one_sentence(demo_dir, demo_state_dict, monke
     assert message.startswith('truncated.pth is truncated')
 
 
-def test_missing_and_broken_configs(tmp_path, monkeypatch):
+def test_missing_and_broken_configs(tmp_path, monkeypatch, load_tool):
     monkeypatch.chdir(tmp_path)
-    train_tool, test_tool = _load_tool('train'), _load_tool('test')
+    train_tool, test_tool = load_tool('train'), load_tool('test')
     assert _stops_with(train_tool, ['configs/nothing.py']) == (
         'configs/nothing.py not found: pass the path of a config file (e.g. configs/retinanet_soft_tiny_demo.py).')
     assert _stops_with(test_tool, ['configs/nothing.py', 'x.pth']).startswith('configs/nothing.py not found')
@@ -128,7 +123,7 @@ def test_missing_and_broken_configs(tmp_path, monkeypatch):
         "no_import.py uses type='SOFT' but does not import soft_mm: add custom_imports = dict(imports=['soft_mm']")
 
 
-def test_nan_image_stops_a_demo_training_step(demo_dir, monkeypatch):
+def test_nan_image_stops_a_demo_training_step(demo_dir, monkeypatch, load_tool):
     from mmengine.hooks import Hook
     from mmengine.registry import HOOKS
 
@@ -143,7 +138,7 @@ def test_nan_image_stops_a_demo_training_step(demo_dir, monkeypatch):
     config = demo_dir / 'retinanet_nan_image.py'
     config.write_text(f"_base_ = ['{RETINANET_DEMO}']\n"
                       "custom_hooks = [dict(type='InvalidLossHook'), dict(type='NaNImageForTests')]\n")
-    message = _stops_with(_load_tool('train'), [
+    message = _stops_with(load_tool('train'), [
         str(config), '--work-dir', str(work_dir), '--cfg-options', 'train_cfg.max_epochs=1', *SHORT])
     assert message.startswith('training stopped at iteration 2 (epoch 1) because the loss is not finite (loss=nan')
     assert 'no checkpoint was saved before it: restart after lowering the learning rate' in message
