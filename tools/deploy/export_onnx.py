@@ -93,7 +93,7 @@ def build_classifier(name: str = 'soft_tiny', checkpoint: str | None = None, num
 
     if name not in timm.list_models('soft_*'):
         raise ValueError(f'--model {name!r} is not a SOFT timm model; allowed: {", ".join(timm.list_models("soft_*"))}')
-    kwargs = {} if num_classes is None else dict(num_classes=num_classes)
+    kwargs = {} if num_classes is None else {'num_classes': num_classes}
     model = timm.create_model(name, **kwargs)
     if checkpoint is not None:
         _load_weights(model, checkpoint, prefix='')
