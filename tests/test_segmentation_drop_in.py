@@ -5,8 +5,8 @@ import pytest
 import torch
 
 mmseg = pytest.importorskip('mmseg')
-from mmengine.config import Config  # noqa: E402
-from mmengine.runner import Runner  # noqa: E402
+from mmengine.config import Config
+from mmengine.runner import Runner
 
 ROOT = Path(__file__).resolve().parents[1]
 DROP_IN = ROOT / 'configs/drop_in/upernet_swin-t_soft_small_ade20k.py'
@@ -48,14 +48,14 @@ def test_snippet_model_trains_on_demo_data(tmp_path, monkeypatch):
     dataset = demo_data.train_dataloader.dataset
     dataset.generator.update(num_train=4, num_val=1)
     crop = (96, 96)
-    cfg.merge_from_dict(dict(
-        model=dict(backbone=dict(init_cfg=None), data_preprocessor=dict(size=crop),
-                   decode_head=dict(num_classes=4), auxiliary_head=dict(num_classes=4)),
-        train_dataloader=dict(batch_size=2, num_workers=0, persistent_workers=False, dataset=dataset),
-        train_cfg=dict(max_iters=2, val_interval=100), val_cfg=None, val_dataloader=None, val_evaluator=None,
-        test_cfg=None, test_dataloader=None, test_evaluator=None,
-        work_dir=str(tmp_path / 'work'), default_hooks=dict(logger=dict(interval=1),
-                                                           checkpoint=dict(interval=100))))
+    cfg.merge_from_dict({
+        'model': {'backbone': {'init_cfg': None}, 'data_preprocessor': {'size': crop},
+                   'decode_head': {'num_classes': 4}, 'auxiliary_head': {'num_classes': 4}},
+        'train_dataloader': {'batch_size': 2, 'num_workers': 0, 'persistent_workers': False, 'dataset': dataset},
+        'train_cfg': {'max_iters': 2, 'val_interval': 100}, 'val_cfg': None, 'val_dataloader': None, 'val_evaluator': None,
+        'test_cfg': None, 'test_dataloader': None, 'test_evaluator': None,
+        'work_dir': str(tmp_path / 'work'), 'default_hooks': {'logger': {'interval': 1},
+                                                           'checkpoint': {'interval': 100}}})
     cfg.model.data_preprocessor.size = crop
     cfg.data_preprocessor = cfg.model.data_preprocessor
     import soft_mm.datasets  # noqa: F401
