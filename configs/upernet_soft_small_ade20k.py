@@ -14,7 +14,9 @@ model = dict(
     backbone=dict(_delete_=True, type='SOFT', arch='small', soft_norm=True,
                   init_cfg=dict(type='Pretrained', checkpoint=pretrained)),
     decode_head=dict(in_channels=[64, 128, 320, 512], num_classes=150),
-    auxiliary_head=dict(in_channels=320, num_classes=150))
+    auxiliary_head=dict(in_channels=320, num_classes=150),
+    # sliding 512x512 windows with stride 341 over the 2048x512 test images, as mmseg's own ADE20K configs do
+    test_cfg=dict(mode='slide', crop_size=crop_size, stride=(341, 341)))
 
 optim_wrapper = dict(
     _delete_=True, type='OptimWrapper',

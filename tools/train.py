@@ -1,6 +1,6 @@
 """Train any mmengine config (mmdet, mmseg, soft_mm's own) on GPUs or CPUs, alone or distributed.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp] [--cfg-options k=v ...] [--debug]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp] [--tensorboard] [--cfg-options k=v ...] [--debug]
     bash tools/dist_train.sh CONFIG NUM_PROCS [same options]     # torchrun; gloo on CPU
 
 The registry scope comes from the config's ``default_scope``. Without a GPU the run uses the CPU (gloo for
@@ -18,6 +18,7 @@ from soft_mm.engine.cli import (
     base_parser,
     build_runner,
     check_checkpoint_files,
+    enable_tensorboard,
     load_config,
     one_sentence_errors,
     set_work_dir,
@@ -34,6 +35,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='resume from CKPT, or with no value from the latest checkpoint in the work dir')
     parser.add_argument('--amp', action='store_true', help='float16 mixed precision (GPU only)')
     parser.add_argument('--auto-scale-lr', action='store_true', help='scale the lr by the actual batch size')
+    parser.add_argument('--tensorboard', action='store_true',
+                        help='also log to TensorBoard (tensorboard --logdir WORK_DIR)')
     return parse_with(parser, argv)
 
 
@@ -42,6 +45,8 @@ def build_config(args: argparse.Namespace) -> Config:
     set_work_dir(cfg, args.config, args.work_dir)
     if args.amp:
         enable_amp(cfg)
+    if args.tensorboard:
+        enable_tensorboard(cfg)
     if args.auto_scale_lr:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError(f'{args.config} has no auto_scale_lr.base_batch_size: --auto-scale-lr needs it')

@@ -117,6 +117,20 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
     return cfg
 
 
+TENSORBOARD_BACKEND = 'TensorboardVisBackend'
+
+
+def enable_tensorboard(cfg: Config) -> None:
+    """Add mmengine's ``TensorboardVisBackend`` to the config's visualizer (next to its other backends, so
+    ``vis_data/scalars.json`` is still written); events go to ``<work_dir>/<timestamp>/vis_data``."""
+    if 'visualizer' not in cfg:
+        raise ConfigError('the config has no visualizer: --tensorboard adds a backend to it')
+    backends = list(cfg.visualizer.get('vis_backends') or [])
+    if not any(str(backend.get('type', '')).split('.')[-1] == TENSORBOARD_BACKEND for backend in backends):
+        backends.append({'type': TENSORBOARD_BACKEND})
+    cfg.visualizer.vis_backends = backends
+
+
 def default_work_dir(config_path: str) -> str:
     """``work_dirs/<config file name without .py>``."""
     return osp.join('work_dirs', osp.splitext(osp.basename(config_path))[0])

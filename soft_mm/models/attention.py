@@ -9,13 +9,15 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import soft_attention
+from ..ops.pooling import adaptive_avg_pool2d_matmul, in_graph_capture
 from .settings import AttentionSettings, attention_settings, is_int
 
 
 def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     if x.ndim != 3:
         raise ValueError(f'x must be (B, N, C), got shape {tuple(x.shape)}')
-    h, w = (int(s) for s in hw_shape)
+    # sizes stay symbolic under torch.export / torch.compile (int() would freeze them at the traced size)
+    h, w = (s if isinstance(s, torch.SymInt) else int(s) for s in hw_shape)
     if h * w != x.shape[1]:
         raise ValueError(f'hw_shape={tuple(hw_shape)} does not match the {x.shape[1]} tokens of x')
     return h, w
@@ -86,20 +88,27 @@ class SoftAttention(nn.Module):
 
     def landmark_shape(self, hw_shape: tuple[int, int]) -> tuple[int, int]:
         """Grid of landmarks used for an ``hw_shape`` map (m = product)."""
+        # sym_min: a plain min() of symbolic sizes would freeze the branch taken at a traced size; the ceiling
+        # division keeps its operands non-negative (ONNX's integer Div truncates, so -(-s // r) would become a floor)
         if self.landmark_mode == 'avg':
-            return tuple(min(self.landmark_grid, s) for s in hw_shape)
-        return tuple(min(self.landmark_grid, -(-s // self.landmark_stride)) for s in hw_shape)
+            return tuple(torch.sym_min(self.landmark_grid, s) for s in hw_shape)
+        stride = self.landmark_stride
+        return tuple(torch.sym_min(self.landmark_grid, (s + stride - 1) // stride) for s in hw_shape)
 
     def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
         b, h, _, d = q.shape
         q_map = q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2)
         grid = self.landmark_shape(hw_shape)
+        # while a graph is recorded (ONNX / torch.export / torch.compile) the pooling is two matmuls that keep the
+        # input size symbolic and run even where they are a no-op (at 224x224), so no size is frozen into the graph
+        traced = in_graph_capture()
+        pool = adaptive_avg_pool2d_matmul if traced else F.adaptive_avg_pool2d
         if self.landmark_mode == 'avg':
-            return F.adaptive_avg_pool2d(q_map, grid).flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+            return pool(q_map, grid).flatten(2).transpose(1, 2).reshape(b, h, -1, d)
         pooled_size = tuple(g * self.landmark_stride for g in grid)
-        if pooled_size != tuple(hw_shape):
-            q_map = F.adaptive_avg_pool2d(q_map, pooled_size)
+        if traced or pooled_size != tuple(hw_shape):
+            q_map = pool(q_map, pooled_size)
         landmarks = self.landmark_conv(q_map).flatten(2).transpose(1, 2)
         landmarks = F.gelu(self.landmark_norm(landmarks))
         return landmarks.reshape(b, h, -1, d)

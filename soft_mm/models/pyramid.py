@@ -19,6 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from ..ops.pooling import in_graph_capture
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU
@@ -63,8 +64,12 @@ class SoftStage(nn.Module):
         self.with_cp = with_cp
 
     def resized_pos_embed(self, hw_shape: tuple[int, int]) -> torch.Tensor:
-        """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape``."""
-        if tuple(hw_shape) == (self.pos_grid, self.pos_grid):
+        """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape``.
+
+        The resize is skipped at the 224-input size, except while a graph is recorded (ONNX / torch.export /
+        torch.compile): there it always runs (an exact identity at that size), so the graph keeps H and W symbolic.
+        """
+        if not in_graph_capture() and tuple(hw_shape) == (self.pos_grid, self.pos_grid):
             return self.pos_embed
         grid = self.pos_embed.reshape(1, self.pos_grid, self.pos_grid, -1).permute(0, 3, 1, 2)
         grid = F.interpolate(grid, size=tuple(hw_shape), mode='bilinear', align_corners=False)

@@ -1,0 +1,38 @@
+"""Adaptive average pooling written as two matmuls, for graphs whose input size stays symbolic (ONNX, torch.export).
+
+``F.adaptive_avg_pool2d`` has no ONNX operator for a general output size, and its decomposition branches on the input
+size (divisible or not), which freezes a traced graph at the trace resolution. Here the pooling bins are built from
+``arange`` over the symbolic sizes, so one exported graph pools any input size.
+"""
+import torch
+from torch import Tensor
+
+__all__ = ['adaptive_avg_pool2d_matmul', 'in_graph_capture']
+
+
+def in_graph_capture() -> bool:
+    """True while ``torch.compile``, ``torch.export`` (so ``torch.onnx.export``) or ``torch.jit.trace`` records a graph:
+    shape-dependent Python branches must then be avoided, because they would be frozen at the traced sizes."""
+    return torch.jit.is_tracing() or torch.compiler.is_compiling()
+
+
+def _pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
+    """``(out_size, in_size)`` averaging matrix of adaptive pooling: row i averages inputs
+    ``floor(i * in / out) .. ceil((i + 1) * in / out) - 1`` (PyTorch's bins)."""
+    rows = torch.arange(out_size, device=like.device)
+    start = (rows * in_size).div(out_size, rounding_mode='floor')
+    end = ((rows + 1) * in_size + out_size - 1).div(out_size, rounding_mode='floor')
+    cols = torch.arange(in_size, device=like.device)
+    inside = (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
+    return inside.to(like.dtype) / (end - start).to(like.dtype)[:, None]
+
+
+def adaptive_avg_pool2d_matmul(x: Tensor, output_size: tuple[int, int]) -> Tensor:
+    """``x (B, C, H, W) -> (B, C, out_h, out_w)``, equal to ``F.adaptive_avg_pool2d(x, output_size)`` up to rounding.
+
+    Costs ``O(B C (out_h H W + out_h out_w W))``; the sizes may be symbolic (``SymInt``) under tracing.
+    """
+    out_h, out_w = output_size
+    rows = _pool_matrix(x.shape[-2], out_h, x)  # (out_h, H)
+    cols = _pool_matrix(x.shape[-1], out_w, x)  # (out_w, W)
+    return rows @ x @ cols.transpose(0, 1)

@@ -1,0 +1,97 @@
+"""The upstream inferencers run SOFT models from soft_mm's demo configs: mmdet's ``DetInferencer`` and mmseg's
+``MMSegInferencer`` build the model through ``custom_imports``, load a checkpoint in mmengine's format and write
+pictures."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import mmcv
+import numpy as np
+import pytest
+import torch
+from mmengine.config import Config
+from mmengine.registry import init_default_scope
+
+ROOT = Path(__file__).resolve().parents[1]
+SEG_CONFIG = ROOT / 'configs/upernet_soft_tiny_demo.py'
+DET_CONFIG = ROOT / 'configs/retinanet_soft_tiny_demo.py'
+OPACITY = 0.8  # MMSegInferencer's default overlay opacity
+
+
+def _save_random_checkpoint(config: Path, scope: str, dataset_meta: dict, path: Path) -> Path:
+    """A randomly initialised model of ``config`` saved as mmengine's runner saves one (``meta.dataset_meta``)."""
+    cfg = Config.fromfile(str(config))
+    init_default_scope(scope)
+    from mmengine.registry import MODELS
+
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model)
+    model.init_weights()
+    torch.save({'meta': {'dataset_meta': dataset_meta}, 'state_dict': model.state_dict()}, path)
+    return path
+
+
+@pytest.fixture(scope='module')
+def shapes(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from soft_mm.datasets.synthetic_shapes import write_shapes_dataset
+
+    root = tmp_path_factory.mktemp('shapes')
+    write_shapes_dataset(root, num_train=1, num_val=2)
+    return root
+
+
+def test_mmseg_inferencer_overlays_the_prediction(shapes: Path, tmp_path: Path) -> None:
+    pytest.importorskip('mmseg')
+    from mmseg.apis import MMSegInferencer
+
+    from soft_mm.datasets.shapes_seg_dataset import SyntheticShapesSegDataset
+
+    meta = SyntheticShapesSegDataset.METAINFO
+    weights = _save_random_checkpoint(SEG_CONFIG, 'mmseg', meta, tmp_path / 'seg.pth')
+    image_path = min((shapes / 'val').glob('*.png'))
+    inferencer = MMSegInferencer(model=str(SEG_CONFIG), weights=str(weights), device='cpu')
+    assert type(inferencer.model.backbone).__name__ == 'SOFT'
+    result = inferencer(str(image_path), out_dir=str(tmp_path / 'out'), return_datasamples=True)
+    prediction = result.pred_sem_seg.data[0].numpy()
+    picture_path = tmp_path / 'out/vis' / image_path.name
+    image = mmcv.imread(str(image_path), channel_order='rgb').astype(np.float64)
+    picture = mmcv.imread(str(picture_path), channel_order='rgb').astype(np.float64)
+    assert picture.shape == image.shape and prediction.shape == image.shape[:2]
+    # every pixel is the input blended with the palette colour of its predicted class (class-name labels aside)
+    palette = np.array(meta['palette'], dtype=np.float64)
+    expected = (1 - OPACITY) * image + OPACITY * palette[prediction]
+    matches = (np.abs(picture - expected) <= 2).all(-1)
+    assert matches.mean() > 0.9
+    # so the picture differs from the input where the prediction is a shape class (a non-black palette colour)
+    shape_pixels = prediction > 0
+    if shape_pixels.any():
+        assert (np.abs(picture - image)[shape_pixels & matches].max(-1) > 10).mean() > 0.9
+
+
+def test_det_inferencer_draws_detections(shapes: Path, tmp_path: Path) -> None:
+    pytest.importorskip('mmdet')
+    from mmdet.apis import DetInferencer
+
+    from soft_mm.datasets.shapes_dataset import SyntheticShapesDataset
+
+    meta = SyntheticShapesDataset.METAINFO
+    weights = _save_random_checkpoint(DET_CONFIG, 'mmdet', meta, tmp_path / 'det.pth')
+    image_path = min((shapes / 'val').glob('*.png'))
+    # an untrained model scores every box near the focal-loss prior (0.01): keep and draw all of them
+    cfg = Config.fromfile(str(DET_CONFIG))
+    cfg.model.test_cfg.score_thr = 0.0
+    inferencer = DetInferencer(model=cfg, weights=str(weights), device='cpu')
+    assert type(inferencer.model.backbone).__name__ == 'SOFT'
+    result = inferencer(str(image_path), out_dir=str(tmp_path / 'out'), pred_score_thr=0.0, no_save_pred=False)
+    prediction = result['predictions'][0]
+    assert len(prediction['bboxes']) > 0 and set(prediction['labels']) <= {0, 1, 2}
+    picture = mmcv.imread(str(tmp_path / 'out/vis' / image_path.name), channel_order='rgb').astype(np.int64)
+    image = mmcv.imread(str(image_path), channel_order='rgb').astype(np.int64)
+    assert picture.shape == image.shape
+    # the best box is drawn: its outline differs from the input
+    best = int(np.argmax(prediction['scores']))
+    x1, y1, x2, y2 = (round(float(v)) for v in np.clip(prediction['bboxes'][best], 0, image.shape[1] - 1))
+    outline = np.concatenate([picture[y1, x1:x2 + 1] - image[y1, x1:x2 + 1],
+                              picture[y1:y2 + 1, x1] - image[y1:y2 + 1, x1]])
+    assert (np.abs(outline).max(-1) > 0).mean() > 0.5
+    assert (tmp_path / 'out/preds' / f'{image_path.stem}.json').is_file()

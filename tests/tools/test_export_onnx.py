@@ -1,0 +1,90 @@
+"""tools/deploy/export_onnx.py: one ONNX graph with symbolic batch, height and width reproduces PyTorch at sizes other
+than the export size (pitfall 12: shape branches frozen at the export size)."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import torch
+
+from soft_mm.models import SOFT, SoftVisionTransformer
+
+onnx = pytest.importorskip('onnx')
+pytest.importorskip('onnxruntime')
+pytest.importorskip('onnxscript')
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# a small pyramid with every feature of the published ones (SOFT-Norm stages 1-3, softmax stage 4, conv landmarks)
+SMALL_ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
+EXPORT_SIZE = (224, 224)
+# odd sides on both sides of the export size; 193 is the smallest side with a full landmark grid (ceil(49 / 8) = 7)
+CHECK_SIZES = [(257, 193), (320, 448)]
+# float32 outputs of magnitude ~5: onnxruntime and PyTorch sum in a different order
+ATOL = 1e-4
+
+
+def _load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name.replace("/", "_")}',
+                                                  REPO_ROOT / 'tools' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope='module')
+def tool() -> ModuleType:
+    return _load_tool('deploy/export_onnx')
+
+
+def _symbolic_input_dims(path: Path) -> list[str | int]:
+    model = onnx.load(str(path))
+    return [d.dim_param or d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
+
+
+def test_min_side(tool: ModuleType) -> None:
+    # conv landmarks (stride 8 at stage 1): (7 - 1) * 4 * 8 + 1; avg landmarks: stage 3 needs 7 tokens at stride 16
+    assert tool.min_side(SOFT('tiny')) == 193
+    assert tool.min_side(SOFT('tiny', landmark_mode='avg')) == 97
+    assert tool.min_side(SOFT('tiny', landmark_grid=4)) == 97
+
+
+def test_export_rejects_size_outside_the_graph_range(tool: ModuleType, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match='193..8192'):
+        tool.export(SOFT(SMALL_ARCH).eval(), tmp_path / 'x.onnx', size=(160, 224))
+
+
+def test_backbone_onnx_matches_torch_at_other_sizes(tool: ModuleType, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = SOFT(SMALL_ARCH, soft_norm=True).eval()
+    path = tool.export(model, tmp_path / 'backbone.onnx', size=EXPORT_SIZE)
+    assert [isinstance(d, str) for d in _symbolic_input_dims(path)] == [True, False, True, True]
+    results = tool.check(model, path, CHECK_SIZES, batch=2)
+    for (height, width), errors in results:
+        assert len(errors) == 4
+        assert max(errors) < ATOL, (height, width, errors)
+
+
+def test_classifier_onnx_matches_torch_at_other_sizes(tool: ModuleType, tmp_path: Path) -> None:
+    torch.manual_seed(0)
+    model = SoftVisionTransformer(SMALL_ARCH, soft_norm=True, num_classes=7).eval()
+    path = tool.export(model, tmp_path / 'classifier.onnx', size=EXPORT_SIZE)
+    results = tool.check(model, path, CHECK_SIZES, batch=2)
+    for (height, width), errors in results:
+        assert errors[0] < ATOL, (height, width, errors)
+
+
+@pytest.mark.slow  # a full SOFT-Tiny export: about 100 s on 2 busy cores
+def test_cli_exports_and_checks(tool: ModuleType, tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    out = tmp_path / 'cli.onnx'
+    status = tool.main(['classifier', '--model', 'soft_tiny', '--num-classes', '5', '--out', str(out),
+                        '--check', '257x193'])
+    printed = capsys.readouterr().out
+    assert status == 0 and out.is_file()
+    assert '257x193: max |onnxruntime - torch|' in printed
+
+
+def test_cli_rejects_unknown_classifier(tool: ModuleType) -> None:
+    with pytest.raises(ValueError, match="'resnet50' is not a SOFT timm model"):
+        tool.build_classifier('resnet50')

@@ -1,0 +1,46 @@
+"""openmim runs mmdet's and mmseg's own train/test scripts on soft_mm's demo configs (soft_mm via custom_imports)."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+MIM = shutil.which('mim')
+pytestmark = pytest.mark.skipif(MIM is None, reason='openmim not installed (SOFT_MM_WITH_MIM=1 bash tools/install.sh)')
+SMALL_DATA = [f'{loader}.{key}' for loader in ('train_dataloader', 'val_dataloader', 'test_dataloader')
+              for key in ('dataset.generator.num_train=16', 'dataset.generator.num_val=4', 'num_workers=0',
+                          'persistent_workers=False')]
+
+
+def _mim(args: list[str], cwd: Path) -> str:
+    env = dict(os.environ, PYTHONPATH=f'{ROOT}{os.pathsep}{os.environ.get("PYTHONPATH", "")}')
+    done = subprocess.run([MIM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    return output
+
+
+@pytest.mark.slow  # three short runs of mmdet's own scripts: about 2-3 minutes on 2 busy cores
+def test_mim_train_resume_and_test_mmdet(tmp_path: Path) -> None:
+    config = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
+    _mim(['train', 'mmdet', config, '--work-dir', 'work', '--cfg-options', 'train_cfg.max_epochs=1', *SMALL_DATA],
+         tmp_path)
+    assert (tmp_path / 'work/epoch_1.pth').is_file()
+    resumed = _mim(['train', 'mmdet', config, '--work-dir', 'work', '--resume', '--cfg-options',
+                    'train_cfg.max_epochs=2', *SMALL_DATA], tmp_path)
+    assert 'resumed from the latest checkpoint' in resumed and (tmp_path / 'work/epoch_2.pth').is_file()
+    tested = _mim(['test', 'mmdet', config, '--checkpoint', 'work/epoch_2.pth', '--cfg-options', *SMALL_DATA],
+                  tmp_path)
+    assert 'Epoch(test)' in tested
+
+
+@pytest.mark.slow
+def test_mim_train_mmseg(tmp_path: Path) -> None:
+    config = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
+    _mim(['train', 'mmseg', config, '--work-dir', 'work', '--cfg-options', 'train_cfg.max_iters=4',
+          'train_cfg.val_interval=4', 'default_hooks.checkpoint.interval=4', *SMALL_DATA], tmp_path)
+    assert (tmp_path / 'work/iter_4.pth').is_file()

@@ -1,0 +1,37 @@
+"""``tools/train.py --tensorboard`` adds mmengine's TensorboardVisBackend, which writes event files."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+pytest.importorskip('tensorboard')
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _load_tool(name: str) -> ModuleType:
+    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name}', ROOT / 'tools' / f'{name}.py')
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_flag_adds_the_backend_once_and_it_writes_events(tmp_path: Path) -> None:
+    from mmengine.registry import VISBACKENDS
+
+    train = _load_tool('train')
+    config = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
+    cfg = train.build_config(train.parse_args([config, '--tensorboard', '--work-dir', str(tmp_path)]))
+    types = [backend['type'] for backend in cfg.visualizer.vis_backends]
+    assert types == ['LocalVisBackend', 'TensorboardVisBackend']
+    again = train.build_config(train.parse_args([config, '--tensorboard', '--cfg-options',
+                                                 'visualizer.vis_backends.0.type=TensorboardVisBackend']))
+    assert [backend['type'] for backend in again.visualizer.vis_backends] == ['TensorboardVisBackend']
+    plain = train.build_config(train.parse_args([config]))
+    assert [backend['type'] for backend in plain.visualizer.vis_backends] == ['LocalVisBackend']
+    backend = VISBACKENDS.build({'type': 'TensorboardVisBackend', 'save_dir': str(tmp_path / 'vis')})
+    backend.add_scalar('loss', 0.5, step=1)
+    backend.close()
+    assert list((tmp_path / 'vis').rglob('events.out.tfevents.*'))

@@ -1,0 +1,121 @@
+"""Speed of the SOFT backbone under ``torch.compile`` next to eager, and the largest difference of their outputs.
+
+    python tools/benchmark_compile.py                                  # SOFT-Tiny, 1x3x224x224 and 1x3x512x512, CPU
+    python tools/benchmark_compile.py --arch small --sizes 800x1333 --dynamic --repeats 5
+
+Prints one row per input size: eager time, compiled time (median of ``--repeats`` after warm-up), their ratio, the
+one-off compile time and ``max |compiled - eager|`` over the four outputs. ``--backend inductor`` (the default) needs a
+C++ compiler on CPU; when it cannot compile, the tool says so and falls back to ``aot_eager`` (same graph capture,
+no code generation), so the outputs are still compared. Timings are noisy on a shared machine: compare ratios of one
+run.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import nn
+
+from soft_mm.models import SOFT
+
+FALLBACK_BACKEND = 'aot_eager'
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def compile_backbone(model: nn.Module, sample: torch.Tensor, backend: str = 'inductor', dynamic: bool | None = None,
+                     ) -> tuple[Callable[[torch.Tensor], tuple[torch.Tensor, ...]], str, float]:
+    """``torch.compile(model)`` run once on ``sample``; falls back to :data:`FALLBACK_BACKEND` if ``backend`` fails.
+
+    Returns the compiled callable, the backend used and the seconds the first (compiling) call took.
+    """
+    for name in dict.fromkeys([backend, FALLBACK_BACKEND]):
+        torch._dynamo.reset()
+        start = time.perf_counter()
+        try:
+            compiled = torch.compile(model, backend=name, dynamic=dynamic)
+            with torch.no_grad():
+                compiled(sample)
+        except Exception as error:  # any backend failure: report it and fall back
+            if name == FALLBACK_BACKEND:
+                raise
+            print(f'torch.compile backend {name!r} failed ({type(error).__name__}: '
+                  f'{str(error).strip().splitlines()[0][:200]}); falling back to {FALLBACK_BACKEND!r}')
+            continue
+        return compiled, name, time.perf_counter() - start
+    raise AssertionError('unreachable')
+
+
+def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = 'inductor', repeats: int = 3,
+            batch: int = 1, dynamic: bool | None = None, seed: int = 0) -> list[dict]:
+    """One row per ``(height, width)``: eager and compiled seconds, compile seconds, max abs output difference."""
+    generator = torch.Generator().manual_seed(seed)
+    rows = []
+    compiled, used = None, backend
+    for height, width in sizes:
+        x = torch.randn(batch, model.in_channels, height, width, generator=generator)
+        if compiled is None or not dynamic:
+            compiled, used, compile_s = compile_backbone(model, x, backend, dynamic)
+        else:
+            start = time.perf_counter()
+            with torch.no_grad():
+                compiled(x)
+            compile_s = time.perf_counter() - start
+        with torch.no_grad():
+            eager_out = model(x)
+            compiled_out = compiled(x)
+            eager_s = _median_time(lambda x=x: model(x), repeats)
+            compiled_s = _median_time(lambda x=x, fn=compiled: fn(x), repeats)
+        diff = max(float((a - b).abs().max()) for a, b in zip(eager_out, compiled_out))
+        rows.append({'size': (height, width), 'backend': used, 'eager_s': eager_s, 'compiled_s': compiled_s,
+                     'compile_s': compile_s, 'max_abs_diff': diff})
+    return rows
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not HEIGHTxWIDTH (e.g. 512x512)') from None
+    return height, width
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--arch', default='tiny', help='backbone arch (tiny, small, medium, large, huge)')
+    parser.add_argument('--soft-norm', action='store_true', help='SOFT-Norm backbone')
+    parser.add_argument('--sizes', type=_size, nargs='+', default=[(224, 224), (512, 512)], help='input sizes HxW')
+    parser.add_argument('--batch', type=int, default=1)
+    parser.add_argument('--backend', default='inductor', help='torch.compile backend (inductor, aot_eager, eager)')
+    parser.add_argument('--dynamic', action='store_true', help='one dynamic-shape graph for all sizes')
+    parser.add_argument('--repeats', type=int, default=3)
+    parser.add_argument('--threads', type=int, help='torch.set_num_threads')
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(0)
+    model = SOFT(args.arch, soft_norm=args.soft_norm).eval()
+    rows = compare(model, args.sizes, args.backend, args.repeats, args.batch, args.dynamic or None)
+    print(f'SOFT-{args.arch}{" (SOFT-Norm)" if args.soft_norm else ""}, batch {args.batch}, '
+          f'{torch.get_num_threads()} threads')
+    print(f'{"size":>11} {"backend":>10} {"eager ms":>9} {"compiled ms":>12} {"speed-up":>9} {"compile s":>10} '
+          f'{"max |diff|":>11}')
+    for row in rows:
+        size = 'x'.join(map(str, row['size']))
+        print(f'{size:>11} {row["backend"]:>10} {row["eager_s"] * 1e3:9.1f} {row["compiled_s"] * 1e3:12.1f} '
+              f'{row["eager_s"] / row["compiled_s"]:8.2f}x {row["compile_s"]:10.1f} {row["max_abs_diff"]:11.2e}')
+    return rows
+
+
+if __name__ == '__main__':
+    main()

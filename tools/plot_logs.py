@@ -1,0 +1,108 @@
+"""Draw the loss and the validation metric (mAP / mIoU) curves of an mmengine run as one PNG.
+
+    python tools/plot_logs.py work_dirs/retinanet_soft_tiny_demo                  # newest run under the work dir
+    python tools/plot_logs.py work_dirs/upernet_soft_tiny_demo/20261130_141500/vis_data/scalars.json --out miou.png
+
+mmengine's ``LocalVisBackend`` writes one JSON object per line to ``<work_dir>/<timestamp>/vis_data/scalars.json``:
+training lines carry ``loss`` (and ``loss_*`` parts) with ``iter`` / ``step``, validation lines the metrics
+(``coco/bbox_mAP``, ``mIoU``, ...) with ``step`` = the epoch or iteration of that evaluation. The left panel draws every
+``loss*`` key against the iteration, the right one every metric (``--metrics`` picks them; default: keys containing
+``mAP`` or ``IoU``).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from collections import defaultdict
+from pathlib import Path
+
+DEFAULT_METRIC_MARKERS = ('mAP', 'IoU')
+
+
+def find_scalars(path: str | Path) -> Path:
+    """``path`` itself if it is a file, else the newest ``*/vis_data/scalars.json`` under the work dir ``path``."""
+    path = Path(path)
+    if path.is_file():
+        return path
+    found = sorted(path.glob('*/vis_data/scalars.json')) + sorted(path.glob('vis_data/scalars.json'))
+    if not found:
+        raise FileNotFoundError(f'{path} holds no */vis_data/scalars.json: pass a work dir of a finished or running '
+                                'training, or the scalars.json file itself')
+    return found[-1]
+
+
+def read_scalars(path: str | Path) -> tuple[dict[str, list[tuple[float, float]]], dict[str, list[tuple[float, float]]]]:
+    """``(losses, metrics)``: for each key the ``(step, value)`` points of the training and the validation lines."""
+    losses: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    metrics: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for number, line in enumerate(Path(path).read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as error:
+            raise ValueError(f'{path} line {number} is not JSON ({error.msg}): is it an mmengine scalars.json?') from None
+        is_train = any(key.startswith('loss') for key in record)
+        step = record.get('iter', record.get('step')) if is_train else record.get('step')
+        if step is None:
+            continue
+        for key, value in record.items():
+            if not isinstance(value, (int, float)) or key in ('iter', 'step', 'epoch'):
+                continue
+            if is_train and key.startswith('loss'):
+                losses[key].append((float(step), float(value)))
+            elif not is_train:
+                metrics[key].append((float(step), float(value)))
+    return dict(losses), dict(metrics)
+
+
+def plot(path: str | Path, out: str | Path, metric_keys: list[str] | None = None) -> tuple[list[str], list[str]]:
+    """Write the PNG; returns the loss keys and the metric keys drawn."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    losses, metrics = read_scalars(path)
+    if not losses:
+        raise ValueError(f'{path} has no loss values: no training iteration was logged yet')
+    if metric_keys is None:
+        metric_keys = sorted(k for k in metrics if any(marker in k for marker in DEFAULT_METRIC_MARKERS))
+    missing = [k for k in metric_keys if k not in metrics]
+    if missing:
+        raise ValueError(f'--metrics {missing} not in {path}; logged metrics: {", ".join(sorted(metrics)) or "none"}')
+    fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    for key in sorted(losses):
+        steps, values = zip(*losses[key])
+        loss_ax.plot(steps, values, label=key, linewidth=1.5 if key == 'loss' else 0.8)
+    loss_ax.set(xlabel='iteration', ylabel='loss', title='training loss')
+    loss_ax.legend(fontsize=8)
+    for key in metric_keys:
+        steps, values = zip(*metrics[key])
+        metric_ax.plot(steps, values, marker='o', label=key)
+    metric_ax.set(xlabel='evaluation step (epoch or iteration)', title='validation')
+    if metric_keys:
+        metric_ax.legend(fontsize=8)
+    else:
+        metric_ax.text(0.5, 0.5, 'no mAP / IoU logged', ha='center', va='center', transform=metric_ax.transAxes)
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return sorted(losses), metric_keys
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('run', help='a work dir (newest run) or a vis_data/scalars.json file')
+    parser.add_argument('--out', help='PNG path (default: curves.png next to scalars.json)')
+    parser.add_argument('--metrics', nargs='+', help='validation keys to draw (default: those with mAP or IoU)')
+    args = parser.parse_args(argv)
+    scalars = find_scalars(args.run)
+    out = args.out or scalars.parent / 'curves.png'
+    loss_keys, metric_keys = plot(scalars, out, args.metrics)
+    print(f'wrote {out}: {", ".join(loss_keys)} | {", ".join(metric_keys) or "no metric"}')
+
+
+if __name__ == '__main__':
+    main()

@@ -1,0 +1,127 @@
+"""Full-resolution segmentation on CPU with a SOFT UperNet: time and peak memory of slide and whole-image inference.
+
+    python tools/seg_full_res.py                                   # configs/upernet_soft_small_ade20k.py, random weights
+    python tools/seg_full_res.py --mode slide --size 512x2048      # one mode, one size (HEIGHTxWIDTH)
+    python tools/seg_full_res.py --checkpoint work_dirs/.../iter_160000.pth
+
+Runs ``model.inference`` (mmseg's ``EncoderDecoder``) on one random image per row: ``slide`` uses the config's
+``test_cfg`` (512x512 windows, stride 341 for the ADE20K configs), ``whole`` the full image in one pass. Each row runs
+in a fresh process, so "peak MiB" is that process's peak resident memory (``ru_maxrss``) above the memory it held
+after building the model: what the inference itself needed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+DEFAULT_CONFIG = 'configs/upernet_soft_small_ade20k.py'
+DEFAULT_ROWS = (('slide', (512, 2048)), ('whole', (1024, 2048)))
+MODES = ('slide', 'whole')
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def run_one(config: str, mode: str, size: tuple[int, int], checkpoint: str | None = None,
+            crop: int | None = None, stride: int | None = None, return_logits: bool = False) -> dict:
+    """Build the segmenter of ``config`` and run one ``size`` image through ``model.inference`` in ``mode``.
+
+    Returns mode, size, test_cfg, ``logits_shape`` (1, classes, H, W), seconds, ``peak_mib`` and ``finite``; with
+    ``return_logits`` also the logits tensor.
+    """
+    import torch
+    from mmengine.registry import init_default_scope
+
+    import soft_mm  # noqa: F401
+    from soft_mm.engine.cli import load_config
+
+    if mode not in MODES:
+        raise ValueError(f'mode must be one of {MODES}, got {mode!r}')
+    cfg = load_config(config)
+    init_default_scope(cfg.get('default_scope', 'mmseg'))
+    from mmseg.registry import MODELS
+
+    cfg.model.backbone.init_cfg = None
+    test_cfg = {'mode': mode}
+    if mode == 'slide':
+        crop_size = (crop, crop) if crop else tuple(cfg.model.test_cfg.get('crop_size', (512, 512)))
+        stride_hw = (stride, stride) if stride else tuple(cfg.model.test_cfg.get('stride', (341, 341)))
+        test_cfg.update(crop_size=crop_size, stride=stride_hw)
+    cfg.model.test_cfg = test_cfg
+    cfg.model.data_preprocessor.size = None
+    torch.manual_seed(0)
+    model = MODELS.build(cfg.model).eval()
+    if checkpoint:
+        from mmengine.runner import load_checkpoint
+        load_checkpoint(model, checkpoint, map_location='cpu')
+    height, width = size
+    image = torch.randn(1, 3, height, width)
+    meta = [{'img_shape': (height, width), 'ori_shape': (height, width), 'pad_shape': (height, width),
+             'padding_size': [0, 0, 0, 0]}]
+    base = _rss_mib()
+    start = time.perf_counter()
+    with torch.no_grad():
+        logits = model.inference(image, meta)
+    seconds = time.perf_counter() - start
+    row = {'mode': mode, 'size': [height, width],
+           'test_cfg': {k: list(v) if isinstance(v, tuple) else v for k, v in test_cfg.items()},
+           'logits_shape': list(logits.shape), 'seconds': seconds, 'peak_mib': _rss_mib() - base,
+           'finite': bool(torch.isfinite(logits).all())}
+    if return_logits:
+        row['logits'] = logits
+    return row
+
+
+def _size(text: str) -> tuple[int, int]:
+    try:
+        height, width = (int(v) for v in text.lower().split('x'))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f'{text!r} is not HEIGHTxWIDTH (e.g. 512x2048)') from None
+    return height, width
+
+
+def main(argv: list[str] | None = None) -> list[dict]:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--config', default=DEFAULT_CONFIG)
+    parser.add_argument('--checkpoint')
+    parser.add_argument('--mode', choices=MODES, help='one mode (default: slide 512x2048 and whole 1024x2048)')
+    parser.add_argument('--size', type=_size, help='HEIGHTxWIDTH of the one row (with --mode)')
+    parser.add_argument('--crop', type=int, help='slide window side (default: the config test_cfg.crop_size)')
+    parser.add_argument('--stride', type=int, help='slide stride (default: the config test_cfg.stride)')
+    parser.add_argument('--threads', type=int, help='torch.set_num_threads in each run')
+    parser.add_argument('--in-process', action='store_true', help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.in_process:
+        if args.threads:
+            import torch
+            torch.set_num_threads(args.threads)
+        print(json.dumps(run_one(args.config, args.mode, args.size, args.checkpoint, args.crop, args.stride)))
+        return []
+    rows_to_run = [(args.mode, args.size or dict(DEFAULT_ROWS)[args.mode])] if args.mode else list(DEFAULT_ROWS)
+    rows = []
+    for mode, (height, width) in rows_to_run:
+        command = [sys.executable, __file__, '--in-process', '--config', args.config, '--mode', mode,
+                   '--size', f'{height}x{width}']
+        for flag in ('checkpoint', 'crop', 'stride', 'threads'):
+            if getattr(args, flag):
+                command += [f'--{flag}', str(getattr(args, flag))]
+        done = subprocess.run(command, capture_output=True, text=True, check=False)
+        if done.returncode:
+            sys.exit(f'{mode} {height}x{width} failed:\n{done.stderr[-2000:]}')
+        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f'{args.config} on CPU ({"random weights" if not args.checkpoint else args.checkpoint})')
+    print(f'{"mode":>6} {"H x W":>11} {"test_cfg":>34} {"seconds":>8} {"peak MiB":>9}')
+    for row in rows:
+        cfg_text = ', '.join(f'{k}={v}' for k, v in row['test_cfg'].items() if k != 'mode') or '-'
+        print(f'{row["mode"]:>6} {"x".join(map(str, row["size"])):>11} {cfg_text:>34} {row["seconds"]:8.1f} '
+              f'{row["peak_mib"]:9.0f}')
+    return rows
+
+
+if __name__ == '__main__':
+    main()
