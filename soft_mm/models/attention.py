@@ -126,10 +126,17 @@ class SoftAttention(nn.Module):
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy)
-            v_map = v.transpose(-2, -1).reshape(b, self.num_heads * self.head_dim, *hw_shape)
-            weight = self.v_conv.weight.repeat_interleave(self.head_dim, dim=0)
-            local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=self.num_heads * self.head_dim)
-            out = out + local.reshape(b, self.num_heads, self.head_dim, n).transpose(-2, -1)
+            # (recording a graph, the (B*d, heads, H, W) form: the channels-last view makes torch.export guard on
+            # the batch size)
+            if in_graph_capture():
+                v_map = v.permute(0, 3, 1, 2).reshape(b * self.head_dim, self.num_heads, *hw_shape)
+                local = self.v_conv(v_map).reshape(b, self.head_dim, self.num_heads, n).permute(0, 2, 3, 1)
+            else:
+                v_map = v.transpose(-2, -1).reshape(b, self.num_heads * self.head_dim, *hw_shape)
+                weight = self.v_conv.weight.repeat_interleave(self.head_dim, dim=0)
+                local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=self.num_heads * self.head_dim)
+                local = local.reshape(b, self.num_heads, self.head_dim, n).transpose(-2, -1)
+            out = out + local
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 
     def extra_repr(self) -> str:
