@@ -23,7 +23,8 @@ def _load_tool(name: str) -> ModuleType:
     """Import ``tools/<name>.py`` once per session under a unique module name (``tools/test.py`` would shadow the
     standard library's ``test``)."""
     if name not in _TOOLS:
-        spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name}', REPO_ROOT / 'tools' / f'{name}.py')
+        module_name = 'soft_mm_tools_' + name.replace('/', '_')  # 'deploy/export_onnx' -> tools/deploy/export_onnx.py
+        spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / 'tools' / f'{name}.py')
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         _TOOLS[name] = module

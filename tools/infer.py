@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import os.path as osp
-import sys
 from collections.abc import Callable
 
 import mmcv

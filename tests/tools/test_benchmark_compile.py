@@ -1,7 +1,6 @@
 """tools/benchmark_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -17,16 +16,9 @@ SIZES = [(64, 96), (257, 193)]
 ATOL = 1e-4  # float32, outputs of magnitude ~5
 
 
-def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name}', REPO_ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
-def tool() -> ModuleType:
-    return _load_tool('benchmark_compile')
+def tool(load_tool) -> ModuleType:
+    return load_tool('benchmark_compile')
 
 
 def _model() -> SOFT:

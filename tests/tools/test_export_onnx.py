@@ -2,7 +2,6 @@
 than the export size (pitfall 12: shape branches frozen at the export size)."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 from types import ModuleType
 
@@ -25,17 +24,9 @@ CHECK_SIZES = [(257, 193), (320, 448)]
 ATOL = 1e-4
 
 
-def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name.replace("/", "_")}',
-                                                  REPO_ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope='module')
-def tool() -> ModuleType:
-    return _load_tool('deploy/export_onnx')
+def tool(load_tool) -> ModuleType:
+    return load_tool('deploy/export_onnx')
 
 
 def _symbolic_input_dims(path: Path) -> list[str | int]:

@@ -1,22 +1,13 @@
 """tools/plot_logs.py on a synthetic mmengine scalars.json."""
 from __future__ import annotations
 
-import importlib.util
 import json
 from pathlib import Path
-from types import ModuleType
 
 import matplotlib.image
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name}', ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 @pytest.fixture
@@ -34,8 +25,8 @@ def run_dir(tmp_path: Path) -> Path:
     return tmp_path / 'work'
 
 
-def test_reads_losses_and_metrics(run_dir: Path) -> None:
-    tool = _load_tool('plot_logs')
+def test_reads_losses_and_metrics(run_dir: Path, load_tool) -> None:
+    tool = load_tool('plot_logs')
     losses, metrics = tool.read_scalars(tool.find_scalars(run_dir))
     assert sorted(losses) == ['loss', 'loss_bbox', 'loss_cls']
     assert len(losses['loss']) == 40 and losses['loss'][3] == (4.0, 0.5)
@@ -43,8 +34,8 @@ def test_reads_losses_and_metrics(run_dir: Path) -> None:
     assert 'lr' not in losses and 'data_time' in metrics
 
 
-def test_writes_a_png_with_both_panels(run_dir: Path, capsys: pytest.CaptureFixture) -> None:
-    tool = _load_tool('plot_logs')
+def test_writes_a_png_with_both_panels(run_dir: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
+    tool = load_tool('plot_logs')
     out = run_dir / 'curves.png'
     tool.main([str(run_dir), '--out', str(out)])
     assert 'coco/bbox_mAP, coco/bbox_mAP_50' in capsys.readouterr().out
@@ -56,8 +47,8 @@ def test_writes_a_png_with_both_panels(run_dir: Path, capsys: pytest.CaptureFixt
     assert coloured[:, :550].sum() > 200 and coloured[:, 550:].sum() > 200
 
 
-def test_unknown_metric_and_missing_run_are_named(run_dir: Path, tmp_path: Path) -> None:
-    tool = _load_tool('plot_logs')
+def test_unknown_metric_and_missing_run_are_named(run_dir: Path, tmp_path: Path, load_tool) -> None:
+    tool = load_tool('plot_logs')
     with pytest.raises(ValueError, match=r"--metrics \['mIoU'\] not in .*coco/bbox_mAP"):
         tool.plot(tool.find_scalars(run_dir), tmp_path / 'x.png', ['mIoU'])
     with pytest.raises(FileNotFoundError, match='holds no \\*/vis_data/scalars.json'):

@@ -1,9 +1,7 @@
 """``tools/train.py --tensorboard`` adds mmengine's TensorboardVisBackend, which writes event files."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 
@@ -11,17 +9,10 @@ pytest.importorskip('tensorboard')
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _load_tool(name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(f'soft_mm_tools_{name}', ROOT / 'tools' / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_flag_adds_the_backend_once_and_it_writes_events(tmp_path: Path) -> None:
+def test_flag_adds_the_backend_once_and_it_writes_events(tmp_path: Path, load_tool) -> None:
     from mmengine.registry import VISBACKENDS
 
-    train = _load_tool('train')
+    train = load_tool('train')
     config = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
     cfg = train.build_config(train.parse_args([config, '--tensorboard', '--work-dir', str(tmp_path)]))
     types = [backend['type'] for backend in cfg.visualizer.vis_backends]
