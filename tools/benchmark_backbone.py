@@ -74,7 +74,8 @@ def build_model(name: str) -> nn.Module:
 def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], Any] | None:
     """Pre-hooks on the SOFT stages' downsampling layers and a hook on the model: per-stage times of the last call."""
     stages = getattr(model, 'stages', None)
-    if stages is None or not all(hasattr(s, 'downsample') for s in stages):
+    # SOFT stages all start with a downsampling module (Swin's last stage has downsample=None: not timed per stage)
+    if stages is None or not all(isinstance(getattr(s, 'downsample', None), nn.Module) for s in stages):
         return None
     marks: list[float] = []
 
