@@ -7,6 +7,7 @@ from torch import Tensor
 from ._precision import compute_dtype, no_autocast
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
+from .pooling import in_graph_capture
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 
 __all__ = ['AUTO_TILING_MIN_TOKENS', 'soft_attention']
@@ -36,18 +37,12 @@ def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
                          f'to match q {tuple(q.shape)}, got {tuple(v.shape)}')
 
 
-def _graph_capture_in_progress() -> bool:
-    """True under ``torch.jit.trace``, ONNX export and ``torch.compile``: they record or freeze a Python loop over a
-    shape-dependent number of tiles at the traced size, so they must see the untiled products."""
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
-
-
 def _resolve_tile_size(tile_size: int | None, num_tokens: int) -> int:
     """Tokens per tile for the tiled path, or 0 for the untiled products."""
     if tile_size is not None and (isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 0):
         raise ValueError(f'soft_attention: tile_size must be None (automatic), 0 (untiled) or an int >= 1, '
                          f'got {tile_size!r}')
-    if _graph_capture_in_progress():
+    if in_graph_capture():  # a recorded graph would freeze the shape-dependent loop over tiles: untiled products
         return 0
     if tile_size is None:
         return DEFAULT_TILE_SIZE if num_tokens > AUTO_TILING_MIN_TOKENS else 0
