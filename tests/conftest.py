@@ -7,6 +7,7 @@ second header line gives their parameter count); the tensors are random with the
 from __future__ import annotations
 
 import importlib.util
+import os
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -16,6 +17,9 @@ import pytest
 import torch
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+# Every process a test starts (a tool, a worker, a training run) imports this checkout's soft_mm, whatever copy of
+# soft_mm is installed (an editable install of another checkout, or none).
+os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))
 _TOOLS: dict[str, ModuleType] = {}
 
 

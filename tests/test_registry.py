@@ -2,7 +2,6 @@
 ``custom_imports=dict(imports=['soft_mm'])`` in a config."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import textwrap
@@ -51,8 +50,7 @@ def test_build_from_downstream_registries(package, type_name):
 
 def run_fresh_python(code: str) -> str:
     """Run ``code`` in a fresh interpreter (nothing of soft_mm imported yet) with the repository importable."""
-    env = {**os.environ, 'PYTHONPATH': os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))}
-    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=REPO_ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=REPO_ROOT, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout

@@ -19,7 +19,7 @@ TOY = ROOT / 'tests' / 'engine' / 'toy_training.py'
 
 
 def _env(**extra: str) -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]), **extra)
+    return dict(os.environ, **extra)
 
 
 def _train(work_dir: Path, *args: str, check: bool = True) -> subprocess.CompletedProcess:

@@ -6,7 +6,6 @@ Each tool runs in a fresh process (as a user runs it) inside a scratch folder.
 """
 from __future__ import annotations
 
-import os
 import pickle
 import re
 import subprocess
@@ -17,6 +16,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
+from tool_process import tool_output
 
 pytest.importorskip('mmpretrain')
 
@@ -29,22 +29,6 @@ CLASSIFIER_ONLY = {'cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'}
 # The full demo reached top-1 0.902 (top-5 1.0) in 11.9 minutes, data generation and evaluation included, on one thread
 # of a 2-core machine shared with other jobs, when this was written; the margin absorbs run-to-run variation.
 DEMO_MIN_TOP1 = 0.75
-
-
-def tool_env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
-
-
-def run_tool(args: list[str], cwd: Path, timeout: float = 900) -> str:
-    """``python tools/...`` (``bash`` for .sh) with this checkout first on the path; returns stdout + stderr."""
-    env = tool_env()
-    script = str(ROOT / args[0])
-    command = ['bash', script, *args[1:]] if script.endswith('.sh') else [sys.executable, script, *args[1:]]
-    proc = subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f'{" ".join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n'
-                             f'--- stderr\n{proc.stderr[-6000:]}')
-    return proc.stdout + proc.stderr
 
 
 def load_report(output: str) -> tuple[set[str], set[str]]:
@@ -104,7 +88,7 @@ def timm_probabilities(checkpoint: Path, images: list[Path]) -> torch.Tensor:
 
 def test_tools_test_gives_the_timm_classifier_outputs(imagenet_case):
     folder, checkpoint, images = imagenet_case
-    output = run_tool(['tools/test.py', str(CONFIGS / 'soft_norm_small_in1k.py'), str(checkpoint),
+    output = tool_output(['tools/test.py', str(CONFIGS / 'soft_norm_small_in1k.py'), str(checkpoint),
                        '--work-dir', 'work_dirs/test', '--out', 'predictions.pkl', '--cfg-options',
                        'test_dataloader.num_workers=0', 'test_dataloader.batch_size=2'], cwd=folder)
     assert load_report(output) == (set(), set())
@@ -126,7 +110,7 @@ def test_infer_prints_the_top5_classes(imagenet_case):
     from mmpretrain.datasets.categories import IMAGENET_CATEGORIES
 
     folder, checkpoint, images = imagenet_case
-    output = run_tool(['tools/infer.py', str(images[1]), str(CONFIGS / 'soft_norm_small_in1k.py'), str(checkpoint)],
+    output = tool_output(['tools/infer.py', str(images[1]), str(CONFIGS / 'soft_norm_small_in1k.py'), str(checkpoint)],
                       cwd=folder)
     printed = re.findall(r'^(\d)\. +(.+?) (\d\.\d{4})$', output, flags=re.MULTILINE)
     expected, labels = timm_probabilities(checkpoint, [images[1]])[0].topk(5)
@@ -154,7 +138,7 @@ def test_infer_overlays_a_segmentation(tmp_path):
     image, _ = draw_image(np.random.default_rng(0), 96, 3, (10.0, 30.0))
     image_path = tmp_path / 'shapes.png'
     cv2.imwrite(str(image_path), image)
-    output = run_tool(['tools/infer.py', str(image_path), config, str(checkpoint), '--opacity', '0.6'], cwd=tmp_path)
+    output = tool_output(['tools/infer.py', str(image_path), config, str(checkpoint), '--opacity', '0.6'], cwd=tmp_path)
     drawn = cv2.imread(str(tmp_path / 'shapes_seg.png'))
     assert drawn.shape == image.shape and not np.array_equal(drawn, image)
     shares = {name: float(v) for name, v in re.findall(r'^ *(\w+) ([\d.]+) of the pixels$', output, re.MULTILINE)}
@@ -163,7 +147,7 @@ def test_infer_overlays_a_segmentation(tmp_path):
 
 def test_train_without_imagenet_stops_with_one_sentence(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / 'tools/train.py'), str(CONFIGS / 'soft_norm_tiny_in1k.py')],
-                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300, check=False)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith('data/imagenet not found: ')
 
@@ -174,7 +158,7 @@ def test_infer_refuses_an_unknown_scope(tmp_path):
     image = tmp_path / 'x.png'
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
     proc = subprocess.run([sys.executable, str(ROOT / 'tools/infer.py'), str(image), str(config), str(image)],
-                          cwd=tmp_path, env=tool_env(), capture_output=True, text=True, timeout=300, check=False)
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
     assert proc.returncode == 1
     assert "default_scope='mmaction'" in proc.stderr and 'mmdet, mmseg, mmpretrain' in proc.stderr
 
@@ -190,7 +174,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
 
     write_classes_dataset(tmp_path / 'data/synthetic_classes', num_train_per_class=8, num_val_per_class=2)
     write_shapes_dataset(tmp_path / 'data/shapes', num_train=8, num_val=4)
-    output = run_tool(['tools/dist_train.sh', DEMO, '2', '--work-dir', 'work_dirs/pretrain', '--cfg-options',
+    output = tool_output(['tools/dist_train.sh', DEMO, '2', '--work-dir', 'work_dirs/pretrain', '--cfg-options',
                        'train_cfg.max_epochs=2', 'train_cfg.val_interval=2', 'train_dataloader.batch_size=16',
                        'default_hooks.logger.interval=1'], cwd=tmp_path)
     assert re.search(r'accuracy/top1: [\d.]+', output)
@@ -202,7 +186,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
     for config, options in (('retinanet_soft_tiny_demo.py', detector),
                             ('upernet_soft_tiny_demo.py', ['train_cfg.max_iters=2', 'train_cfg.val_interval=2',
                                                            'model.backbone.init_cfg.type=Pretrained'])):
-        output = run_tool(['tools/train.py', str(CONFIGS / config), '--work-dir', f'work_dirs/{config[:-3]}',
+        output = tool_output(['tools/train.py', str(CONFIGS / config), '--work-dir', f'work_dirs/{config[:-3]}',
                            '--cfg-options', *options, f'model.backbone.init_cfg.checkpoint={pretrained}'],
                           cwd=tmp_path)
         assert f'load model from: {pretrained}' in output
@@ -213,7 +197,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
     converted, arch, _ = convert_official_state_dict(official)
     authors = tmp_path / 'checkpoints/soft_norm_tiny_in1k.pth'
     save_converted_checkpoint(authors, converted, make_meta(arch, True))
-    output = run_tool(['tools/train.py', str(CONFIGS / 'retinanet_soft_tiny_demo.py'), '--work-dir',
+    output = tool_output(['tools/train.py', str(CONFIGS / 'retinanet_soft_tiny_demo.py'), '--work-dir',
                        'work_dirs/authors', '--cfg-options', *detector, 'model.backbone.landmark_mode=conv',
                        f'model.backbone.init_cfg.checkpoint={authors}'], cwd=tmp_path)
     assert load_report(output) == (set(), CLASSIFIER_ONLY)
@@ -222,7 +206,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
 
 @pytest.mark.slow
 def test_demo_pretraining_learns(tmp_path):
-    output = run_tool(['tools/train.py', DEMO, '--work-dir', 'work_dirs/demo'], cwd=tmp_path, timeout=1500)
+    output = tool_output(['tools/train.py', DEMO, '--work-dir', 'work_dirs/demo'], cwd=tmp_path, timeout=1500)
     top1 = float(re.findall(r'accuracy/top1: ([\d.]+)', output)[-1]) / 100
     assert top1 >= DEMO_MIN_TOP1, output[-3000:]
     assert (tmp_path / 'work_dirs/demo/epoch_16.pth').is_file()

@@ -1,7 +1,6 @@
 """openmim runs mmdet's and mmseg's own train/test scripts on soft_mm's demo configs (soft_mm via custom_imports)."""
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -17,8 +16,7 @@ SMALL_DATA = [f'{loader}.{key}' for loader in ('train_dataloader', 'val_dataload
 
 
 def _mim(args: list[str], cwd: Path) -> str:
-    env = dict(os.environ, PYTHONPATH=f'{ROOT}{os.pathsep}{os.environ.get("PYTHONPATH", "")}')
-    done = subprocess.run([MIM, *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    done = subprocess.run([MIM, *args], cwd=cwd, capture_output=True, text=True, timeout=900, check=False)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     return output

@@ -3,12 +3,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
+from tool_process import tool_output
 
 pytest.importorskip('mmseg')
 from mmengine.config import Config
@@ -19,16 +18,6 @@ UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
 # target is 50 and predicting background everywhere scores 22. The margin absorbs run-to-run variation of CPU training
 # (other thread counts round differently; neighbouring settings scored 50-54).
 UPERNET_DEMO_MIN_MIOU = 45.0
-
-
-def run_tool(args: list[str], cwd: Path, timeout: float = 900) -> str:
-    """``python tools/<args>`` in ``cwd`` with this checkout first on the path; its stdout and stderr together."""
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get('PYTHONPATH', '')]))
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools' / args[0]), *args[1:]], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-    output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f'{" ".join(args)} exited {proc.returncode}\n{output[-8000:]}'
-    return output
 
 
 def logged_miou(output: str) -> float:
@@ -64,12 +53,12 @@ def test_demo_config_builds_a_128px_four_class_upernet():
 def test_upernet_demo_trains_to_a_learned_miou_and_tests(tmp_path):
     """The README's command from an empty folder: writes the data and label maps, trains, evaluates; then test.py."""
     work_dir = tmp_path / 'work'
-    output = run_tool(['train.py', UPERNET_DEMO, '--work-dir', str(work_dir)], tmp_path)
+    output = tool_output(['tools/train.py', UPERNET_DEMO, '--work-dir', str(work_dir)], tmp_path)
     assert len(os.listdir(tmp_path / 'data/shapes/semantic/val')) == 100
     trained_miou = logged_miou(output)
     print(f'UperNet demo: mIoU {trained_miou}')
     assert trained_miou >= UPERNET_DEMO_MIN_MIOU
 
     checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
-    output = run_tool(['test.py', UPERNET_DEMO, checkpoint, '--work-dir', str(work_dir)], tmp_path)
+    output = tool_output(['tools/test.py', UPERNET_DEMO, checkpoint, '--work-dir', str(work_dir)], tmp_path)
     assert logged_miou(output) == pytest.approx(trained_miou, abs=0.01)

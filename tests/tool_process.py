@@ -1,0 +1,30 @@
+"""Run a tool of this checkout in a fresh process, as a user runs it (``tests/conftest.py`` puts the checkout first on
+every child's PYTHONPATH)."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_tool(args: list[str], cwd: Path, timeout: float = 900, check: bool = True,
+             env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """``python tools/...`` (``bash`` when ``args[0]`` ends in .sh; ``args[0]`` relative to the repository root) in
+    ``cwd``. With ``check`` a non-zero exit fails the test with the ends of stdout and stderr."""
+    script = str(REPO_ROOT / args[0])
+    command = ['bash', script, *args[1:]] if script.endswith('.sh') else [sys.executable, script, *args[1:]]
+    proc = subprocess.run(command, check=False, cwd=cwd, env=dict(os.environ, **(env or {})), capture_output=True,
+                          text=True, timeout=timeout)
+    if check and proc.returncode != 0:
+        raise AssertionError(f'{" ".join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n'
+                             f'--- stderr\n{proc.stderr[-6000:]}')
+    return proc
+
+
+def tool_output(args: list[str], cwd: Path, timeout: float = 900) -> str:
+    """:func:`run_tool` that must succeed; its stdout and stderr together."""
+    proc = run_tool(args, cwd, timeout)
+    return proc.stdout + proc.stderr
