@@ -45,12 +45,12 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     write_shapes_dataset(folder / 'data/shapes', num_train=16, num_val=8)
     return folder
 
-# The full RetinaNet demo reached 0.767 bbox mAP (8 epochs, 5.7 min on 2 CPU cores) when this was written; the issue's
-# target is 0.30, and the margin absorbs run-to-run variation of multi-threaded CPU training.
-RETINANET_DEMO_MIN_MAP = 0.5
-# The full Mask R-CNN demo reached 0.805 bbox / 0.779 segm mAP (8 epochs, 11.5 min on 2 busy CPU cores) when this was
-# written; the same margin as above.
-MASK_RCNN_DEMO_MIN_MAP = {'bbox': 0.5, 'segm': 0.45}
+# The RetinaNet demo (4 epochs) reached 0.512 bbox mAP in 5.6 min on 2 idle CPU cores when this was written (the first
+# issue's target was 0.30); the margin absorbs run-to-run variation of multi-threaded CPU training.
+RETINANET_DEMO_MIN_MAP = 0.35
+# The first 2 of the Mask R-CNN demo's 4 epochs reached 0.429 bbox / 0.465 segm mAP (4.1 min on 2 idle CPU cores) when
+# this was written; the same margin.
+MASK_RCNN_HALF_DEMO_MIN_MAP = {'bbox': 0.3, 'segm': 0.3}
 # score_thr=0: after one epoch on 16 images the detector may score every box below the config's 0.05, and CocoMetric
 # then reports "the whole dataset is empty" instead of the metrics these short runs check for.
 SCORE_EVERY_BOX = 'model.test_cfg.rcnn.score_thr=0.0'
@@ -150,12 +150,14 @@ def test_mask_rcnn_demo_train_resume_test(tiny_demo_dir):
 
 @pytest.mark.slow
 def test_mask_rcnn_demo_learns(tmp_path):
-    """The full Mask R-CNN demo from an empty folder: boxes and masks well above chance after its 8 epochs."""
-    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(tmp_path / 'work')], tmp_path, timeout=1800)
+    """The Mask R-CNN demo from an empty folder, stopped after 2 of its 4 epochs (the learning-rate schedule is the
+    demo's up to there; the whole demo takes twice as long): boxes and masks well above chance."""
+    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+                     'train_cfg.max_epochs=2', 'train_cfg.val_interval=2'], tmp_path)
     metrics = logged_metrics(proc.stdout + proc.stderr)
-    print(f'Mask R-CNN demo: {metrics}')
-    assert metrics['coco/bbox_mAP'] >= MASK_RCNN_DEMO_MIN_MAP['bbox']
-    assert metrics['coco/segm_mAP'] >= MASK_RCNN_DEMO_MIN_MAP['segm']
+    print(f'Mask R-CNN demo, 2 of 4 epochs: {metrics}')
+    assert metrics['coco/bbox_mAP'] >= MASK_RCNN_HALF_DEMO_MIN_MAP['bbox']
+    assert metrics['coco/segm_mAP'] >= MASK_RCNN_HALF_DEMO_MIN_MAP['segm']
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """openmim runs mmdet's and mmseg's own train/test scripts on soft_mm's demo configs (soft_mm via custom_imports)."""
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from pathlib import Path
@@ -42,3 +43,23 @@ def test_mim_train_mmseg(tmp_path: Path) -> None:
     _mim(['train', 'mmseg', config, '--work-dir', 'work', '--cfg-options', 'train_cfg.max_iters=4',
           'train_cfg.val_interval=4', 'default_hooks.checkpoint.interval=4', *SMALL_DATA], tmp_path)
     assert (tmp_path / 'work/iter_4.pth').is_file()
+
+
+def _installed_checkout() -> Path | None:
+    """The folder an editable install of soft_mm points at, or None."""
+    from importlib.metadata import distributions
+
+    for dist in distributions(name='soft_mm'):  # the installed dist-info (a checkout's soft_mm.egg-info has no URL)
+        url = json.loads(dist.read_text('direct_url.json') or '{}')
+        if url.get('dir_info', {}).get('editable') and url.get('url', '').startswith('file://'):
+            return Path(url['url'][len('file://'):]).resolve()
+    return None
+
+
+@pytest.mark.slow  # pip builds the editable wheel: about 30 s; every requirement is already installed
+def test_mim_install_editable(tmp_path: Path) -> None:
+    if _installed_checkout() != ROOT.resolve():
+        pytest.skip('soft_mm is not installed editable from this checkout; reinstalling it elsewhere would move it')
+    output = _mim(['install', '-e', str(ROOT)], tmp_path)
+    assert 'Successfully installed soft_mm' in output
+    assert _installed_checkout() == ROOT.resolve()

@@ -2,7 +2,7 @@
 
     python tools/deploy/export_onnx.py backbone --arch tiny --soft-norm --out work_dirs/onnx/soft_norm_tiny.onnx
     python tools/deploy/export_onnx.py backbone --config configs/retinanet_soft_tiny_demo.py \\
-        --checkpoint work_dirs/retinanet_soft_tiny_demo/epoch_8.pth --out work_dirs/onnx/retinanet_backbone.onnx
+        --checkpoint work_dirs/retinanet_soft_tiny_demo/epoch_4.pth --out work_dirs/onnx/retinanet_backbone.onnx
     python tools/deploy/export_onnx.py classifier --model soft_norm_tiny --checkpoint soft_norm_tiny_in1k.pth
 
 The graph is recorded by ``torch.onnx.export(..., dynamo=True)`` at ``--size`` (default 224x224) with the batch,
