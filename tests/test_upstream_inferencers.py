@@ -95,3 +95,29 @@ def test_det_inferencer_draws_detections(shapes: Path, tmp_path: Path) -> None:
                               picture[y1:y2 + 1, x1] - image[y1:y2 + 1, x1]])
     assert (np.abs(outline).max(-1) > 0).mean() > 0.5
     assert (tmp_path / 'out/preds' / f'{image_path.stem}.json').is_file()
+
+
+def test_det_inferencer_draws_masks(shapes: Path, tmp_path: Path) -> None:
+    pytest.importorskip('mmdet')
+    from mmdet.apis import DetInferencer
+    from pycocotools import mask as mask_utils
+
+    from soft_mm.datasets.shapes_dataset import SyntheticShapesDataset
+
+    config = ROOT / 'configs/mask_rcnn_soft_tiny_demo.py'
+    weights = _save_random_checkpoint(config, 'mmdet', SyntheticShapesDataset.METAINFO, tmp_path / 'mask.pth')
+    image_path = min((shapes / 'val').glob('*.png'))
+    cfg = Config.fromfile(str(config))
+    cfg.model.test_cfg.rcnn.score_thr = 0.0  # an untrained model: keep and draw every box and its mask
+    inferencer = DetInferencer(model=cfg, weights=str(weights), device='cpu')
+    result = inferencer(str(image_path), out_dir=str(tmp_path / 'out'), pred_score_thr=0.0, no_save_pred=False)
+    prediction = result['predictions'][0]
+    assert len(prediction['masks']) == len(prediction['bboxes']) > 0
+    masks = np.stack([mask_utils.decode(rle) for rle in prediction['masks']]).astype(bool)
+    picture = mmcv.imread(str(tmp_path / 'out/vis' / image_path.name), channel_order='rgb').astype(np.int64)
+    image = mmcv.imread(str(image_path), channel_order='rgb').astype(np.int64)
+    assert masks.shape[1:] == image.shape[:2] == picture.shape[:2]
+    # mmdet's visualizer blends every mask into the picture: it differs from the input where the masks are
+    covered = masks.any(0)
+    assert covered.any()
+    assert (np.abs(picture - image)[covered].max(-1) > 0).mean() > 0.9
