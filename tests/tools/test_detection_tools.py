@@ -48,9 +48,9 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
 # The RetinaNet demo (4 epochs) reached 0.512 bbox mAP in 5.6 min on 2 idle CPU cores when this was written (the first
 # issue's target was 0.30); the margin absorbs run-to-run variation of multi-threaded CPU training.
 RETINANET_DEMO_MIN_MAP = 0.35
-# The first 2 of the Mask R-CNN demo's 4 epochs reached 0.429 bbox / 0.465 segm mAP (4.1 min on 2 idle CPU cores) when
-# this was written; the same margin.
-MASK_RCNN_HALF_DEMO_MIN_MAP = {'bbox': 0.3, 'segm': 0.3}
+# The first of the Mask R-CNN demo's 4 epochs reached 0.169 bbox / 0.194 segm mAP (2 epochs 0.421-0.429 / 0.458-0.465)
+# when this was written; an untrained detector scores 0.
+MASK_RCNN_FIRST_EPOCH_MIN_MAP = {'bbox': 0.08, 'segm': 0.08}
 # score_thr=0: after one epoch on 16 images the detector may score every box below the config's 0.05, and CocoMetric
 # then reports "the whole dataset is empty" instead of the metrics these short runs check for.
 SCORE_EVERY_BOX = 'model.test_cfg.rcnn.score_thr=0.0'
@@ -150,14 +150,14 @@ def test_mask_rcnn_demo_train_resume_test(tiny_demo_dir):
 
 @pytest.mark.slow
 def test_mask_rcnn_demo_learns(tmp_path):
-    """The Mask R-CNN demo from an empty folder, stopped after 2 of its 4 epochs (the learning-rate schedule is the
-    demo's up to there; the whole demo takes twice as long): boxes and masks well above chance."""
+    """The Mask R-CNN demo from an empty folder, stopped after the first of its 4 epochs (the learning-rate schedule is
+    the demo's up to there; the whole demo takes 4 times as long): boxes and masks above chance."""
     proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
-                     'train_cfg.max_epochs=2', 'train_cfg.val_interval=2'], tmp_path)
+                     'train_cfg.max_epochs=1', 'train_cfg.val_interval=1'], tmp_path)
     metrics = logged_metrics(proc.stdout + proc.stderr)
-    print(f'Mask R-CNN demo, 2 of 4 epochs: {metrics}')
-    assert metrics['coco/bbox_mAP'] >= MASK_RCNN_HALF_DEMO_MIN_MAP['bbox']
-    assert metrics['coco/segm_mAP'] >= MASK_RCNN_HALF_DEMO_MIN_MAP['segm']
+    print(f'Mask R-CNN demo, 1 of 4 epochs: {metrics}')
+    assert metrics['coco/bbox_mAP'] >= MASK_RCNN_FIRST_EPOCH_MIN_MAP['bbox']
+    assert metrics['coco/segm_mAP'] >= MASK_RCNN_FIRST_EPOCH_MIN_MAP['segm']
 
 
 @pytest.mark.slow

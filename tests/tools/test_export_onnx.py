@@ -48,7 +48,8 @@ def test_export_rejects_size_outside_the_graph_range(tool: ModuleType, tmp_path:
 
 def test_backbone_onnx_matches_torch_at_other_sizes(tool: ModuleType, tmp_path: Path) -> None:
     torch.manual_seed(0)
-    model = SOFT(SMALL_ARCH, soft_norm=True).eval()
+    # 6 Newton-Schulz iterations instead of 20: a shorter unrolled graph exports faster; the shapes are the same
+    model = SOFT(SMALL_ARCH, soft_norm=True, newton_iters=6).eval()
     path = tool.export(model, tmp_path / 'backbone.onnx', size=EXPORT_SIZE)
     assert [isinstance(d, str) for d in _symbolic_input_dims(path)] == [True, False, True, True]
     results = tool.check(model, path, CHECK_SIZES, batch=2)

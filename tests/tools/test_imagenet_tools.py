@@ -26,9 +26,9 @@ DEMO = str(CONFIGS / 'soft_tiny_in1k_demo.py')
 IMAGENET_MEAN = np.array([123.675, 116.28, 103.53])  # RGB, mmpretrain's ImageNet data_preprocessor
 IMAGENET_STD = np.array([58.395, 57.12, 57.375])
 CLASSIFIER_ONLY = {'cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'}
-# The first 8 of the demo's 16 epochs reached top-1 0.826 (EMA weights; 2.9 minutes on 2 idle cores, data generation
-# included) when this was written, the whole demo 0.902; the margin absorbs run-to-run variation.
-HALF_DEMO_MIN_TOP1 = 0.6
+# The first 4 of the demo's 16 epochs reached top-1 0.468 (EMA weights; chance is 0.1), 8 epochs 0.794-0.826, the
+# whole demo 0.902, when this was written; the margin absorbs run-to-run variation.
+QUARTER_DEMO_MIN_TOP1 = 0.3
 
 
 def load_report(output: str) -> tuple[set[str], set[str]]:
@@ -206,10 +206,10 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
 
 @pytest.mark.slow
 def test_demo_pretraining_learns(tmp_path):
-    """The demo from an empty folder, stopped after 8 of its 16 epochs (its learning-rate schedule up to there)."""
+    """The demo from an empty folder, stopped after 4 of its 16 epochs (its learning-rate schedule up to there)."""
     output = tool_output(['tools/train.py', DEMO, '--work-dir', 'work_dirs/demo', '--cfg-options',
-                          'train_cfg.max_epochs=8', 'train_cfg.val_interval=8'], cwd=tmp_path)
+                          'train_cfg.max_epochs=4', 'train_cfg.val_interval=4'], cwd=tmp_path)
     top1 = float(re.findall(r'accuracy/top1: ([\d.]+)', output)[-1]) / 100
-    assert top1 >= HALF_DEMO_MIN_TOP1, output[-3000:]
-    assert (tmp_path / 'work_dirs/demo/epoch_8.pth').is_file()
+    assert top1 >= QUARTER_DEMO_MIN_TOP1, output[-3000:]
+    assert (tmp_path / 'work_dirs/demo/epoch_4.pth').is_file()
 
