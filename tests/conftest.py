@@ -15,8 +15,8 @@ from types import ModuleType
 
 import pytest
 import torch
+from tool_process import REPO_ROOT  # noqa: E402  (tests/ is on sys.path: pyproject's pythonpath)
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 # Every process a test starts (a tool, a worker, a training run) imports this checkout's soft_mm, whatever copy of
 # soft_mm is installed (an editable install of another checkout, or none).
 os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 import torch
+from tool_process import run_tool, tool_output
 
 pytest.importorskip('mmdet')
 
@@ -151,9 +150,7 @@ def test_demo_killed_during_checkpoint_write_resumes_and_finishes(demo_dir):
     train = [sys.executable, str(ROOT / 'tools/train.py'), RETINANET_DEMO, '--work-dir', str(work_dir)]
 
     def run(*args: str) -> str:
-        proc = subprocess.run([*train, *args], cwd=demo_dir, capture_output=True, text=True, timeout=900, check=False)
-        assert proc.returncode == 0, proc.stderr[-4000:]
-        return proc.stdout + proc.stderr
+        return tool_output(['tools/train.py', RETINANET_DEMO, '--work-dir', str(work_dir), *args], demo_dir)
 
     run('--cfg-options', 'train_cfg.max_epochs=1', *SHORT)
     partial = kill_during_checkpoint_write([*train, '--resume', '--cfg-options', 'train_cfg.max_epochs=3', *SHORT],
@@ -172,25 +169,21 @@ def test_demo_killed_during_checkpoint_write_resumes_and_finishes(demo_dir):
     assert sorted(p.name for p in work_dir.glob('*.pth')) == ['epoch_3.pth'] and not list(work_dir.glob('.*partial'))
     # score_thr=0: a 6-iteration model may score every box below the config's 0.05, and CocoMetric then reports
     # "the whole dataset is empty" instead of bbox_mAP; this step checks that the resumed checkpoint evaluates.
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools/test.py'), RETINANET_DEMO, str(work_dir / 'epoch_3.pth'),
-                           '--work-dir', str(work_dir), '--cfg-options', 'model.test_cfg.score_thr=0.0',
-                           'test_dataloader.num_workers=0', 'test_dataloader.persistent_workers=False'],
-                          cwd=demo_dir, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and 'coco/bbox_mAP' in proc.stdout + proc.stderr, proc.stderr[-4000:]
+    output = tool_output(['tools/test.py', RETINANET_DEMO, str(work_dir / 'epoch_3.pth'), '--work-dir', str(work_dir),
+                          '--cfg-options', 'model.test_cfg.score_thr=0.0', 'test_dataloader.num_workers=0',
+                          'test_dataloader.persistent_workers=False'], demo_dir)
+    assert 'coco/bbox_mAP' in output
 
 
 @pytest.mark.slow
 def test_same_seed_same_losses_on_cpu(demo_dir):
     """Two 2-epoch CPU runs with randomness.seed=0, deterministic=True and one thread log the same losses."""
-    env = dict(os.environ, OMP_NUM_THREADS='1')
     losses = []
     for run in ('a', 'b'):
         work_dir = demo_dir / f'work_seed_{run}'
-        proc = subprocess.run([sys.executable, str(ROOT / 'tools/train.py'), RETINANET_DEMO, '--work-dir',
-                               str(work_dir), '--cfg-options', 'train_cfg.max_epochs=2', 'train_cfg.val_interval=10',
-                               'randomness.seed=0', 'randomness.deterministic=True', *SHORT],
-                              cwd=demo_dir, env=env, capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stderr[-4000:]
+        run_tool(['tools/train.py', RETINANET_DEMO, '--work-dir', str(work_dir), '--cfg-options',
+                  'train_cfg.max_epochs=2', 'train_cfg.val_interval=10', 'randomness.seed=0',
+                  'randomness.deterministic=True', *SHORT], demo_dir, env={'OMP_NUM_THREADS': '1'})
         records = [json.loads(line) for path in sorted(work_dir.glob('*/vis_data/scalars.json'))
                    for line in path.read_text().splitlines()]
         losses.append([(r['step'], r['loss'], r['loss_cls'], r['loss_bbox']) for r in records if 'loss' in r])
