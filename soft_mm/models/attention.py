@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import soft_attention
-from ..ops.pooling import adaptive_avg_pool2d_matmul, in_graph_capture
+from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens, in_graph_capture
 from .settings import AttentionSettings, attention_settings, is_int
 
 
@@ -21,6 +21,14 @@ def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     if h * w != x.shape[1]:
         raise ValueError(f'hw_shape={tuple(hw_shape)} does not match the {x.shape[1]} tokens of x')
     return h, w
+
+
+def _channels_last_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+    """``(B, h, N, d) -> (B, h*d, H, W)`` with channel ``head * d + j``, in channels-last memory: a view of the
+    token-major tensors of :meth:`SoftAttention.forward` (built through NHWC so that even a batch of one gets the
+    strides that conv kernels recognise as channels-last; otherwise they copy to NCHW and back)."""
+    b, h, _, d = t.shape
+    return t.transpose(1, 2).reshape(b, *hw_shape, h * d).permute(0, 3, 1, 2)
 
 
 def _setting(name: str) -> property:
@@ -98,17 +106,23 @@ class SoftAttention(nn.Module):
     def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
         b, h, _, d = q.shape
-        q_map = q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2)
         grid = self.landmark_shape(hw_shape)
-        # while a graph is recorded (ONNX / torch.export / torch.compile) the pooling is two matmuls that keep the
-        # input size symbolic and run even where they are a no-op (at 224x224), so no size is frozen into the graph
-        traced = in_graph_capture()
-        pool = adaptive_avg_pool2d_matmul if traced else F.adaptive_avg_pool2d
-        if self.landmark_mode == 'avg':
-            return pool(q_map, grid).flatten(2).transpose(1, 2).reshape(b, h, -1, d)
-        pooled_size = tuple(g * self.landmark_stride for g in grid)
-        if traced or pooled_size != tuple(hw_shape):
-            q_map = pool(q_map, pooled_size)
+        pooled_size = grid if self.landmark_mode == 'avg' else tuple(g * self.landmark_stride for g in grid)
+        if in_graph_capture():
+            # recording a graph (ONNX / torch.export / torch.compile): the pooling always runs (an identity at 224 in
+            # conv mode), as two matmuls that keep the input size symbolic, so no size is frozen into the graph
+            q_map = adaptive_avg_pool2d_matmul(q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2), pooled_size)
+            if self.landmark_mode == 'avg':
+                return q_map.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
+        else:
+            # eager: all heads pooled at once on the token-major (B, H, W, h*d) map, a view of forward()'s q
+            tokens = q.transpose(1, 2).reshape(b, *hw_shape, h * d)
+            if pooled_size != tuple(hw_shape):
+                tokens = adaptive_avg_pool_tokens(tokens, pooled_size)
+            if self.landmark_mode == 'avg':
+                return tokens.reshape(b, -1, h, d).transpose(1, 2)
+            # (B*h, d, H', W') in NCHW memory: the conv is shared by the heads
+            q_map = tokens.reshape(b, *pooled_size, h, d).permute(0, 3, 4, 1, 2).reshape(b * h, d, *pooled_size)
         landmarks = self.landmark_conv(q_map).flatten(2).transpose(1, 2)
         landmarks = F.gelu(self.landmark_norm(landmarks))
         return landmarks.reshape(b, h, -1, d)
@@ -117,7 +131,9 @@ class SoftAttention(nn.Module):
         """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``."""
         hw_shape = _check_hw(x, hw_shape)
         b, n, c = x.shape
-        # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d)))
+        # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d))). q and v are
+        # head-split views of the token-major projections (no copy); the tiled attention keeps that layout, so its
+        # output, the value conv (a channels-last map) and the output projection all read each other in place.
         q = self.qk(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) * self.head_dim ** -0.25
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         landmarks = self.sample_landmarks(q, hw_shape)
@@ -125,17 +141,17 @@ class SoftAttention(nn.Module):
                              ridge=self.newton_ridge, backward=self.newton_backward)
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
-            # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy)
+            # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is
+            # token-major like the attention output, so the sum and the output projection copy nothing
             # (recording a graph, the (B*d, heads, H, W) form: the channels-last view makes torch.export guard on
             # the batch size)
             if in_graph_capture():
                 v_map = v.permute(0, 3, 1, 2).reshape(b * self.head_dim, self.num_heads, *hw_shape)
                 local = self.v_conv(v_map).reshape(b, self.head_dim, self.num_heads, n).permute(0, 2, 3, 1)
             else:
-                v_map = v.transpose(-2, -1).reshape(b, self.num_heads * self.head_dim, *hw_shape)
                 weight = self.v_conv.weight.repeat_interleave(self.head_dim, dim=0)
-                local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=self.num_heads * self.head_dim)
-                local = local.reshape(b, self.num_heads, self.head_dim, n).transpose(-2, -1)
+                local = F.conv2d(_channels_last_map(v, hw_shape), weight, padding=self.v_conv.padding, groups=c)
+                local = local.permute(0, 2, 3, 1).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
             out = out + local
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
 

@@ -112,13 +112,7 @@ def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: 
         middle = inv_sqrt_row_sums.unsqueeze(-1) * kernel_inv * inv_sqrt_row_sums.unsqueeze(-2)
     else:
         middle = kernel_inv
-    batch, heads, num_tokens, head_dim = q.shape
-    num_landmarks, value_dim = landmarks.shape[2], v.shape[3]
-    out = tiled_nystrom_products(q.reshape(batch * heads, num_tokens, head_dim),
-                                 landmarks.reshape(batch * heads, num_landmarks, head_dim),
-                                 v.reshape(batch * heads, num_tokens, value_dim),
-                                 middle.reshape(batch * heads, num_landmarks, num_landmarks), tile_size)
-    return out.reshape(batch, heads, num_tokens, value_dim)
+    return tiled_nystrom_products(q, landmarks, v, middle, tile_size)  # in the memory layout of v
 
 
 def _untiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,

@@ -1,4 +1,5 @@
-"""Adaptive average pooling written as two matmuls, for graphs whose input size stays symbolic (ONNX, torch.export).
+"""Adaptive average pooling written as two matmuls: for graphs whose input size stays symbolic (ONNX, torch.export),
+and for token-major (NHWC) maps, which it pools without a change of memory layout.
 
 ``F.adaptive_avg_pool2d`` has no ONNX operator for a general output size, and its decomposition branches on the input
 size (divisible or not), which freezes a traced graph at the trace resolution. Here the pooling bins are built from
@@ -7,7 +8,7 @@ size (divisible or not), which freezes a traced graph at the trace resolution. H
 import torch
 from torch import Tensor
 
-__all__ = ['adaptive_avg_pool2d_matmul', 'in_graph_capture']
+__all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens', 'in_graph_capture']
 
 
 def in_graph_capture() -> bool:
@@ -36,3 +37,18 @@ def adaptive_avg_pool2d_matmul(x: Tensor, output_size: tuple[int, int]) -> Tenso
     rows = _pool_matrix(x.shape[-2], out_h, x)  # (out_h, H)
     cols = _pool_matrix(x.shape[-1], out_w, x)  # (out_w, W)
     return rows @ x @ cols.transpose(0, 1)
+
+
+def adaptive_avg_pool_tokens(x: Tensor, output_size: tuple[int, int]) -> Tensor:
+    """Adaptive average pooling of a token-major map ``x (B, H, W, C) -> (B, out_h, out_w, C)``.
+
+    Equal to ``F.adaptive_avg_pool2d`` of the ``(B, C, H, W)`` map up to rounding, as two matmuls that read and write
+    NHWC memory (first over W, then over H), forward and backward. PyTorch's pooling kernels instead convert a large
+    channels-last map to NCHW and back in the backward, which costs several times the pooling itself.
+    """
+    out_h, out_w = output_size
+    batch, height, width, channels = x.shape
+    cols = _pool_matrix(width, out_w, x)  # (out_w, W)
+    rows = _pool_matrix(height, out_h, x)  # (out_h, H)
+    x = torch.matmul(cols, x)  # (B, H, out_w, C)
+    return torch.matmul(rows, x.reshape(batch, height, out_w * channels)).reshape(batch, out_h, out_w, channels)

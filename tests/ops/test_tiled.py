@@ -70,7 +70,7 @@ def test_bad_arguments_raise():
         tiled_nystrom_products(q, landmarks, v, middle, tile_size=0)
     with pytest.raises(ValueError, match='middle must have shape'):
         tiled_nystrom_products(q, landmarks, v, middle[:, :2], tile_size=4)
-    with pytest.raises(ValueError, match='must be 3-d'):
+    with pytest.raises(ValueError, match='must all be 3-d'):
         tiled_nystrom_products(q[None], landmarks, v, middle, tile_size=4)
     with pytest.raises(ValueError, match='tile_size must be None'):
         soft_attention(q[None], landmarks[None], v[None], tile_size=-1)
@@ -131,7 +131,7 @@ def test_automatic_tiling_and_tracing_take_the_expected_path(monkeypatch):
     original = attention_module.tiled_nystrom_products
 
     def record(*args, **kwargs):
-        calls.append(args[0].shape[1])
+        calls.append(args[0].shape[-2])  # tokens
         return original(*args, **kwargs)
 
     monkeypatch.setattr(attention_module, 'tiled_nystrom_products', record)
@@ -148,3 +148,21 @@ def test_automatic_tiling_and_tracing_take_the_expected_path(monkeypatch):
     assert 'TiledNystrom' not in str(traced.graph) and 'NewtonInverse' in str(traced.graph)
     other_size = attention_inputs(num_tokens=30)
     torch.testing.assert_close(traced(*other_size), soft_attention(*other_size, tile_size=8), rtol=1e-12, atol=0)
+
+
+def test_token_major_views_are_read_in_place_and_the_output_keeps_their_layout():
+    # q and v as the attention layer makes them: head-split views of token-major (B, N, h * d) projections.
+    batch, heads, num_tokens, head_dim = 2, 3, 29, 4
+    gen = torch.Generator().manual_seed(3)
+    q = torch.randn(batch, num_tokens, heads, head_dim, generator=gen, dtype=torch.float64).transpose(1, 2)
+    v = torch.randn(batch, num_tokens, heads, head_dim, generator=gen, dtype=torch.float64).transpose(1, 2)
+    landmarks = 1.5 * torch.randn(batch, heads, 5, head_dim, generator=gen, dtype=torch.float64)
+    middle = torch.randn(batch, heads, 5, 5, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(batch, num_tokens, heads, head_dim, generator=gen, dtype=torch.float64).transpose(1, 2)
+    leaves = [t.detach().requires_grad_() for t in (q, landmarks, v, middle)]
+    out = tiled_nystrom_products(*leaves, tile_size=8)
+    grads = torch.autograd.grad(out, leaves, grad_out)
+    reference = outputs_and_grads(untiled_products, (q.contiguous(), landmarks, v.contiguous(), middle),
+                                  grad_out.contiguous())
+    assert max_relative_error((out.detach(), *grads), reference) < 1e-12
+    assert out.stride() == v.stride() and grads[0].stride() == q.stride() and grads[2].stride() == v.stride()
