@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ..ops import soft_attention
+from ..ops.head_conv import head_depthwise_conv
 from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens, in_graph_capture
 from .settings import AttentionSettings, attention_settings, is_int
 
@@ -149,8 +150,7 @@ class SoftAttention(nn.Module):
                 v_map = v.permute(0, 3, 1, 2).reshape(b * self.head_dim, self.num_heads, *hw_shape)
                 local = self.v_conv(v_map).reshape(b, self.head_dim, self.num_heads, n).permute(0, 2, 3, 1)
             else:
-                weight = self.v_conv.weight.repeat_interleave(self.head_dim, dim=0)
-                local = F.conv2d(_channels_last_map(v, hw_shape), weight, padding=self.v_conv.padding, groups=c)
+                local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim)
                 local = local.permute(0, 2, 3, 1).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
             out = out + local
         return self.proj(out.transpose(1, 2).reshape(b, n, c))

@@ -1,0 +1,45 @@
+"""Tests of soft_mm.ops.head_conv: the per-head value conv and its custom backward against autograd's conv."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from soft_mm.ops.head_conv import CUSTOM_BACKWARD_MIN_KERNEL, head_depthwise_conv
+
+
+def reference(x, weight, head_dim):
+    return F.conv2d(x, weight.repeat_interleave(head_dim, 0), padding=weight.shape[-1] // 2, groups=x.shape[1])
+
+
+@pytest.mark.parametrize('kernel', [3, 7, 9])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_output_and_gradients_equal_the_depthwise_conv_float64(kernel, channels_last):
+    gen = torch.Generator().manual_seed(kernel)
+    batch, heads, head_dim, height, width = 2, 3, 4, 11, 6  # a map smaller than the filter in one direction
+    x = torch.randn(batch, heads * head_dim, height, width, generator=gen, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(heads, 1, kernel, kernel, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(batch, heads * head_dim, height, width, generator=gen, dtype=torch.float64)
+    results = []
+    for fn in (head_depthwise_conv, reference):
+        leaves = (x.clone().requires_grad_(), weight.clone().requires_grad_())
+        out = fn(*leaves, head_dim)
+        results.append((out, *torch.autograd.grad(out, leaves, grad_out)))
+    for got, want in zip(*results):
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_gradcheck_of_the_custom_backward():
+    assert CUSTOM_BACKWARD_MIN_KERNEL <= 7
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 4, 5, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    weight = torch.randn(2, 1, 7, 7, generator=gen, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda a, w: head_depthwise_conv(a, w, 2), (x, weight))
+
+
+def test_bad_shapes_raise():
+    x = torch.randn(1, 6, 5, 5)
+    with pytest.raises(ValueError, match='weight must be'):
+        head_depthwise_conv(x, torch.randn(3, 1, 4, 4), 2)
+    with pytest.raises(ValueError, match='x must be'):
+        head_depthwise_conv(x, torch.randn(2, 1, 3, 3), 2)
