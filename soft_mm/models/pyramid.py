@@ -49,7 +49,9 @@ class SoftStage(nn.Module):
     """One pyramid level that runs itself: downsample -> tokens + position embedding -> blocks -> NCHW map.
 
     ``forward(x (B, C_in, H_in, W_in), prefix_tokens (B, P, C) | None, norm) -> (map (B, C, H, W), prefix (B, P, C) |
-    None)``: prefix tokens (the classifier's cls token, position embedding included) join the blocks' sequence in
+    None)``. The map is a channels-last view of the tokens (no copy): the next stage's downsampling conv reads it in
+    that layout and writes channels-last, so its tokens are a view too; the pyramid hands its callers NCHW copies.
+    Prefix tokens (the classifier's cls token, position embedding included) join the blocks' sequence in
     front of the map tokens and come back separately; ``norm`` (the pyramid's final norm, which the checkpoint layout
     keeps at the top level) is applied to all tokens after the blocks when given.
     """
@@ -82,9 +84,9 @@ class SoftStage(nn.Module):
 
     def forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None, norm: nn.Module | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = self.downsample(x)
+        x = self.downsample(x.contiguous(memory_format=torch.channels_last))
         b, c, h, w = x.shape
-        tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w))
+        tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w))  # (B, N, C), contiguous
         num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
         if num_prefix:
             tokens = torch.cat([prefix_tokens.expand(b, -1, -1), tokens], dim=1)
@@ -93,9 +95,7 @@ class SoftStage(nn.Module):
         if norm is not None:
             tokens = norm(tokens)
         prefix_out = tokens[:, :num_prefix] if num_prefix else None
-        # contiguous NCHW: the transposed view is channels-last in memory, which mmcv's RoIAlign (and other C++/CUDA
-        # ops that read the raw buffer as NCHW) silently misreads
-        return tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w).contiguous(), prefix_out
+        return tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w), prefix_out
 
 
 # Block recipe of each attention kind (arch table ``stage_attention``): SOFT stages are post-norm blocks with the
@@ -202,5 +202,7 @@ class SoftPyramid(nn.Module):
         for i, stage in enumerate(self.stages[:last_stage + 1]):
             is_final = i == final
             x, prefix_out = stage(x, prefix_tokens if is_final else None, self.norm if is_final else None)
-            maps.append(x)
+            # contiguous NCHW: the stage's channels-last view is what mmcv's RoIAlign (and other C++/CUDA ops that
+            # read the raw buffer as NCHW) silently misreads
+            maps.append(x.contiguous())
         return maps, prefix_out

@@ -39,16 +39,19 @@ class _HeadDepthwiseConv(torch.autograd.Function):
         x, weight = ctx.saved_tensors
         head_dim, kernel = ctx.head_dim, weight.shape[-1]
         batch, channels, height, width = x.shape
+        # under autocast the forward ran in low precision while x or the weight stayed float32: one common dtype
+        dtype = torch.promote_types(x.dtype, weight.dtype)
+        grad_out = grad_out.to(dtype)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:  # the transposed conv of stride 1: the flipped filter, same padding
-            grad_x = F.conv2d(grad_out, _expand(weight.flip(-2, -1), head_dim), padding=kernel // 2,
-                              groups=channels)
+            grad_x = F.conv2d(grad_out, _expand(weight.to(dtype).flip(-2, -1), head_dim), padding=kernel // 2,
+                              groups=channels).to(x.dtype)
         if ctx.needs_input_grad[1]:
             # every (sample, channel) map correlated with its own output gradient: batch folded into the channels
-            maps = x.contiguous().reshape(1, batch * channels, height, width)
+            maps = x.to(dtype).contiguous().reshape(1, batch * channels, height, width)
             filters = grad_out.contiguous().reshape(batch * channels, 1, height, width)
             taps = F.conv2d(maps, filters, padding=kernel // 2, groups=batch * channels)  # (1, B*C, k, k)
-            grad_weight = taps.reshape(batch, -1, head_dim, kernel, kernel).sum((0, 2)).unsqueeze(1)
+            grad_weight = taps.reshape(batch, -1, head_dim, kernel, kernel).sum((0, 2)).unsqueeze(1).to(weight.dtype)
         return grad_x, grad_weight, None
 
 

@@ -43,3 +43,21 @@ def test_bad_shapes_raise():
         head_depthwise_conv(x, torch.randn(3, 1, 4, 4), 2)
     with pytest.raises(ValueError, match='x must be'):
         head_depthwise_conv(x, torch.randn(2, 1, 3, 3), 2)
+
+
+def test_autocast_bfloat16_gives_gradients_in_the_leaves_dtypes():
+    x = torch.randn(1, 4, 9, 9, requires_grad=True)
+    weight = torch.randn(2, 1, 9, 9, requires_grad=True)
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        out = head_depthwise_conv(x, weight, 2)
+    assert out.dtype == torch.bfloat16
+    out.float().square().sum().backward()
+    assert x.grad.dtype == torch.float32 and weight.grad.dtype == torch.float32
+    ref_x, ref_weight = (t.detach().clone().requires_grad_() for t in (x, weight))
+    with torch.autocast('cpu', dtype=torch.bfloat16):
+        expected = F.conv2d(ref_x, ref_weight.repeat_interleave(2, 0), padding=4, groups=4)
+    expected.float().square().sum().backward()
+    torch.testing.assert_close(out.float(), expected.float())
+    # autocast's own backward runs in bfloat16, this one in float32: equal to bfloat16 precision
+    scale = ref_weight.grad.abs().max().item()
+    torch.testing.assert_close(weight.grad, ref_weight.grad, rtol=2e-2, atol=2e-2 * scale)
