@@ -39,7 +39,6 @@ import json
 import math
 import os
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -48,6 +47,8 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from soft_mm.utils.bench_process import add_glibc_malloc_argument, glibc_malloc_note, run_in_fresh_process
 
 SOFT_LAYERS = {'soft_conv': ('conv', False), 'soft_avg': ('avg', False), 'soft_norm_conv': ('conv', True),
                'soft_norm_avg': ('avg', True)}
@@ -269,13 +270,12 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 slow=first_fwd_bwd > spec['max_case_s'])
 
 
-def run_case(spec: dict[str, Any]) -> dict[str, Any]:
+def run_case(spec: dict[str, Any], glibc_malloc: str) -> dict[str, Any]:
     """Run one case in a fresh interpreter (same environment) and return its json result."""
-    proc = subprocess.run([sys.executable, __file__, '--worker', json.dumps(spec)], capture_output=True, text=True,
-                          env=os.environ.copy())
-    if proc.returncode != 0:
-        raise RuntimeError(f"case {spec['method']} {spec['hw_shape']} failed:\n{proc.stderr[-3000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    result, stderr = run_in_fresh_process(__file__, spec, glibc_malloc)
+    if result is None:
+        raise RuntimeError(f"case {spec['method']} {spec['hw_shape']} failed:\n{stderr[-3000:]}")
+    return result
 
 
 def fit_exponent(xs: list[float], ys: list[float]) -> float | None:
@@ -370,6 +370,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--max-case-s', type=float, default=4.0,
                         help='a quadratic method whose forward+backward took longer is estimated at larger sizes')
     parser.add_argument('--out', default='work_dirs/benchmark_attention', help='folder for the table, plot and json')
+    add_glibc_malloc_argument(parser)
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -415,7 +416,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 spec = dict(method=method, hw_shape=list(hw_shape), dim=args.dim, heads=args.heads,
                             device=args.device, repeats=args.repeats, max_case_s=args.max_case_s)
-                result = run_case(spec)
+                result = run_case(spec, args.glibc_malloc)
                 row.update(result)
                 row['gflops'] = flops_fwd_bwd / row['fwd_bwd_ms'] / 1e6
                 if result['slow'] and method in QUADRATIC:
@@ -433,6 +434,7 @@ def main(argv: list[str] | None = None) -> int:
                         for key in ('fwd_ms', 'fwd_bwd_ms', 'fwd_peak_mib', 'fwd_bwd_peak_mib')}
     header = (f'Attention benchmark: device {device}, {torch.get_num_threads()} threads, dim {args.dim}, '
               f'{args.heads} heads, <= {LANDMARK_GRID ** 2} landmarks, median of {args.repeats}; '
+              f'{glibc_malloc_note(args.glibc_malloc)}; '
               'est. = estimated from the largest measured size by N^2 scaling (not run).')
     table = markdown_tables(rows, args.methods, fits, header)
     print()

@@ -21,15 +21,15 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from soft_mm.utils.bench_process import add_glibc_malloc_argument, glibc_malloc_note, run_in_fresh_process
 
 TOOLS = Path(__file__).resolve().parent
 
@@ -134,12 +134,11 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def run_case(spec: dict[str, Any]) -> dict[str, Any]:
-    proc = subprocess.run([sys.executable, __file__, '--worker', json.dumps(spec)], capture_output=True, text=True,
-                          env=os.environ.copy())
-    if proc.returncode != 0:
-        return dict(error=proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f'rc={proc.returncode}')
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+def run_case(spec: dict[str, Any], glibc_malloc: str) -> dict[str, Any]:
+    result, stderr = run_in_fresh_process(__file__, spec, glibc_malloc)
+    if result is None:
+        return dict(error=stderr.strip().splitlines()[-1] if stderr.strip() else 'failed')
+    return result
 
 
 def _fmt(value: float | None, spec: str = '.2f') -> str:
@@ -241,6 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='a model whose forward took longer is not run at larger sizes (default 30)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default='work_dirs/benchmark_backbone')
+    add_glibc_malloc_argument(parser)
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
@@ -274,7 +274,7 @@ def main(argv: list[str] | None = None) -> int:
                 continue
             spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats,
                         train=pixels <= args.train_max_pixels, flops=pixels <= args.flops_max_pixels)
-            result = run_case(spec)
+            result = run_case(spec, args.glibc_malloc)
             if 'error' in result:
                 notes.append(f"{model} at {hw[0]}x{hw[1]} failed: {result['error']}")
                 print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} failed: {result['error']}", flush=True)
@@ -293,7 +293,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.train_max_pixels < max(h * w for h, w in sizes):
         notes.append(f'forward+backward measured up to {args.train_max_pixels} pixels only (--train-max-pixels).')
     header = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, float32, batch 1, '
-              f'median of {args.repeats}')
+              f'median of {args.repeats}; {glibc_malloc_note(args.glibc_malloc)}')
     table = markdown(rows, args.models, sizes, header, notes)
     print()
     print(table)
