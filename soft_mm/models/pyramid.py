@@ -49,9 +49,9 @@ class SoftStage(nn.Module):
     """One pyramid level that runs itself: downsample -> tokens + position embedding -> blocks -> NCHW map.
 
     ``forward(x (B, C_in, H_in, W_in), prefix_tokens (B, P, C) | None, norm) -> (map (B, C, H, W), prefix (B, P, C) |
-    None)``. The map is a channels-last view of the tokens (no copy): the next stage's downsampling conv reads it in
-    that layout and writes channels-last, so its tokens are a view too; the pyramid hands its callers NCHW copies.
-    Prefix tokens (the classifier's cls token, position embedding included) join the blocks' sequence in
+    None)``. In eager mode the map is a channels-last view of the tokens (no copy): the next stage's downsampling conv
+    reads it in that layout and writes channels-last, so its tokens are a view too; the pyramid hands its callers NCHW
+    copies. Prefix tokens (the classifier's cls token, position embedding included) join the blocks' sequence in
     front of the map tokens and come back separately; ``norm`` (the pyramid's final norm, which the checkpoint layout
     keeps at the top level) is applied to all tokens after the blocks when given.
     """
@@ -84,7 +84,9 @@ class SoftStage(nn.Module):
 
     def forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None, norm: nn.Module | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        x = self.downsample(x.contiguous(memory_format=torch.channels_last))
+        if not in_graph_capture():
+            x = x.contiguous(memory_format=torch.channels_last)
+        x = self.downsample(x)
         b, c, h, w = x.shape
         tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w))  # (B, N, C), contiguous
         num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
@@ -95,7 +97,9 @@ class SoftStage(nn.Module):
         if norm is not None:
             tokens = norm(tokens)
         prefix_out = tokens[:, :num_prefix] if num_prefix else None
-        return tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w), prefix_out
+        out_map = tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w)
+        # (recording a graph, NCHW: a channels-last input makes torch.export guard on the batch size)
+        return (out_map.contiguous() if in_graph_capture() else out_map), prefix_out
 
 
 # Block recipe of each attention kind (arch table ``stage_attention``): SOFT stages are post-norm blocks with the

@@ -10,8 +10,9 @@ __all__ = ['augment_kernel_cols', 'augment_kernel_rows', 'gaussian_kernel']
 def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     """Gaussian kernel ``exp(-0.5 * ||x_i - y_j||^2)`` between every row of ``x`` and every row of ``y``.
 
-    The squared distance is computed in the expanded form ``||x||^2 + ||y||^2 - 2 x y^T`` (one matmul, no N×M×d
-    intermediate) and clamped at 0, because rounding can make it slightly negative; every value is therefore in
+    The squared distance is computed in the expanded form ``||x||^2 + ||y||^2 - 2 x y^T`` (one matmul of augmented
+    rows, see :func:`augment_kernel_rows`; no N×M×d intermediate) and clamped at 0, because rounding can make it
+    slightly negative; every value is therefore in
     [0, 1] and the kernel of a point with itself is 1 up to rounding, never above it. SOFT's bandwidth
     ``exp(-||q - k||^2 / (2 sqrt(d)))`` is obtained by scaling both inputs by ``d ** -0.25`` beforehand.
 
@@ -32,10 +33,10 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     if x.shape[-1] != y.shape[-1]:
         raise ValueError(f'gaussian_kernel: x and y must share the last (feature) dim, got x {tuple(x.shape)} '
                          f'and y {tuple(y.shape)}')
-    x_sq = x.pow(2).sum(-1).unsqueeze(-1)  # (..., N, 1)
-    y_sq = y.pow(2).sum(-1).unsqueeze(-2)  # (..., 1, M)
-    dist_sq = x_sq + y_sq - 2.0 * (x @ y.transpose(-2, -1))
-    return torch.exp(-0.5 * dist_sq.clamp_min(0.0))
+    # -|x_i - y_j|^2 / 2 as one matmul of augmented rows: two element-wise passes over the (N, M) result instead of
+    # the five of adding the norms, scaling, clamping and exponentiating separately
+    exponent = augment_kernel_rows(x) @ augment_kernel_cols(y).transpose(-2, -1)
+    return exponent.clamp_max(0.0).exp()
 
 
 
