@@ -19,8 +19,8 @@ Each (method, size) runs in a fresh subprocess: peak memory is the rise of its p
 inputs are built) over the resident size before the first call, on CUDA ``max_memory_allocated``; times are the median
 of ``--repeats`` runs after a warm-up (forward under ``no_grad``; forward+backward = forward, then backward of a
 random projection of the output into every input). A case whose first forward+backward run exceeded
-``--max-case-s`` is timed once, and a quadratic method is then not run at larger sizes: their time there is estimated as ``t * (N / N_measured)^2`` and marked
-``est.`` in the table and dashed in the plot.
+``--max-case-s`` is timed once, and a quadratic method is then not run at larger sizes: its time there is estimated
+as ``t * (N / N_measured)^2`` and marked ``est.`` in the table and dashed in the plot.
 
 FLOP count (multiply-adds count 2), per head, of the SOFT math with d = head dim, m = landmarks, i = Newton
 iterations: forward ``2 (3 N m d + 2 i m^3)``, forward+backward ``2 (9 N m d + 2 i m^3)`` (the kernel matmul and the two

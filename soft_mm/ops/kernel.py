@@ -12,9 +12,9 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
 
     The squared distance is computed in the expanded form ``||x||^2 + ||y||^2 - 2 x y^T`` (one matmul of augmented
     rows, see :func:`augment_kernel_rows`; no N×M×d intermediate) and clamped at 0, because rounding can make it
-    slightly negative; every value is therefore in
-    [0, 1] and the kernel of a point with itself is 1 up to rounding, never above it. SOFT's bandwidth
-    ``exp(-||q - k||^2 / (2 sqrt(d)))`` is obtained by scaling both inputs by ``d ** -0.25`` beforehand.
+    slightly negative; every value is therefore in [0, 1] and the kernel of a point with itself is 1 up to rounding,
+    never above it. SOFT's bandwidth ``exp(-||q - k||^2 / (2 sqrt(d)))`` is obtained by scaling both inputs by
+    ``d ** -0.25`` beforehand.
 
     Args:
         x: ``(..., N, d)`` query-side vectors.
