@@ -48,8 +48,10 @@ def test_flop_formula(tool):
 
 
 def test_tiny_run_writes_table_plot_and_json(tmp_path):
-    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '8', '16x12', '--methods', 'soft_op', 'plain_math',
-                           'soft_norm_conv', 'sdpa', '--repeats', '1', '--max-case-s', '0', '--out', str(tmp_path)],
+    # two methods at two sizes (each case is a fresh process of a few seconds); every method's case is built and run
+    # in this process by the test below
+    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '8', '16x12', '--methods', 'soft_op', 'sdpa',
+                           '--repeats', '1', '--max-case-s', '0', '--out', str(tmp_path)],
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / 'attention_benchmark.json').read_text())
@@ -60,10 +62,23 @@ def test_tiny_run_writes_table_plot_and_json(tmp_path):
     assert not rows[('sdpa', 64)]['estimated'] and rows[('sdpa', 192)]['estimated']
     assert rows[('sdpa', 192)]['fwd_bwd_ms'] == pytest.approx(rows[('sdpa', 64)]['fwd_bwd_ms'] * 9)
     assert rows[('soft_op', 192)]['fwd_bwd_peak_mib'] is not None and rows[('soft_op', 192)]['sgemm_gflops'] > 0
-    assert set(data['exponents']) == {'soft_op', 'plain_math', 'soft_norm_conv', 'sdpa'}
+    assert set(data['exponents']) == {'soft_op', 'sdpa'}
     assert (tmp_path / 'attention_benchmark.png').stat().st_size > 1000
     table = (tmp_path / 'attention_benchmark.md').read_text()
-    assert '(est.)' in table and 'time exponent' in table and 'vs plain_math' in table
+    assert '(est.)' in table and 'time exponent' in table and 'vs sdpa est.' in table
+
+
+@pytest.mark.parametrize('method', ['soft_op', 'plain_math', 'soft_conv', 'soft_avg', 'soft_norm_conv',
+                                    'soft_norm_avg', 'sdpa', 'nystrom_softmax', 'pvt_sra'])
+def test_every_case_builds_and_runs_forward_and_backward(tool, method):
+    # in this process (the fresh-process runs cost seconds each): the case's output and a gradient for every input
+    fn, leaves = tool.build_case(method, (16, 12), 64, 2, torch.device('cpu'))
+    for leaf in leaves:
+        leaf.requires_grad_(True)
+    out = fn()
+    assert out.shape[-2:] == (192, 32) or out.shape[-2:] == (192, 64)
+    out.square().sum().backward()
+    assert leaves and all(leaf.grad is not None and torch.isfinite(leaf.grad).all() for leaf in leaves)
 
 
 def test_rejects_bad_sizes():
