@@ -24,12 +24,18 @@ def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     return h, w
 
 
-def _channels_last_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
-    """``(B, h, N, d) -> (B, h*d, H, W)`` with channel ``head * d + j``, in channels-last memory: a view of the
-    token-major tensors of :meth:`SoftAttention.forward` (built through NHWC so that even a batch of one gets the
-    strides that conv kernels recognise as channels-last; otherwise they copy to NCHW and back)."""
+def _token_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+    """``(B, h, N, d) -> (B, H, W, h*d)`` with channel ``head * d + j``: a view of the token-major tensors of
+    :meth:`SoftAttention.forward`."""
     b, h, _, d = t.shape
-    return t.transpose(1, 2).reshape(b, *hw_shape, h * d).permute(0, 3, 1, 2)
+    return t.transpose(1, 2).reshape(b, *hw_shape, h * d)
+
+
+def _channels_last_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+    """``(B, h, N, d) -> (B, h*d, H, W)`` in channels-last memory, built through NHWC (:func:`_token_map`) so that
+    even a batch of one gets the strides that conv kernels recognise as channels-last (otherwise they copy to NCHW
+    and back)."""
+    return _token_map(t, hw_shape).permute(0, 3, 1, 2)
 
 
 def _setting(name: str) -> property:
@@ -117,7 +123,7 @@ class SoftAttention(nn.Module):
                 return q_map.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
         else:
             # eager: all heads pooled at once on the token-major (B, H, W, h*d) map, a view of forward()'s q
-            tokens = q.transpose(1, 2).reshape(b, *hw_shape, h * d)
+            tokens = _token_map(q, hw_shape)
             if pooled_size != tuple(hw_shape):
                 tokens = adaptive_avg_pool_tokens(tokens, pooled_size)
             if self.landmark_mode == 'avg':

@@ -25,13 +25,18 @@ def _expand(weight: Tensor, head_dim: int) -> Tensor:
     return weight.repeat_interleave(head_dim, dim=0)  # (h, 1, k, k) -> (h*d, 1, k, k)
 
 
+def _conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
+    """The per-head conv itself (autograd's backward when called outside :class:`_HeadDepthwiseConv`)."""
+    return F.conv2d(x, _expand(weight, head_dim), padding=weight.shape[-1] // 2, groups=x.shape[1])
+
+
 class _HeadDepthwiseConv(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
         ctx.save_for_backward(x, weight)
         ctx.head_dim = head_dim
-        return F.conv2d(x, _expand(weight, head_dim), padding=weight.shape[-1] // 2, groups=x.shape[1])
+        return _conv(x, weight, head_dim)
 
     @staticmethod
     @once_differentiable
@@ -44,8 +49,7 @@ class _HeadDepthwiseConv(torch.autograd.Function):
         grad_out = grad_out.to(dtype)
         grad_x = grad_weight = None
         if ctx.needs_input_grad[0]:  # the transposed conv of stride 1: the flipped filter, same padding
-            grad_x = F.conv2d(grad_out, _expand(weight.to(dtype).flip(-2, -1), head_dim), padding=kernel // 2,
-                              groups=channels).to(x.dtype)
+            grad_x = _conv(grad_out, weight.to(dtype).flip(-2, -1), head_dim).to(x.dtype)
         if ctx.needs_input_grad[1]:
             # every (sample, channel) map correlated with its own output gradient: batch folded into the channels
             maps = x.to(dtype).contiguous().reshape(1, batch * channels, height, width)
@@ -66,5 +70,5 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
         raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
     if weight.shape[-1] < CUSTOM_BACKWARD_MIN_KERNEL:
-        return F.conv2d(x, _expand(weight, head_dim), padding=weight.shape[-1] // 2, groups=x.shape[1])
+        return _conv(x, weight, head_dim)
     return _HeadDepthwiseConv.apply(x, weight, head_dim)

@@ -29,7 +29,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from .kernel import augment_kernel_cols
+from .kernel import augment_kernel_cols, augment_kernel_rows
 
 __all__ = ['DEFAULT_TILE_SIZE', 'tiled_nystrom_products']
 
@@ -45,15 +45,9 @@ def _kernel_tile(q_aug_tile: Tensor, landmarks_aug_t: Tensor) -> Tensor:
 
 def _tiles(q: Tensor, tile_size: int) -> Iterator[tuple[slice, Tensor]]:
     """``(token slice, augmented rows [q, -|q|^2 / 2, 1] (h, T, d + 2))`` for each tile of ``q (h, N, d)``."""
-    heads, num_tokens, head_dim = q.shape
-    for start in range(0, num_tokens, tile_size):
+    for start in range(0, q.shape[1], tile_size):
         tile = slice(start, start + tile_size)
-        q_tile = q[:, tile]
-        rows = q.new_empty(heads, q_tile.shape[1], head_dim + 2)
-        rows[..., :head_dim] = q_tile
-        torch.sum(q_tile * q_tile, -1, out=rows[..., head_dim]).mul_(-0.5)
-        rows[..., head_dim + 1] = 1.0
-        yield tile, rows
+        yield tile, augment_kernel_rows(q[:, tile])  # the squared norms of the tile only
 
 
 class _TiledNystromProducts(torch.autograd.Function):

@@ -20,20 +20,18 @@ from typing import Any
 __all__ = ['GLIBC_MALLOC_TUNING', 'add_glibc_malloc_argument', 'glibc_malloc_note', 'run_in_fresh_process']
 
 GLIBC_MALLOC_TUNING = {'MALLOC_MMAP_THRESHOLD_': str(1 << 32), 'MALLOC_TRIM_THRESHOLD_': str(1 << 36)}
+_TUNING_TEXT = ', '.join(f'{key}={value}' for key, value in GLIBC_MALLOC_TUNING.items())
 
 
 def add_glibc_malloc_argument(parser: argparse.ArgumentParser) -> None:
     parser.add_argument('--glibc-malloc', choices=('tuned', 'default'), default='tuned',
-                        help="allocator setting of every case: 'tuned' keeps freed memory for reuse "
-                             f"({' '.join(f'{k}={v}' for k, v in GLIBC_MALLOC_TUNING.items())}), 'default' is glibc's "
-                             'own (default: tuned)')
+                        help=f"allocator setting of every case: 'tuned' keeps freed memory for reuse ({_TUNING_TEXT}), "
+                             "'default' is glibc's own (default: tuned)")
 
 
 def glibc_malloc_note(setting: str) -> str:
     """The allocator setting, as the tables' headers state it."""
-    if setting == 'tuned':
-        return 'glibc malloc tuned (' + ', '.join(f'{k}={v}' for k, v in GLIBC_MALLOC_TUNING.items()) + ')'
-    return "glibc malloc default"
+    return f'glibc malloc tuned ({_TUNING_TEXT})' if setting == 'tuned' else 'glibc malloc default'
 
 
 def run_in_fresh_process(script: str, spec: dict[str, Any],
