@@ -4,14 +4,15 @@
 #   bash tools/install.sh
 #
 # Steps: check the toolchain -> pin setuptools -> torch (kept if present) -> mmengine -> mmcv 2.1.0 built from source
-# with its compiled ops (cached as a wheel outside the checkout) -> mmdet, mmseg, mmpretrain, timm, test tools -> soft_mm
-# (editable).
+# with its compiled ops (cached as a wheel outside the checkout) -> mmdet, mmseg, mmpretrain, timm, test tools ->
+# openmim -> soft_mm (editable).
 #
 # Environment switches:
 #   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm)
 #   FORCE_CUDA=1    build mmcv's CUDA ops too (needs nvcc; also chosen automatically when torch sees a GPU)
 #   MAX_JOBS        parallel compile jobs for mmcv (default: number of cores)
-#   SOFT_MM_WITH_MIM=1  also install openmim and re-pin what its dependencies downgrade
+#   SOFT_MM_WITH_MIM=0  skip openmim (installed by default, then what its dependencies downgrade is re-pinned;
+#                       tests/tools/test_mim.py needs it)
 set -euo pipefail
 
 # The whole script is one function, parsed before it runs: editing this file during an install cannot break it.
@@ -115,7 +116,7 @@ main() {
   step "mmdet, mmsegmentation, mmpretrain, timm and the test tools (requirements.txt)"
   pip_q -r "$ROOT/requirements.txt"
 
-  if [ "${SOFT_MM_WITH_MIM:-0}" = "1" ]; then
+  if [ "${SOFT_MM_WITH_MIM:-1}" != "0" ]; then
     step "openmim (and re-pinning what its dependencies downgrade)"
     pip_q openmim
     pip_q "setuptools>=77.0.3,<82" "requests>=2.31" "rich>=13.7"
