@@ -15,7 +15,8 @@
 #                       tests/tools/test_mim.py needs it)
 set -euo pipefail
 
-# The whole script is one function, parsed before it runs: editing this file during an install cannot break it.
+# The whole script is one function, parsed before it runs, and the line that calls it also exits: editing this file
+# during an install cannot break it (bash would otherwise read on at a stale offset after main returns).
 main() {
 
   PY=${PYTHON:-python}
@@ -131,4 +132,4 @@ main() {
   step "done"
 }
 
-main "$@"
+main "$@"; exit
