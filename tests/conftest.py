@@ -17,9 +17,19 @@ import pytest
 import torch
 from tool_process import REPO_ROOT  # noqa: E402  (tests/ is on sys.path: pyproject's pythonpath)
 
+import soft_mm
+
 # Every process a test starts (a tool, a worker, a training run) imports this checkout's soft_mm, whatever copy of
 # soft_mm is installed (an editable install of another checkout, or none).
 os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))
+
+# ... and so must the tests themselves: a stale install of another checkout would be tested instead, silently.
+_TESTED = Path(soft_mm.__file__).resolve()
+assert _TESTED.is_relative_to((REPO_ROOT / 'soft_mm').resolve()), (
+    f'the tests would import soft_mm from {_TESTED.parent}, not from this checkout ({REPO_ROOT / "soft_mm"}): '
+    f'install this checkout (pip install --no-deps -e {REPO_ROOT}, or bash tools/install.sh) or put {REPO_ROOT} '
+    f'first on PYTHONPATH')
+
 _TOOLS: dict[str, ModuleType] = {}
 
 
