@@ -116,27 +116,76 @@ def test_ensure_writes_the_whole_dataset_when_root_is_missing(tmp_path):
         assert sorted(os.listdir(root / 'semantic' / split)) == sorted(os.listdir(root / split))
 
 
-# the generator module is loaded by its path so that each process starts in well under a second (numpy and OpenCV only,
-# not the soft_mm package with mmdet and mmseg) and the two really render at the same time
-_ENSURE = ('import importlib.util, sys; spec = importlib.util.spec_from_file_location("shapes", sys.argv[1]); '
-           'shapes = importlib.util.module_from_spec(spec); spec.loader.exec_module(shapes); '
-           'print(shapes.ensure_semantic_labels(sys.argv[2], num_train=200, num_val=5, image_size=64, '
-           'radius_range=(6, 14)))')
+# The generator module is loaded by its path, so each process starts in well under a second (numpy and OpenCV only,
+# not the soft_mm package with mmdet and mmseg). Each process holds twice until the test's go: once with its complete
+# copy of the missing dataset, once with its first split of label maps rendered; both are then past the existence
+# check of that folder and their renames of the dataset, then of root/semantic, really race.
+_ENSURE = """
+import importlib.util, sys
+
+spec = importlib.util.spec_from_file_location('shapes', sys.argv[1])
+shapes = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(shapes)
+
+def hold(what):
+    print(what, flush=True)
+    if sys.stdin.readline() != 'go\\n':
+        raise SystemExit('no go from the test')
+
+write_dataset, write_labels = shapes.write_shapes_dataset, shapes.write_semantic_labels
+
+def write_dataset_then_hold(folder, **kwargs):
+    write_dataset(folder, **kwargs)
+    hold('dataset written')
+
+def write_labels_then_hold(root, split, out_dir=None):
+    count = write_labels(root, split, out_dir)
+    if split == 'train':
+        hold('labels written')
+    return count
+
+shapes.write_shapes_dataset, shapes.write_semantic_labels = write_dataset_then_hold, write_labels_then_hold
+print(shapes.ensure_semantic_labels(sys.argv[2], num_train=40, num_val=5, image_size=64, radius_range=(6, 14)))
+"""
+
+
+def _wait_for(procs: list[subprocess.Popen], held: str) -> None:
+    """Return once every process has said ``held`` (and holds)."""
+    assert [proc.stdout.readline() for proc in procs] == [held + '\n'] * len(procs), f'every process: {held}'
+
+
+def _go(procs: list[subprocess.Popen]) -> None:
+    """Let the holding processes go on together."""
+    for proc in procs:
+        proc.stdin.write('go\n')
+        proc.stdin.flush()
 
 
 def test_ensure_is_atomic_when_processes_race(tmp_path):
     """Two processes (like two distributed ranks) generate data and label maps into the same missing folder."""
     root = tmp_path / 'race' / 'shapes'
     module = synthetic_shapes.__file__
-    procs = [subprocess.Popen([sys.executable, '-c', _ENSURE, module, str(root)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    written = sorted(proc.communicate(timeout=120)[0].strip() for proc in procs)
+    procs = [subprocess.Popen([sys.executable, '-c', _ENSURE, module, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        _wait_for(procs, 'dataset written')
+        assert not root.exists() and len(os.listdir(root.parent)) == 2, 'two finished copies of the dataset'
+        _go(procs)
+        _wait_for(procs, 'labels written')
+        partial = [name for name in os.listdir(root) if name.startswith('.semantic.partial-')]
+        assert not (root / 'semantic').exists() and len(partial) == 2, 'two copies of the label maps under way'
+        _go(procs)
+        written = sorted(proc.communicate(timeout=120)[0].strip() for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0]
     assert written == ['False', 'True'], 'exactly one process publishes the label maps'
     assert sorted(os.listdir(root.parent)) == ['shapes']
     assert sorted(os.listdir(root)) == ['annotations', 'semantic', 'train', 'val'], 'the losing copies are removed'
     assert sorted(os.listdir(root / 'semantic')) == list(SPLITS)
-    assert len(os.listdir(root / 'semantic/train')) == 200
+    assert len(os.listdir(root / 'semantic/train')) == 40
     assert oct((root / 'semantic').stat().st_mode & 0o777) == oct(0o755)
 
 

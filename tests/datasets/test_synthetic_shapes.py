@@ -89,16 +89,42 @@ def test_polygons_and_bad_arguments():
         write_shapes_dataset('/nonexistent', image_size=32, radius_range=(5, 30))
 
 
-_ENSURE = ('import sys; from soft_mm.datasets.synthetic_shapes import ensure_shapes_dataset; '
-           'print(ensure_shapes_dataset(sys.argv[1], num_train=40, num_val=5, image_size=96, radius_range=(8, 20)))')
+# Each process writes its complete copy, says so and waits for the test's go before renaming it: both are then past
+# the existence check with a finished copy, so their renames really race (the imports alone take seconds, the write
+# milliseconds: without the hold the second process would only find the first one's dataset).
+_ENSURE = """
+import sys
+import soft_mm.datasets.synthetic_shapes as shapes
+
+write = shapes.write_shapes_dataset
+
+def write_then_hold(folder, **kwargs):
+    write(folder, **kwargs)
+    print('written', flush=True)
+    if sys.stdin.readline() != 'go\\n':
+        raise SystemExit('no go from the test')
+
+shapes.write_shapes_dataset = write_then_hold
+print(shapes.ensure_shapes_dataset(sys.argv[1], num_train=40, num_val=5, image_size=96, radius_range=(8, 20)))
+"""
 
 
 def test_ensure_is_atomic_when_processes_race(tmp_path):
     """Two processes (like two distributed ranks) generate into the same missing folder at the same time."""
     root = tmp_path / 'race' / 'shapes'
-    procs = [subprocess.Popen([sys.executable, '-c', _ENSURE, str(root)], stdout=subprocess.PIPE, text=True)
-             for _ in range(2)]
-    written = sorted(proc.communicate(timeout=120)[0].strip() for proc in procs)
+    procs = [subprocess.Popen([sys.executable, '-c', _ENSURE, str(root)], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True) for _ in range(2)]
+    try:
+        assert [proc.stdout.readline() for proc in procs] == ['written\n'] * 2, 'both write a copy'
+        assert not root.exists() and len(os.listdir(root.parent)) == 2, 'two finished copies, none published yet'
+        for proc in procs:
+            proc.stdin.write('go\n')
+            proc.stdin.flush()
+        written = sorted(proc.communicate(timeout=120)[0].strip() for proc in procs)
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
     assert [proc.returncode for proc in procs] == [0, 0]
     assert written == ['False', 'True'], 'exactly one process publishes the dataset'
     assert sorted(os.listdir(root.parent)) == ['shapes'], 'the losing copy is removed'
