@@ -7,7 +7,8 @@ mmengine's ``LocalVisBackend`` writes one JSON object per line to ``<work_dir>/<
 training lines carry ``loss`` (and ``loss_*`` parts) with ``iter`` / ``step``, validation lines the metrics
 (``coco/bbox_mAP``, ``mIoU``, ...) with ``step`` = the epoch or iteration of that evaluation. The left panel draws every
 ``loss*`` key against the iteration, the right one every metric (``--metrics`` picks them; default: keys containing
-``mAP`` or ``IoU``).
+``mAP`` or ``IoU``). A run with soft_mm's ``AttentionHealthHook`` gets a third panel: the Newton residual of every SOFT
+layer (``attn_health/<layer>/residual``) against the iteration.
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from collections import defaultdict
 from pathlib import Path
 
 DEFAULT_METRIC_MARKERS = ('mAP', 'IoU')
+HEALTH_PREFIX = 'attn_health/'  # soft_mm.engine.hooks.AttentionHealthHook
 
 
 def find_scalars(path: str | Path) -> Path:
@@ -71,7 +73,9 @@ def plot(path: str | Path, out: str | Path, metric_keys: list[str] | None = None
     missing = [k for k in metric_keys if k not in metrics]
     if missing:
         raise ValueError(f'--metrics {missing} not in {path}; logged metrics: {", ".join(sorted(metrics)) or "none"}')
-    fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    health_keys = sorted(k for k in metrics if k.startswith(HEALTH_PREFIX) and k.endswith('/residual'))
+    fig, axes = plt.subplots(1, 3 if health_keys else 2, figsize=(16 if health_keys else 11, 4))
+    loss_ax, metric_ax = axes[:2]
     for key in sorted(losses):
         steps, values = zip(*losses[key])
         loss_ax.plot(steps, values, label=key, linewidth=1.5 if key == 'loss' else 0.8)
@@ -85,6 +89,13 @@ def plot(path: str | Path, out: str | Path, metric_keys: list[str] | None = None
         metric_ax.legend(fontsize=8)
     else:
         metric_ax.text(0.5, 0.5, 'no mAP / IoU logged', ha='center', va='center', transform=metric_ax.transAxes)
+    if health_keys:
+        health_ax = axes[2]
+        for key in health_keys:
+            steps, values = zip(*metrics[key])
+            health_ax.semilogy(steps, [max(v, 1e-17) for v in values], label=key[len(HEALTH_PREFIX):-len('/residual')])
+        health_ax.set(xlabel='iteration', ylabel='||P X - I||_F / sqrt(m)', title='Newton residual per SOFT layer')
+        health_ax.legend(fontsize=7)
     fig.tight_layout()
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(out, dpi=100)

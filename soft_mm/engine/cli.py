@@ -30,10 +30,11 @@ from ..utils.checkpoint_files import (
     state_dict_of,
 )
 from ..utils.launch import LAUNCHERS, adapt_config_to_device
-from .hooks import AtomicCheckpointHook, InvalidLossError, InvalidLossHook
+from .hooks import AtomicCheckpointHook, AttentionHealthHook, InvalidLossError, InvalidLossHook
 
 # type names that only resolve once soft_mm is imported
-SOFT_MM_TYPES = frozenset({'SOFT', 'soft_mm.SOFT', AtomicCheckpointHook.__name__, InvalidLossHook.__name__})
+SOFT_MM_TYPES = frozenset({'SOFT', 'soft_mm.SOFT', AtomicCheckpointHook.__name__, InvalidLossHook.__name__,
+                           AttentionHealthHook.__name__})
 CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)"
 _NOT_REGISTERED = re.compile(r'^(\S+) is not in the (\S+) registry')
 

@@ -1,10 +1,10 @@
-"""Training hooks that keep a long run recoverable: crash-safe checkpoints and a stop at the first invalid loss.
+"""Training hooks: crash-safe checkpoints, a stop at the first invalid loss, and the SOFT layers' attention health.
 
-Both are registered in mmengine's root ``HOOKS`` registry, so mmdet, mmseg and mmpretrain configs name them without a
+All are registered in mmengine's root ``HOOKS`` registry, so mmdet, mmseg and mmpretrain configs name them without a
 scope once ``soft_mm`` is imported (``custom_imports=dict(imports=['soft_mm'])``)::
 
     default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=3))
-    custom_hooks = [dict(type='InvalidLossHook')]
+    custom_hooks = [dict(type='InvalidLossHook'), dict(type='AttentionHealthHook', interval=50)]
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
+from ..ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
 
 # Test-only: seconds to wait between writing a checkpoint's temporary file and renaming it, so that a test can kill
@@ -129,3 +130,73 @@ class InvalidLossHook(Hook):
             f'training stopped at iteration {runner.iter + 1} (epoch {runner.epoch + 1}) because the loss is not '
             f'finite ({terms}); {resume} after lowering the learning rate, adding gradient clipping '
             '(optim_wrapper.clip_grad) or checking the data of that iteration.')
+
+
+@HOOKS.register_module()
+class AttentionHealthHook(Hook):
+    """Every ``interval`` training iterations, the attention health of every SOFT layer on that iteration's batch.
+
+    During the chosen iteration the landmarks the forward uses are recorded (read-only forward hooks; the training is
+    unchanged), and after it the figures of :func:`soft_mm.models.health.attention_health` are computed in float64:
+    per layer ``attn_health/<layer>/{condition,effective_rank,residual,iters_to_target}`` and the model-wide
+    ``attn_health/max_condition``, ``max_residual`` and ``min_effective_rank``. They go to the visualizer (so to
+    ``vis_data/scalars.json``, TensorBoard with ``--tensorboard``, and ``tools/plot_logs.py``, which draws them in a
+    panel of their own) at step = the iteration, and the table to the log. One line in a config enables it::
+
+        custom_hooks = [dict(type='AttentionHealthHook', interval=50)]
+
+    Args:
+        interval: record every ``interval`` iterations (an int >= 1); the float64 figures cost a few milliseconds per
+            layer.
+        target_residual: the Newton residual ``iters_to_target`` asks for (> 0).
+        max_iters: the most Newton–Schulz iterations tried for it (>= 1).
+        log_table: also write the per-layer table to the log.
+    """
+
+    priority = 'LOW'
+
+    def __init__(self, interval: int = 50, target_residual: float = DEFAULT_TARGET_RESIDUAL,
+                 max_iters: int = DEFAULT_MAX_ITERS, log_table: bool = True) -> None:
+        if not (isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1):
+            raise ValueError(f'AttentionHealthHook: interval must be an int >= 1, got {interval!r}')
+        if isinstance(target_residual, bool) or not isinstance(target_residual, (int, float)) \
+                or not target_residual > 0:
+            raise ValueError(f'AttentionHealthHook: target_residual must be a number > 0, got {target_residual!r}')
+        if not (isinstance(max_iters, int) and not isinstance(max_iters, bool) and max_iters >= 1):
+            raise ValueError(f'AttentionHealthHook: max_iters must be an int >= 1, got {max_iters!r}')
+        self.interval = interval
+        self.target_residual = float(target_residual)
+        self.max_iters = max_iters
+        self.log_table = log_table
+        self._recorder = None
+
+    def before_train(self, runner) -> None:
+        from ..models.health import LandmarkRecorder
+
+        model = getattr(runner.model, 'module', runner.model)  # (Distributed)DataParallel
+        self._recorder = LandmarkRecorder(model)
+        if not self._recorder.layers:
+            runner.logger.warning('AttentionHealthHook: the model has no SOFT attention layer; nothing to record')
+
+    def before_train_iter(self, runner, batch_idx: int, data_batch=None) -> None:
+        if self._recorder is not None and self._recorder.layers and self.every_n_train_iters(runner, self.interval):
+            self._recorder.attach()
+
+    def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs: dict | None = None) -> None:
+        if self._recorder is None or not self._recorder.attached:
+            return
+        from ..models.health import format_health_table, health_scalars
+
+        self._recorder.detach()
+        report = self._recorder.health(self.target_residual, self.max_iters)
+        self._recorder.clear()
+        if not report:
+            return
+        step = runner.iter + 1
+        runner.visualizer.add_scalars(health_scalars(report), step=step)
+        if self.log_table:
+            runner.logger.info(f'attention health at iteration {step}:\n{format_health_table(report)}')
+
+    def after_train(self, runner) -> None:
+        if self._recorder is not None:
+            self._recorder.detach()

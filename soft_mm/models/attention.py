@@ -94,6 +94,9 @@ class SoftAttention(nn.Module):
         self.v_conv = (nn.Conv2d(num_heads, num_heads, v_conv_kernel, padding=v_conv_kernel // 2, groups=num_heads,
                                  bias=False) if v_conv_kernel else None)
         self.proj = nn.Linear(dim, dim)
+        # a hook point with no parameters: forward hooks on it see the (B, h, m, d) landmarks of every forward
+        # (soft_mm.models.health records them there without changing any result)
+        self.landmark_probe = nn.Identity()
 
     landmark_mode = _setting('landmark_mode')
     landmark_grid = _setting('landmark_grid')
@@ -143,7 +146,7 @@ class SoftAttention(nn.Module):
         # output, the value conv (a channels-last map) and the output projection all read each other in place.
         q = self.qk(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) * self.head_dim ** -0.25
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
-        landmarks = self.sample_landmarks(q, hw_shape)
+        landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
         out = soft_attention(q, landmarks, v, num_iters=self.newton_iters, normalize=self.soft_norm,
                              ridge=self.newton_ridge, backward=self.newton_backward)
         if self.v_conv is not None:

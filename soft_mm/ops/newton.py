@@ -8,7 +8,8 @@ from torch.autograd.function import once_differentiable
 
 from ._precision import compute_dtype, no_autocast
 
-__all__ = ['BACKWARD_MODES', 'NewtonInverse', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs']
+__all__ = ['BACKWARD_MODES', 'NewtonInverse', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs',
+           'newton_schulz_start', 'newton_schulz_step']
 
 BACKWARD_MODES = ('implicit', 'unrolled')
 # Largest ridge, relative to sqrt(||mat||_1 ||mat||_inf), for which alpha * sigma_max(mat + ridge I)^2 < 2 still holds
@@ -41,10 +42,10 @@ def _add_ridge(mat: Tensor, ridge: float) -> Tensor:
     return mat + ridge * eye
 
 
-def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
-    """The bare iteration on ``mat`` (..., M, M), already in its compute dtype; differentiable if ``mat`` is."""
-    if mat.shape[-1] == 0:
-        return mat.transpose(-2, -1).clone()
+def newton_schulz_start(mat: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
+    """``(P, V_0)``: the matrix ``P = mat + ridge I`` that the iteration inverts and its initial guess ``alpha P^T``
+    (``mat`` (..., M, M) with M >= 1, in its compute dtype; differentiable if ``mat`` is). Each iteration is then
+    :func:`newton_schulz_step`."""
     abs_mat = mat.abs()
     norm_1 = abs_mat.sum(-2).amax(-1)  # max column sum, (...)
     norm_inf = abs_mat.sum(-1).amax(-1)  # max row sum, (...)
@@ -53,9 +54,21 @@ def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
     floor = max(torch.finfo(mat.dtype).tiny, (ridge / _MAX_RELATIVE_RIDGE) ** 2)
     alpha = 1.8 / (norm_1 * norm_inf).clamp_min(floor)
     p = _add_ridge(mat, ridge)
-    v = alpha[..., None, None] * p.transpose(-2, -1)
+    return p, alpha[..., None, None] * p.transpose(-2, -1)
+
+
+def newton_schulz_step(v: Tensor, p: Tensor) -> Tensor:
+    """One Newton–Schulz iteration ``2 V - (V P) V``."""
+    return 2.0 * v - (v @ p) @ v
+
+
+def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
+    """The bare iteration on ``mat`` (..., M, M), already in its compute dtype; differentiable if ``mat`` is."""
+    if mat.shape[-1] == 0:
+        return mat.transpose(-2, -1).clone()
+    p, v = newton_schulz_start(mat, ridge)
     for _ in range(num_iters):
-        v = 2.0 * v - (v @ p) @ v
+        v = newton_schulz_step(v, p)
     return v
 
 
