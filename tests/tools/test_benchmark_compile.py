@@ -1,6 +1,8 @@
-"""tools/benchmark_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs."""
+"""tools/benchmark_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs, from one whole graph per
+input size recorded on the graph-capture path of the model (``soft_mm.ops.pooling.in_graph_capture()`` True)."""
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -8,6 +10,7 @@ import pytest
 import torch
 
 from soft_mm.models import SOFT
+from soft_mm.ops import pooling
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL_ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
@@ -26,12 +29,71 @@ def _model() -> SOFT:
     return SOFT(SMALL_ARCH, soft_norm=True).eval()
 
 
-def test_compiled_graph_matches_eager(tool: ModuleType) -> None:
+class RecordingBackend:
+    """A ``torch.compile`` backend that keeps every graph dynamo hands it, then compiles it with ``inner``: a model
+    split by graph breaks gives several graphs per compile, one left to eager gives none."""
+
+    def __init__(self, inner: str) -> None:
+        self.inner = torch._dynamo.lookup_backend(inner)
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):
+        self.graphs.append(graph)
+        return self.inner(graph, example_inputs)
+
+
+# What ``in_graph_capture()`` returned to soft_mm's modules while dynamo traced them, noted at trace time only: a list
+# mutated by the traced code itself would be guarded on, and every call would recompile.
+TRACED_FLAGS: list[bool] = []
+
+
+def _note_traced_true(ctx) -> None:
+    TRACED_FLAGS.append(True)
+
+
+def _note_traced_false(ctx) -> None:
+    TRACED_FLAGS.append(False)
+
+
+@pytest.fixture
+def capture_flags(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Every value ``in_graph_capture()`` returned to soft_mm's modules while a graph was being traced."""
+    from torch._dynamo.comptime import comptime  # runs its function while dynamo traces, nothing at run time
+
+    original = pooling.in_graph_capture
+
+    def noting() -> bool:
+        flag = original()
+        comptime(_note_traced_true if flag else _note_traced_false)
+        return flag
+
+    users = [module for name, module in list(sys.modules.items())
+             if name.startswith('soft_mm') and getattr(module, 'in_graph_capture', None) is original]
+    assert len(users) >= 3  # the pooling module itself, the attention op and the model's layers
+    for module in users:
+        monkeypatch.setattr(module, 'in_graph_capture', noting)
+    TRACED_FLAGS.clear()
+    return TRACED_FLAGS
+
+
+def assert_whole_graphs(rows: list[dict], backend: RecordingBackend, flags: list[bool]) -> None:
+    """Each size was compiled by ``backend`` (no fallback) into one graph of the whole forward, traced with
+    ``in_graph_capture()`` True wherever the model asked."""
+    assert [row['backend'] for row in rows] == [backend] * len(rows)
+    assert len(backend.graphs) == len(rows), 'one graph per input size: no graph break, no recompilation'
+    for graph in backend.graphs:
+        (output,) = [node for node in graph.graph.nodes if node.op == 'output']
+        assert len(output.args[0]) == 4, 'the four stage maps come out of the graph'
+    assert flags and all(flags), 'every shape-dependent branch took the graph-capture path while traced'
+
+
+def test_compiled_graph_matches_eager(tool: ModuleType, capture_flags: list[bool]) -> None:
     # aot_eager records the same graph as inductor (the graph-capture paths of the model run) without code generation
-    rows = tool.compare(_model(), SIZES, backend='aot_eager', repeats=1)
+    backend = RecordingBackend('aot_eager')
+    rows = tool.compare(_model(), SIZES, backend=backend, repeats=1)
     assert [row['size'] for row in rows] == SIZES
+    assert_whole_graphs(rows, backend, capture_flags)
     for row in rows:
-        assert row['backend'] == 'aot_eager'
         assert row['max_abs_diff'] < ATOL
 
 
@@ -43,7 +105,8 @@ def test_unusable_backend_falls_back(tool: ModuleType, capsys: pytest.CaptureFix
 
 
 @pytest.mark.slow  # inductor compiles C++ kernels: about 3 minutes on 2 busy cores the first time
-def test_inductor_matches_eager(tool: ModuleType) -> None:
-    rows = tool.compare(_model(), SIZES[:1], backend='inductor', repeats=1)
-    assert rows[0]['backend'] == 'inductor'  # the C++ compiler works here: no silent fallback
+def test_inductor_matches_eager(tool: ModuleType, capture_flags: list[bool]) -> None:
+    backend = RecordingBackend('inductor')
+    rows = tool.compare(_model(), SIZES[:1], backend=backend, repeats=1)
+    assert_whole_graphs(rows, backend, capture_flags)  # the C++ compiler works here: no silent fallback
     assert rows[0]['max_abs_diff'] < ATOL
