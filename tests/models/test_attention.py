@@ -247,7 +247,9 @@ def test_float16_finite_outputs_and_gradients(landmark_mode):
     x16 = x.half().requires_grad_()
     out = attn(x16, (56, 56))
     assert out.dtype == torch.float16 and out.isfinite().all()
-    assert relative_error(out.float(), ref) < 0.05
+    # Measured 5.7e-4 (conv) and 5.2e-4 (avg), at most 6.4e-4 over seeds 0-3, about half float16's eps (9.8e-4): the
+    # attention op works in float32 inside. Its arithmetic left in float16 gives 1.4e-2 (avg). The bar has a 3x margin.
+    assert relative_error(out.float(), ref) < 2e-3
     out.float().pow(2).mean().backward()
     assert x16.grad.isfinite().all() and x16.grad.abs().max() > 0
     assert all(p.grad is not None and p.grad.isfinite().all() for p in attn.parameters())
