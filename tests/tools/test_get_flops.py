@@ -48,9 +48,14 @@ def test_arch_tiny_report(tool, capsys):
     out = capsys.readouterr().out
     assert 'params 13,069,056 (13.07M; published 13M)' in out
     total, without_newton = (float(v) for v in re.search(r'FLOPs ([\d.]+) GMACs \(([\d.]+) without', out).groups())
+    # Measured: 2.15 GMACs in all, 1.96 without the Newton-Schulz iterations (3% above the published 1.9). The
+    # iterations cost exactly 2 * 20 * 49^3 MACs for each head of each SOFT layer (tiny: 1x2 + 2x4 + 3x10 = 40), 0.19;
+    # the rest is held to 2% of its measured count (40 MMACs), and to 5% of the published figure.
+    newton = 40 * 2 * 20 * 49 ** 3 / 1e9
+    assert abs(total - without_newton - newton) <= 0.01  # both printed to 0.01
+    assert abs(without_newton - 1.96) <= 0.02 * 1.96
     published = PUBLISHED['tiny']['gflops']
-    assert published / 1.5 < total < published * 1.5
-    assert abs(without_newton - published) < 0.1 * published
+    assert abs(without_newton - published) < 0.05 * published
     assert 'newton_inverse' in out and 'not counted (no mmengine handle: element-wise' in out and 'exp' in out
 
 
