@@ -177,15 +177,19 @@ def test_demo_killed_during_checkpoint_write_resumes_and_finishes(demo_dir):
 
 @pytest.mark.slow
 def test_same_seed_same_losses_on_cpu(demo_dir):
-    """Two 2-epoch CPU runs with randomness.seed=0, deterministic=True and one thread log the same losses."""
+    """Two 2-epoch CPU runs with randomness.seed=0, deterministic=True and one thread log the same losses; a third
+    with randomness.seed=1 (the control: the seed is used) logs other losses at every step."""
     losses = []
-    for run in ('a', 'b'):
+    for run, seed in (('a', 0), ('b', 0), ('c', 1)):
         work_dir = demo_dir / f'work_seed_{run}'
         run_tool(['tools/train.py', RETINANET_DEMO, '--work-dir', str(work_dir), '--cfg-options',
-                  'train_cfg.max_epochs=2', 'train_cfg.val_interval=10', 'randomness.seed=0',
+                  'train_cfg.max_epochs=2', 'train_cfg.val_interval=10', f'randomness.seed={seed}',
                   'randomness.deterministic=True', *SHORT], demo_dir, env={'OMP_NUM_THREADS': '1'})
         records = [json.loads(line) for path in sorted(work_dir.glob('*/vis_data/scalars.json'))
                    for line in path.read_text().splitlines()]
         losses.append([(r['step'], r['loss'], r['loss_cls'], r['loss_bbox']) for r in records if 'loss' in r])
     assert len(losses[0]) == 4  # 2 epochs x 2 iterations, logged every iteration
     assert losses[0] == losses[1]
+    assert [step for step, *_ in losses[2]] == [step for step, *_ in losses[0]]
+    assert all(other[1] != same[1] for other, same in zip(losses[2], losses[0])), 'seed 1 gives another loss each step'
+
