@@ -2,6 +2,7 @@
 
     python tools/plot_logs.py work_dirs/retinanet_soft_tiny_demo                  # newest run under the work dir
     python tools/plot_logs.py work_dirs/upernet_soft_tiny_demo/20261130_141500/vis_data/scalars.json --out miou.png
+    python tools/plot_logs.py work_dirs/run_a work_dirs/run_b --labels A B --out compare.png   # runs side by side
 
 mmengine's ``LocalVisBackend`` writes one JSON object per line to ``<work_dir>/<timestamp>/vis_data/scalars.json``:
 training lines carry ``loss`` (and ``loss_*`` parts) with ``iter`` / ``step``, validation lines the metrics
@@ -103,13 +104,70 @@ def plot(path: str | Path, out: str | Path, metric_keys: list[str] | None = None
     return sorted(losses), metric_keys
 
 
+def _smoothed(points: list[tuple[float, float]], window: int) -> tuple[list[float], list[float]]:
+    """Running mean over ``window`` consecutive points (the log's own window is per logging interval)."""
+    steps, values = zip(*points)
+    means = [sum(values[max(0, i - window + 1):i + 1]) / (i + 1 - max(0, i - window + 1)) for i in range(len(values))]
+    return list(steps), means
+
+
+def compare_runs(paths: list[str | Path], out: str | Path, labels: list[str] | None = None, metric: str | None = None,
+                 smooth: int = 5) -> list[tuple[str, float | None]]:
+    """One PNG comparing runs: each run's total ``loss`` (running mean over ``smooth`` logged points) against the
+    iteration, and its validation ``metric`` (default: the first key with mAP or IoU) against the evaluation step.
+    Returns each run's label and final metric value (None when it logged none)."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    labels = labels or [Path(path).name for path in paths]
+    if len(labels) != len(paths):
+        raise ValueError(f'--labels: {len(labels)} labels for {len(paths)} runs; give one per run')
+    fig, (loss_ax, metric_ax) = plt.subplots(1, 2, figsize=(11, 4))
+    finals = []
+    for path, label in zip(paths, labels):
+        scalars = find_scalars(path)
+        losses, metrics = read_scalars(scalars)
+        if 'loss' not in losses:
+            raise ValueError(f'{scalars} has no loss values: no training iteration was logged yet')
+        loss_ax.plot(*_smoothed(losses['loss'], smooth), label=label)
+        key = metric or next((k for k in sorted(metrics) if any(m in k for m in DEFAULT_METRIC_MARKERS)), None)
+        if key in metrics:
+            steps, values = zip(*metrics[key])
+            metric_ax.plot(steps, values, marker='o', label=label)
+            finals.append((label, values[-1]))
+        else:
+            finals.append((label, None))
+    loss_ax.set(xlabel='iteration', ylabel=f'loss (running mean of {smooth})', title='training loss')
+    metric_ax.set(xlabel='evaluation step (epoch or iteration)', title=metric or 'validation (first mAP / IoU key)')
+    loss_ax.legend(fontsize=8)
+    metric_ax.legend(fontsize=8)
+    fig.tight_layout()
+    Path(out).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+    return finals
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
-    parser.add_argument('run', help='a work dir (newest run) or a vis_data/scalars.json file')
-    parser.add_argument('--out', help='PNG path (default: curves.png next to scalars.json)')
-    parser.add_argument('--metrics', nargs='+', help='validation keys to draw (default: those with mAP or IoU)')
+    parser.add_argument('runs', nargs='+', metavar='run',
+                        help='a work dir (newest run) or a vis_data/scalars.json file; several runs are compared in '
+                             'one figure (loss and one metric per run)')
+    parser.add_argument('--out', help='PNG path (default: curves.png next to scalars.json; required for several runs)')
+    parser.add_argument('--metrics', nargs='+', help='validation keys to draw (default: those with mAP or IoU; with '
+                                                     'several runs the first one given)')
+    parser.add_argument('--labels', nargs='+', help='legend labels of the runs (default: their folder names)')
     args = parser.parse_args(argv)
-    scalars = find_scalars(args.run)
+    if len(args.runs) > 1:
+        if not args.out:
+            parser.error('--out is required when comparing several runs')
+        finals = compare_runs(args.runs, args.out, args.labels, args.metrics[0] if args.metrics else None)
+        print(f'wrote {args.out}: ' + ', '.join(f'{label} {"-" if value is None else f"{value:.4g}"}'
+                                                 for label, value in finals))
+        return
+    scalars = find_scalars(args.runs[0])
     out = args.out or scalars.parent / 'curves.png'
     loss_keys, metric_keys = plot(scalars, out, args.metrics)
     print(f'wrote {out}: {", ".join(loss_keys)} | {", ".join(metric_keys) or "no metric"}')

@@ -42,8 +42,14 @@ def shape_polygon(kind: str, center: tuple[float, float], radius: float, angle: 
     return np.stack([center[0] + radius * np.cos(theta), center[1] + radius * np.sin(theta)], axis=1)
 
 
-def _background(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
-    """A noisy linear colour gradient (size×size×3 uint8) and its mean colour."""
+BACKGROUNDS = ('gradient', 'texture')
+
+
+def _background(rng: np.random.Generator, size: int, style: str = 'gradient') -> tuple[np.ndarray, np.ndarray]:
+    """A background (size×size×3 uint8) and its mean colour: ``'gradient'``, a noisy linear colour gradient, or
+    ``'texture'``, see :func:`_texture`."""
+    if style == 'texture':
+        return _texture(rng, size)
     start, end = rng.uniform(0, 255, size=(2, 3))
     ramp = np.linspace(0.0, 1.0, size)
     ramp = ramp[:, None] if rng.random() < 0.5 else ramp[None, :]
@@ -52,24 +58,44 @@ def _background(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.nda
     return np.clip(image, 0, 255).astype(np.uint8), (start + end) / 2
 
 
-def _contrasting_colour(rng: np.random.Generator, background: np.ndarray) -> tuple[int, int, int]:
-    """A random colour at least 120 (summed over channels) away from the background's mean colour."""
+def _texture(rng: np.random.Generator, size: int) -> tuple[np.ndarray, np.ndarray]:
+    """A cluttered natural-looking texture: colour noise at three scales (blobs of about size/4, size/12 and
+    size/32 pixels, like fields, bushes and foliage seen from above), unlabelled distractor ellipses and per-pixel
+    noise. Returns the image and its mean colour."""
+    base = rng.uniform(40, 200, size=3)
+    image = np.broadcast_to(base, (size, size, 3)).astype(np.float64)
+    for cells, amplitude in ((4, 45.0), (12, 30.0), (32, 20.0)):
+        noise = rng.normal(0, amplitude, size=(cells, cells, 3))
+        image = image + cv2.resize(noise, (size, size), interpolation=cv2.INTER_CUBIC)
+    for _ in range(int(rng.integers(size // 16, size // 8 + 1))):  # distractors: blobs that are not objects
+        center = tuple(int(c) for c in rng.uniform(0, size, size=2))
+        axes = tuple(int(a) for a in rng.uniform(2, size / 16, size=2))
+        colour = tuple(float(c) for c in np.clip(base + rng.normal(0, 50, size=3), 0, 255))
+        cv2.ellipse(image, center, axes, float(rng.uniform(0, 180)), 0, 360, colour, -1)
+    image = image + rng.normal(0, 10, size=(size, size, 3))
+    return np.clip(image, 0, 255).astype(np.uint8), base
+
+
+def _contrasting_colour(rng: np.random.Generator, background: np.ndarray, min_contrast: float = 120
+                        ) -> tuple[int, int, int]:
+    """A random colour at least ``min_contrast`` (summed over channels) away from the background's mean colour."""
     while True:
         colour = rng.uniform(0, 255, size=3)
-        if np.abs(colour - background).sum() >= 120:
+        if np.abs(colour - background).sum() >= min_contrast:
             return tuple(int(c) for c in colour)
 
 
-def draw_image(rng: np.random.Generator, size: int, max_objects: int, radius_range: tuple[float, float]
+def draw_image(rng: np.random.Generator, size: int, max_objects: int, radius_range: tuple[float, float],
+               min_objects: int = 1, background: str = 'gradient', min_contrast: float = 120
                ) -> tuple[np.ndarray, list[dict]]:
     """One image (size×size×3 BGR uint8) and its objects as COCO annotation dicts without ids.
 
     Objects are placed by rejection sampling so that their boxes (plus a 2-pixel gap) do not overlap.
     """
-    image, background = _background(rng, size)
+    image, background_colour = _background(rng, size, background)
     objects: list[dict] = []
     taken: list[tuple[float, float, float, float]] = []
-    num_objects = int(rng.integers(1, max_objects + 1))
+    num_objects = int(rng.integers(min_objects, max_objects + 1))
     for _ in range(num_objects * 20):
         if len(objects) == num_objects:
             break
@@ -86,7 +112,7 @@ def draw_image(rng: np.random.Generator, size: int, max_objects: int, radius_ran
         ys, xs = np.nonzero(mask)
         if len(xs) == 0:
             continue
-        image[mask.astype(bool)] = _contrasting_colour(rng, background)
+        image[mask.astype(bool)] = _contrasting_colour(rng, background_colour, min_contrast)
         x0, y0 = int(xs.min()), int(ys.min())
         objects.append(dict(
             category_id=label + 1,
@@ -100,19 +126,31 @@ def draw_image(rng: np.random.Generator, size: int, max_objects: int, radius_ran
 
 def write_shapes_dataset(root: str | os.PathLike, num_train: int = 800, num_val: int = 100, image_size: int = 128,
                          max_objects: int = 4, radius_range: tuple[float, float] = (10.0, 30.0),
-                         seed: int = 0) -> None:
+                         seed: int = 0, min_objects: int = 1, background: str = 'gradient',
+                         min_contrast: float = 120) -> None:
     """Write both splits of the dataset under ``root`` (created if needed; existing files are overwritten).
+
+    The defaults are the shapes demo (few large shapes on smooth gradients); ``background='texture'`` with many
+    small shapes and a low ``min_contrast`` is the dense demo (``configs/_base_/datasets/demo_dense_detection.py``),
+    which looks like aerial imagery: many small objects on cluttered ground.
 
     Args:
         root: the dataset folder.
         num_train, num_val: images per split.
         image_size: side of the square images in pixels.
-        max_objects: each image holds 1 to ``max_objects`` shapes (fewer when they do not fit).
+        max_objects: each image holds ``min_objects`` to ``max_objects`` shapes (fewer when they do not fit).
         radius_range: range of the shapes' circumradius in pixels.
         seed: the same seed always writes the same files.
+        min_objects: the fewest shapes an image is drawn with (>= 1).
+        background: one of :data:`BACKGROUNDS`.
+        min_contrast: the least colour distance (summed over the channels) of a shape from the background's mean.
     """
     if image_size < 2 * radius_range[1] + 4:
         raise ValueError(f'image_size={image_size} is too small for shapes of radius up to {radius_range[1]}')
+    if background not in BACKGROUNDS:
+        raise ValueError(f'background must be one of {BACKGROUNDS}, got {background!r}')
+    if not 1 <= min_objects <= max_objects:
+        raise ValueError(f'min_objects must be in [1, max_objects={max_objects}], got {min_objects!r}')
     root = Path(root)
     (root / 'annotations').mkdir(parents=True, exist_ok=True)
     categories = [dict(id=i + 1, name=name, supercategory='shape') for i, name in enumerate(SHAPE_CLASSES)]
@@ -121,7 +159,8 @@ def write_shapes_dataset(root: str | os.PathLike, num_train: int = 800, num_val:
         (root / split).mkdir(exist_ok=True)
         images, annotations = [], []
         for image_id in range(1, num_images + 1):
-            image, objects = draw_image(rng, image_size, max_objects, radius_range)
+            image, objects = draw_image(rng, image_size, max_objects, radius_range, min_objects, background,
+                                        min_contrast)
             file_name = f'{image_id:06d}.png'
             cv2.imwrite(str(root / split / file_name), image)
             images.append(dict(id=image_id, file_name=file_name, height=image_size, width=image_size))

@@ -53,3 +53,17 @@ def test_unknown_metric_and_missing_run_are_named(run_dir: Path, tmp_path: Path,
         tool.plot(tool.find_scalars(run_dir), tmp_path / 'x.png', ['mIoU'])
     with pytest.raises(FileNotFoundError, match='holds no \\*/vis_data/scalars.json'):
         tool.find_scalars(tmp_path / 'nowhere')
+
+
+def test_compares_runs_in_one_figure(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
+    tool = load_tool('plot_logs')
+    out = tmp_path / 'compare.png'
+    tool.main([str(run_dir), str(run_dir), '--labels', 'first', 'second', '--out', str(out)])
+    assert capsys.readouterr().out.strip().endswith('first 0.2, second 0.2')  # the last coco/bbox_mAP of each
+    steps, means = tool._smoothed([(1, 1.0), (2, 3.0), (3, 5.0)], window=2)
+    assert (steps, means) == ([1, 2, 3], [1.0, 2.0, 4.0])
+    assert matplotlib.image.imread(str(out)).shape[:2] == (400, 1100)
+    with pytest.raises(SystemExit):  # several runs need --out
+        tool.main([str(run_dir), str(run_dir)])
+    with pytest.raises(ValueError, match='1 labels for 2 runs'):
+        tool.compare_runs([run_dir, run_dir], out, labels=['one'])
