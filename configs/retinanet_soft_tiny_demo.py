@@ -1,8 +1,11 @@
 # RetinaNet + SOFT-Norm-Tiny trained from scratch on the synthetic shapes data (written to data/shapes on first use)
 # in a few minutes on 2 CPU cores; evaluated with CocoMetric (bbox).
 #   python tools/train.py configs/retinanet_soft_tiny_demo.py
-# Demo-sized model: average-pooled landmarks (parameter-free, cheapest at small inputs), no stochastic depth, a 128-wide
-# FPN and a 2-conv GroupNorm head, anchors from 16 px for the 17-60 px shapes.
+# Demo-sized model: the authors' conv landmarks, no stochastic depth, a 128-wide FPN and a 2-conv GroupNorm head,
+# anchors from 16 px for the 17-60 px shapes. Conv, not average-pooled, landmarks (docs/attention_health.md): the
+# average-pooled ones collapse (every SOFT layer at the cond(A + 0.01 I) ceiling, Newton residual 0.4-0.9 after
+# 20 iterations, the same vector added to every token), conv ones stay invertible; measured on this demo, bbox mAP
+# 0.641 in 3.4 min with 'conv' against 0.512 in 5.6 min with 'avg'.
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     './_base_/datasets/demo_shapes_detection.py',
@@ -10,7 +13,7 @@ _base_ = [
 ]
 
 model = dict(
-    backbone=dict(_delete_=True, type='SOFT', arch='tiny', soft_norm=True, landmark_mode='avg', drop_path_rate=0.0),
+    backbone=dict(_delete_=True, type='SOFT', arch='tiny', soft_norm=True, landmark_mode='conv', drop_path_rate=0.0),
     neck=dict(in_channels=[64, 128, 320, 512], out_channels=128),
     bbox_head=dict(
         num_classes=3,

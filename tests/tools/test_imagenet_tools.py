@@ -251,16 +251,19 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
     assert CLASSIFIER_ONLY <= set(checkpoint['state_dict'])  # the classifier's keys, no wrapper prefix
 
     detector = ['train_cfg.max_epochs=1', 'model.backbone.init_cfg.type=Pretrained']
-    for config, options in (('retinanet_soft_tiny_demo.py', detector),
-                            ('upernet_soft_tiny_demo.py', ['train_cfg.max_iters=2', 'train_cfg.val_interval=2',
-                                                           'model.backbone.init_cfg.type=Pretrained'])):
+    # the UperNet demo keeps average-pooled landmarks (configs/upernet_soft_tiny_demo.py): it takes the conv-landmark
+    # pretraining with landmark_mode=conv, as the README says
+    segmentor = ['train_cfg.max_iters=2', 'train_cfg.val_interval=2', 'model.backbone.init_cfg.type=Pretrained',
+                 'model.backbone.landmark_mode=conv']
+    for config, options in (('retinanet_soft_tiny_demo.py', detector), ('upernet_soft_tiny_demo.py', segmentor)):
         output = tool_output(['tools/train.py', str(CONFIGS / config), '--work-dir', f'work_dirs/{config[:-3]}',
                            '--cfg-options', *options, f'model.backbone.init_cfg.checkpoint={pretrained}'],
                           cwd=tmp_path)
         assert f'load model from: {pretrained}' in output
         assert load_report(output) == (set(), CLASSIFIER_ONLY), config
         assert all(np.isfinite(logged_losses(output))), config
-        assert_every_gradient_finite_and_non_zero(pretrained_backbone_gradients(CONFIGS / config, pretrained))
+        assert_every_gradient_finite_and_non_zero(pretrained_backbone_gradients(CONFIGS / config, pretrained,
+                                                                                landmark_mode='conv'))
 
     official = official_tiny
     converted, arch, _ = convert_official_state_dict(official)
