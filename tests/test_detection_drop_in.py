@@ -7,35 +7,18 @@ import torch
 mmdet = pytest.importorskip('mmdet')
 from mmengine.config import Config
 from mmengine.runner import Runner
+from model_checks import record_gradients, without_scope
 
 ROOT = Path(__file__).resolve().parents[1]
 DROP_IN = ROOT / 'configs/drop_in/retinanet_pvt-t_soft_small_coco.py'
 MMDET_PVT = Path(mmdet.__file__).parent / '.mim/configs/pvt/retinanet_pvt-t_fpn_1x_coco.py'
 
 
-def _without_scope(node):
-    """A config tree without the ``_scope_='mmdet'`` keys that inheriting through ``mmdet::`` adds."""
-    if isinstance(node, dict):
-        return {k: _without_scope(v) for k, v in node.items() if k != '_scope_'}
-    if isinstance(node, (list, tuple)):
-        return [_without_scope(v) for v in node]
-    return node
-
-
-def record_gradients(module: torch.nn.Module) -> dict[str, list[tuple[bool, float]]]:
-    """``{name: [(finite, max |grad|) of each backward pass]}`` for every trainable parameter of ``module``."""
-    records = {}
-    for name, param in module.named_parameters():
-        if param.requires_grad:
-            steps = records[name] = []
-            param.register_hook(lambda grad, steps=steps: steps.append((bool(grad.isfinite().all()),
-                                                                        float(grad.abs().max()))))
-    return records
 
 
 def test_snippet_changes_only_the_backbone_and_neck_inputs():
-    original = _without_scope(Config.fromfile(str(MMDET_PVT)).to_dict())
-    swapped = _without_scope(Config.fromfile(str(DROP_IN)).to_dict())
+    original = without_scope(Config.fromfile(str(MMDET_PVT)).to_dict())
+    swapped = without_scope(Config.fromfile(str(DROP_IN)).to_dict())
     assert original['model']['backbone']['type'] == 'PyramidVisionTransformer'
     assert swapped['model']['backbone'] == dict(
         type='SOFT', arch='small', soft_norm=True,

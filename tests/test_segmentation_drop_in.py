@@ -7,6 +7,7 @@ import torch
 mmseg = pytest.importorskip('mmseg')
 from mmengine.config import Config
 from mmengine.runner import Runner
+from model_checks import record_gradients, without_scope
 
 ROOT = Path(__file__).resolve().parents[1]
 DROP_IN = ROOT / 'configs/drop_in/upernet_swin-t_soft_small_ade20k.py'
@@ -14,29 +15,11 @@ MMSEG_SWIN = (Path(mmseg.__file__).parent
               / '.mim/configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py')
 
 
-def _without_scope(node):
-    """A config tree without the ``_scope_='mmseg'`` keys that inheriting through ``mmseg::`` adds."""
-    if isinstance(node, dict):
-        return {k: _without_scope(v) for k, v in node.items() if k != '_scope_'}
-    if isinstance(node, (list, tuple)):
-        return [_without_scope(v) for v in node]
-    return node
-
-
-def record_gradients(module: torch.nn.Module) -> dict[str, list[tuple[bool, float]]]:
-    """``{name: [(finite, max |grad|) of each backward pass]}`` for every trainable parameter of ``module``."""
-    records = {}
-    for name, param in module.named_parameters():
-        if param.requires_grad:
-            steps = records[name] = []
-            param.register_hook(lambda grad, steps=steps: steps.append((bool(grad.isfinite().all()),
-                                                                        float(grad.abs().max()))))
-    return records
 
 
 def test_snippet_changes_only_the_backbone_and_head_inputs():
-    original = _without_scope(Config.fromfile(str(MMSEG_SWIN)).to_dict())
-    swapped = _without_scope(Config.fromfile(str(DROP_IN)).to_dict())
+    original = without_scope(Config.fromfile(str(MMSEG_SWIN)).to_dict())
+    swapped = without_scope(Config.fromfile(str(DROP_IN)).to_dict())
     assert original['model']['backbone']['type'] == 'SwinTransformer'
     assert swapped['model']['backbone'] == {
         'type': 'SOFT', 'arch': 'small', 'soft_norm': True,
