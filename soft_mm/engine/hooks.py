@@ -20,6 +20,7 @@ from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
+from ..models.settings import is_int
 from ..ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
 
@@ -158,12 +159,12 @@ class AttentionHealthHook(Hook):
 
     def __init__(self, interval: int = 50, target_residual: float = DEFAULT_TARGET_RESIDUAL,
                  max_iters: int = DEFAULT_MAX_ITERS, log_table: bool = True) -> None:
-        if not (isinstance(interval, int) and not isinstance(interval, bool) and interval >= 1):
+        if not is_int(interval, 1):
             raise ValueError(f'AttentionHealthHook: interval must be an int >= 1, got {interval!r}')
         if isinstance(target_residual, bool) or not isinstance(target_residual, (int, float)) \
                 or not target_residual > 0:
             raise ValueError(f'AttentionHealthHook: target_residual must be a number > 0, got {target_residual!r}')
-        if not (isinstance(max_iters, int) and not isinstance(max_iters, bool) and max_iters >= 1):
+        if not is_int(max_iters, 1):
             raise ValueError(f'AttentionHealthHook: max_iters must be an int >= 1, got {max_iters!r}')
         self.interval = interval
         self.target_residual = float(target_residual)
