@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 from torch.autograd.function import once_differentiable
 
-from ._precision import compute_dtype, no_autocast
+from .precision import compute_dtype, no_autocast
 
 __all__ = ['BACKWARD_MODES', 'NewtonInverse', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs',
            'newton_schulz_start', 'newton_schulz_step']

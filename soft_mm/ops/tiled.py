@@ -38,85 +38,120 @@ __all__ = ['DEFAULT_TILE_SIZE', 'tiled_nystrom_products']
 DEFAULT_TILE_SIZE = 4096
 
 
-def _kernel_tile(q_aug_tile: Tensor, landmarks_aug_t: Tensor) -> Tensor:
-    """``exp(-0.5 * max(|q_i - l_j|^2, 0))`` for one tile: ``(h, T, d + 2) @ (h, d + 2, m) -> (h, T, m)``."""
-    return torch.bmm(q_aug_tile, landmarks_aug_t).clamp_max_(0.0).exp_()
+def _bmm_into(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``out = a @ b``, written in place (``out`` may be a strided view of another dtype than the operands)."""
+    if out.dtype == a.dtype:
+        return torch.bmm(a, b, out=out)
+    return out.copy_(torch.bmm(a, b))
 
 
-def _tiles(q: Tensor, tile_size: int) -> Iterator[tuple[slice, Tensor]]:
-    """``(token slice, augmented rows [q, -|q|^2 / 2, 1] (h, T, d + 2))`` for each tile of ``q (h, N, d)``."""
-    for start in range(0, q.shape[1], tile_size):
-        tile = slice(start, start + tile_size)
-        yield tile, augment_kernel_rows(q[:, tile])  # the squared norms of the tile only
+def _bmm_add(acc: Tensor, a: Tensor, b: Tensor) -> Tensor:
+    """``acc += a @ b``: one fused ``baddbmm`` when the dtypes agree, else the product in the operands' dtype added
+    to the (higher-precision) accumulator."""
+    if acc.dtype == a.dtype:
+        return acc.baddbmm_(a, b)
+    return acc.add_(torch.bmm(a, b))
+
+
+class _TileKernels:
+    """Builds the kernel blocks ``exp(-0.5 * max(|q_i - l_j|^2, 0))`` of one sample's token tiles.
+
+    Each block is one matmul of augmented rows (``[q, -|q|^2 / 2, 1] @ [l, 1, -|l|^2 / 2]^T``) and two in-place
+    passes, in the work dtype (the exponent's terms cancel, so it stays float32: ``soft_mm.ops.precision``). With
+    mixed precision (``products`` lower, e.g. bfloat16) the block is also handed out in ``products`` for the two
+    products that use it, ``K1^T v`` and ``K1 (M c)``.
+    """
+
+    def __init__(self, landmarks: Tensor, products: torch.dtype) -> None:
+        self.work = landmarks.dtype
+        self.products = products
+        self.landmarks_aug_t = augment_kernel_cols(landmarks).transpose(-2, -1)  # (h, d + 2, m)
+
+    def tiles(self, q: Tensor, tile_size: int) -> Iterator[tuple[slice, Tensor, Tensor, Tensor]]:
+        """``(token slice, augmented q rows (h, T, d + 2), kernel block (h, T, m) in the work dtype, the block in
+        products)`` for each tile of ``q (h, N, d)``; the tiles (and their squared norms) are built in cache."""
+        for start in range(0, q.shape[1], tile_size):
+            tile = slice(start, start + tile_size)
+            q_aug = augment_kernel_rows(q[:, tile].to(self.work))
+            kernel = torch.bmm(q_aug, self.landmarks_aug_t).clamp_max_(0.0).exp_()
+            yield tile, q_aug, kernel, kernel.to(self.products)
 
 
 class _TiledNystromProducts(torch.autograd.Function):
     """``K1 @ middle @ K1^T @ v`` over token tiles of 4-d inputs; backward recomputes each kernel tile (first order)."""
 
     @staticmethod
-    def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size: int) -> Tensor:
-        landmarks_aug = augment_kernel_cols(landmarks)  # (B, h, m, d + 2)
-        landmarks_aug_t = landmarks_aug.transpose(-2, -1)
-        context = v.new_zeros(*v.shape[:2], landmarks.shape[2], v.shape[3])  # K1^T v, (B, h, m, d_v)
+    def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size: int,
+                products: torch.dtype, out_dtype: torch.dtype) -> Tensor:
+        work = landmarks.dtype
+        context = torch.zeros(*v.shape[:2], landmarks.shape[2], v.shape[3], dtype=work, device=v.device)  # K1^T v
         mixed = torch.empty_like(context)  # middle K1^T v
-        out = torch.empty_like(v)  # v's memory layout
+        out = torch.empty_like(v, dtype=out_dtype)  # v's memory layout
         for b in range(q.shape[0]):
+            kernels = _TileKernels(landmarks[b], products)
             kernel_tiles = []  # held from the first pass to the second only, never saved for the backward
-            for tile, q_aug in _tiles(q[b], tile_size):
-                kernel = _kernel_tile(q_aug, landmarks_aug_t[b])
-                kernel_tiles.append((tile, kernel))
-                context[b].baddbmm_(kernel.transpose(-2, -1), v[b, :, tile])
+            for tile, _, _, kernel_p in kernels.tiles(q[b], tile_size):
+                kernel_tiles.append((tile, kernel_p))
+                _bmm_add(context[b], kernel_p.transpose(-2, -1), v[b, :, tile].to(products))
             torch.bmm(middle[b], context[b], out=mixed[b])
-            for tile, kernel in kernel_tiles:
-                torch.bmm(kernel, mixed[b], out=out[b, :, tile])
-        ctx.save_for_backward(q, landmarks, landmarks_aug, v, middle, context, mixed)
-        ctx.tile_size = tile_size
+            mixed_p = mixed[b].to(products)
+            for tile, kernel_p in kernel_tiles:
+                _bmm_into(out[b, :, tile], kernel_p, mixed_p)
+        ctx.save_for_backward(q, landmarks, v, middle, context, mixed)
+        ctx.tile_size, ctx.products = tile_size, products
         return out
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, None]:
-        q, landmarks, landmarks_aug, v, middle, context, mixed = ctx.saved_tensors
-        tile_size, head_dim = ctx.tile_size, q.shape[3]
-        grad_out = grad_out.to(v.dtype)
-        landmarks_aug_t = landmarks_aug.transpose(-2, -1)
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, landmarks, v, middle, context, mixed = ctx.saved_tensors
+        tile_size, products, head_dim = ctx.tile_size, ctx.products, q.shape[3]
+        grad_out = grad_out.to(products)
         grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # the layouts of q and v
         grad_middle, grad_context = torch.empty_like(middle), torch.empty_like(context)
         # sum_i grad_s_ij [q_i, -|q_i|^2 / 2, 1]: columns :d and d + 1 give grad l (the middle one is unused)
-        landmark_sums = q.new_zeros(*landmarks.shape[:3], head_dim + 2)
+        landmark_sums = torch.zeros(*landmarks.shape[:3], head_dim + 2, dtype=landmarks.dtype, device=q.device)
         for b in range(q.shape[0]):
+            kernels = _TileKernels(landmarks[b], products)
             # Pass 1: the gradient of `mixed` is K1^T grad_out.
             grad_mixed = torch.zeros_like(mixed[b])
-            kernel_tiles = []  # (tile, augmented q rows, kernel tile), rebuilt here and held until pass 2
-            for tile, q_aug in _tiles(q[b], tile_size):
-                kernel = _kernel_tile(q_aug, landmarks_aug_t[b])
-                kernel_tiles.append((tile, q_aug, kernel))
-                grad_mixed.baddbmm_(kernel.transpose(-2, -1), grad_out[b, :, tile])
+            kernel_tiles = []  # (tile, q rows, kernel blocks), rebuilt here and held until pass 2
+            for tile, q_aug, kernel, kernel_p in kernels.tiles(q[b], tile_size):
+                kernel_tiles.append((tile, q_aug, kernel, kernel_p))
+                _bmm_add(grad_mixed, kernel_p.transpose(-2, -1), grad_out[b, :, tile])
             torch.bmm(grad_mixed, context[b].transpose(-2, -1), out=grad_middle[b])
             torch.bmm(middle[b].transpose(-2, -1), grad_mixed, out=grad_context[b])
             # Pass 2: grad K1 = grad_out mixed^T + v grad_context^T; grad v = K1 grad_context; through the exponent
             # s = -|q - l|^2 / 2 (grad_s = grad_K1 * K1): grad q_i = sum_j grad_s_ij (l_j - q_i), grad l likewise.
-            mixed_t, grad_context_t = mixed[b].transpose(-2, -1), grad_context[b].transpose(-2, -1)
-            for tile, q_aug, kernel in kernel_tiles:
-                grad_kernel = torch.bmm(grad_out[b, :, tile], mixed_t).baddbmm_(v[b, :, tile], grad_context_t)
-                torch.bmm(kernel, grad_context[b], out=grad_v[b, :, tile])
-                grad_exponent = grad_kernel.mul_(kernel)  # (h, T, m)
+            mixed_t, grad_context_p = mixed[b].transpose(-2, -1).to(products), grad_context[b].to(products)
+            grad_context_t = grad_context_p.transpose(-2, -1)
+            for tile, q_aug, kernel, kernel_p in kernel_tiles:
+                grad_kernel = torch.bmm(grad_out[b, :, tile], mixed_t).to(kernel.dtype)
+                _bmm_add(grad_kernel, v[b, :, tile].to(products), grad_context_t)
+                _bmm_into(grad_v[b, :, tile], kernel_p, grad_context_p)
+                grad_exponent = grad_kernel.mul_(kernel)  # (h, T, m), work dtype
+                # sum_j grad_s_ij l_j - q_i sum_j grad_s_ij, in place when grad q has the work dtype
                 grad_q_tile = grad_q[b, :, tile]
-                torch.bmm(grad_exponent, landmarks[b], out=grad_q_tile)  # sum_j grad_s_ij l_j
-                grad_q_tile.addcmul_(q_aug[..., :head_dim], grad_exponent.sum(-1, keepdim=True), value=-1.0)
+                work_tile = grad_q_tile if grad_q.dtype == kernel.dtype else None
+                work_tile = torch.bmm(grad_exponent, landmarks[b], out=work_tile)
+                work_tile.addcmul_(q_aug[..., :head_dim], grad_exponent.sum(-1, keepdim=True), value=-1.0)
+                if work_tile is not grad_q_tile:
+                    grad_q_tile.copy_(work_tile)
                 landmark_sums[b].baddbmm_(grad_exponent.transpose(-2, -1), q_aug)
         grad_landmarks = landmark_sums[..., :head_dim] - landmarks * landmark_sums[..., head_dim + 1:]
-        return grad_q, grad_landmarks, grad_v, grad_middle, None
+        return grad_q, grad_landmarks, grad_v, grad_middle, None, None, None
 
 
 def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
-                           tile_size: int = DEFAULT_TILE_SIZE) -> Tensor:
+                           tile_size: int = DEFAULT_TILE_SIZE, products: torch.dtype | None = None) -> Tensor:
     """``K1 @ middle @ (K1^T @ v)`` with ``K1 = gaussian_kernel(q, landmarks)``, computed tile by tile over tokens.
 
     Equal to the untiled products up to rounding (float64: ~1e-15 relative), for outputs and for the gradients of
     all four inputs; the backward rebuilds the kernel tiles and is first-order only (double backward raises).
-    Runs in the dtype of the inputs (the caller promotes them and disables autocast); device-neutral. Strided inputs
-    are read in place, and the output (and the gradients of q and v) keep the memory layout of v (and q).
+    Runs in the dtype of ``landmarks`` and ``middle`` (the work dtype; the caller promotes them and disables
+    autocast), except the products when ``products`` is a lower dtype (see :class:`_TileKernels`); q and v may then
+    also come in that dtype, and the output takes v's dtype. Device-neutral. Strided inputs are read in place, and
+    the output (and the gradients of q and v) keep the memory layout of v (and q).
 
     Args:
         q: ``(G, N, d)`` scaled queries (G = batch × heads), or ``(B, h, N, d)``.
@@ -124,6 +159,7 @@ def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tens
         v: ``(G, N, d_v)`` values, or ``(B, h, N, d_v)``.
         middle: ``(G, m, m)`` the inner matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2`` for SOFT-Norm), or ``(B, h, m, m)``.
         tile_size: tokens per tile, an int >= 1.
+        products: operand dtype of the products (None: the work dtype, i.e. no mixed precision).
 
     Returns:
         ``(G, N, d_v)``, or ``(B, h, N, d_v)``.
@@ -140,6 +176,14 @@ def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tens
     if middle.shape != (*groups, num_landmarks, num_landmarks):
         raise ValueError(f'tiled_nystrom_products: middle must have shape (..., m, m) = '
                          f'{(*groups, num_landmarks, num_landmarks)}, got {tuple(middle.shape)}')
+    if landmarks.dtype != middle.dtype:
+        raise ValueError(f'tiled_nystrom_products: landmarks and middle must share the work dtype, got '
+                         f'{landmarks.dtype} and {middle.dtype}')
+    products = landmarks.dtype if products is None else products
+    if products == landmarks.dtype and not q.dtype == v.dtype == products:
+        raise ValueError(f'tiled_nystrom_products: without mixed precision q and v must be in the work dtype '
+                         f'{products}, got {q.dtype} and {v.dtype}')
+    args = (tile_size, products, v.dtype)
     if q.ndim == 3:
-        return _TiledNystromProducts.apply(q[None], landmarks[None], v[None], middle[None], tile_size)[0]
-    return _TiledNystromProducts.apply(q, landmarks, v, middle, tile_size)
+        return _TiledNystromProducts.apply(q[None], landmarks[None], v[None], middle[None], *args)[0]
+    return _TiledNystromProducts.apply(q, landmarks, v, middle, *args)

@@ -1,0 +1,108 @@
+"""The one precision policy of the SOFT op: which dtype each step runs in, from device, input dtype and autocast.
+
+The SOFT op has four kinds of arithmetic, with different needs (errors against float64 measured at 16k tokens,
+m = 49 average-pooled landmarks, cond(A + 0.01 I) = 3.7e3, SOFT-Norm; ``tools/benchmark_attention.py --precision``
+prints them again):
+
+* the three N×m **products** — the dot products ``q . l`` inside the kernel exponent, ``K1^T v`` and ``K1 (M c)`` —
+  hold nearly all the op's FLOPs. In bfloat16 (float32 accumulation and float32 exponent) the output's relative
+  error is 8.8e-3, against 5.6e-2 for the same math run wholly in bfloat16, and a bfloat16 GEMM of these shapes runs
+  5-7x faster than a float32 one on the AVX512_BF16 CPU (``K = 49`` or ``d = 32`` inner sizes, where the float32 GEMM
+  is far from its peak);
+* the **exponent** ``q . l - |q|^2 / 2 - |l|^2 / 2`` and the ``exp``: the norm terms cancel against the dot product,
+  so they stay float32 (forming the exponent in one bfloat16 matmul of augmented rows, norms included, gives 3.9e-2;
+  only the dot product in bfloat16 gives 2.2e-3);
+* the **Newton–Schulz** inverse of the m×m kernel and the SOFT-Norm scaling ``D^-1/2``: the inverse amplifies input
+  error by up to cond(A + ridge I) (~5e3 at the ridge floor), so they stay at least float32; they cost O(m^3) and
+  O(m d), nothing next to the products;
+* the **accumulation** of ``K1^T v`` over N tokens: float32 (an unnormalised sum of up to N terms of size ``|v|``).
+
+float16 keeps float32 products: ``K1^T v`` can exceed float16's range at detection resolutions (a GEMM's float16
+output overflows even when it accumulates in float32). float64 runs everything in float64.
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+from contextlib import AbstractContextManager
+
+import torch
+
+__all__ = ['PRECISIONS', 'Precision', 'compute_dtype', 'no_autocast', 'precision_policy']
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """At least float32: float16/bfloat16/float32 -> float32, float64 -> float64."""
+    return torch.promote_types(dtype, torch.float32)
+
+
+def no_autocast(device: torch.device) -> AbstractContextManager:
+    """Context that disables autocast for ``device``'s type (a no-op where that type has no autocast)."""
+    is_available = getattr(torch.amp, 'is_autocast_available', None)
+    if is_available is not None and not is_available(device.type):
+        return contextlib.nullcontext()
+    return torch.autocast(device_type=device.type, enabled=False)
+
+
+def _autocast_dtype(device_type: str) -> torch.dtype | None:
+    """The autocast dtype active for ``device_type``, or None when autocast is off there."""
+    is_available = getattr(torch.amp, 'is_autocast_available', None)
+    if is_available is not None and not is_available(device_type):
+        return None
+    if not torch.is_autocast_enabled(device_type):
+        return None
+    return torch.get_autocast_dtype(device_type)
+
+
+@dataclasses.dataclass(frozen=True)
+class Precision:
+    """Dtypes of the SOFT op's steps (see the module docstring for why each is what it is).
+
+    Attributes:
+        products: operand dtype of the N×m products (``q . l``, ``K1^T v``, ``K1 (M c)``).
+        accumulate: dtype the products accumulate and return in (the m×d context, the exponent's dot products).
+        exponent: dtype of the squared norms, the exponent and its ``exp``.
+        inverse: dtype of the Newton–Schulz inverse, the SOFT-Norm scaling and the m×m middle matrix.
+    """
+
+    products: torch.dtype
+    accumulate: torch.dtype
+    exponent: torch.dtype
+    inverse: torch.dtype
+
+    @property
+    def mixed(self) -> bool:
+        """True when the products run in a lower dtype than the rest."""
+        return self.products != self.exponent
+
+    def __str__(self) -> str:
+        names = (str(getattr(self, f.name)).replace('torch.', '') for f in dataclasses.fields(self))
+        return 'products {} (accumulate {}), exponent {}, inverse {}'.format(*names)
+
+
+# The policies a caller may force by name (``soft_attention(..., precision=NAME)``); None picks automatically.
+PRECISIONS = ('highest', 'bfloat16')
+_FULL = {dtype: Precision(dtype, dtype, dtype, dtype) for dtype in (torch.float32, torch.float64)}
+_BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
+
+
+def precision_policy(device_type: str, input_dtype: torch.dtype, precision: str | Precision | None = None,
+                     ) -> Precision:
+    """The dtypes the SOFT op runs in for inputs of ``input_dtype`` on ``device_type`` under the current autocast state.
+
+    Automatic (``precision=None``): float64 inputs run wholly in float64; bfloat16 inputs, or any non-float64 inputs
+    under bfloat16 autocast of their device, get bfloat16 products with float32 exponent, accumulation and inverse;
+    everything else (float32, float16, float16 autocast) runs wholly in float32. ``'highest'`` forces the float32 (or
+    float64) policy, ``'bfloat16'`` the bfloat16 products; a :class:`Precision` is used as given.
+    """
+    if isinstance(precision, Precision):
+        return precision
+    if precision is not None and precision not in PRECISIONS:
+        raise ValueError(f'precision={precision!r} is not None (automatic) or one of {PRECISIONS}')
+    if input_dtype == torch.float64:
+        return _FULL[torch.float64]
+    if precision == 'highest':
+        return _FULL[torch.float32]
+    if precision == 'bfloat16' or input_dtype == torch.bfloat16 or _autocast_dtype(device_type) == torch.bfloat16:
+        return _BF16_PRODUCTS
+    return _FULL[torch.float32]

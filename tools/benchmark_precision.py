@@ -1,0 +1,138 @@
+"""Error against float64 and time of the SOFT op under each precision policy and backend, side by side.
+
+    python tools/benchmark_precision.py [--tokens 16384 65536] [--landmarks 49] [--head-dim 32] [--heads 2]
+        [--repeats 5] [--threads 2]
+
+For each token count: the float64 reference (the plain math in float64), then forward and forward+backward of
+``soft_attention`` in float32 (``precision='highest'``) and with bfloat16 products (the policy under bfloat16
+autocast), on each backend that takes the call, beside two rejected alternatives written out here: the whole op in
+plain bfloat16 (the FlashAttention rule's baseline) and the bfloat16 products with the kernel exponent's dot products
+in bfloat16 too. Errors are relative Frobenius errors of the output and of grad q; times are medians, rounds
+interleaved across the variants. The inputs imitate a trained layer: scaled queries of std 0.42, m landmarks near
+m of them, unit values.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
+from soft_mm.ops.dispatch import DispatchError
+
+
+def make_inputs(num_tokens: int, num_landmarks: int, head_dim: int, heads: int, seed: int = 0):
+    gen = torch.Generator().manual_seed(seed)
+    q = 0.42 * torch.randn(1, heads, num_tokens, head_dim, generator=gen)
+    picks = torch.randint(num_tokens, (num_landmarks,), generator=gen)
+    landmarks = q[:, :, picks] + 0.05 * torch.randn(1, heads, num_landmarks, head_dim, generator=gen)
+    v = torch.randn(1, heads, num_tokens, head_dim, generator=gen)
+    grad_out = torch.randn(1, heads, num_tokens, head_dim, generator=gen)
+    return (q, landmarks, v), grad_out
+
+
+def plain_math(q, landmarks, v, low_dot: bool = False, low_products: bool = False):
+    """The SOFT-Norm math written out: everything in the inputs' dtype, or (``low_*``) float32 with the exponent's
+    dot products and/or the two products with v in bfloat16."""
+    low = torch.bfloat16
+    if low_dot:
+        dot = (q.to(low) @ landmarks.to(low).transpose(-2, -1)).float()
+        exponent = dot - 0.5 * q.pow(2).sum(-1, keepdim=True) - 0.5 * landmarks.pow(2).sum(-1).unsqueeze(-2)
+        k1 = exponent.clamp_max(0).exp()
+    else:
+        k1 = gaussian_kernel(q, landmarks)
+    kernel_landmarks = gaussian_kernel(landmarks, landmarks)
+    inverse = newton_inverse(kernel_landmarks, 20, 0.01)
+    scale = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)
+    if low_products:
+        k1 = k1.to(low)
+        context = (k1.transpose(-2, -1) @ v.to(low)).float()
+        return k1 @ (scale * (inverse @ (scale * context))).to(low)
+    context = k1.transpose(-2, -1) @ v
+    return k1 @ (scale * (inverse @ (scale * context)))
+
+
+def variants() -> dict[str, Callable]:
+    def op(precision, backend):
+        return lambda q, l, v: soft_attention(q, l, v, normalize=True, ridge=0.01, precision=precision,
+                                              backend=backend)
+    return {
+        'float32, reference': op('highest', 'reference'),
+        'float32, tiled': op('highest', 'tiled'),
+        'bf16 products, reference': op('bfloat16', 'reference'),
+        'bf16 products, tiled': op('bfloat16', 'tiled'),
+        'plain bfloat16 (baseline of the rule)': lambda q, l, v: plain_math(q.bfloat16(), l.bfloat16(), v.bfloat16()),
+        'bf16 products + bf16 exponent dot (rejected)': lambda q, l, v: plain_math(q, l, v, True, True),
+        'bf16 exponent dot only (rejected)': lambda q, l, v: plain_math(q, l, v, True, False),
+    }
+
+
+def run(fn, inputs, grad_out, backward: bool):
+    leaves = [t.detach().clone().requires_grad_(backward) for t in inputs]
+    out = fn(*leaves)
+    if not backward:
+        return out.detach(), None
+    (grad_q,) = torch.autograd.grad(out, leaves[:1], grad_out.to(out.dtype))
+    return out.detach(), grad_q
+
+
+def rel(a, b) -> float:
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def bench(num_tokens: int, args) -> list[tuple]:
+    inputs, grad_out = make_inputs(num_tokens, args.landmarks, args.head_dim, args.heads)
+    ref_out, ref_grad = run(lambda q, l, v: plain_math(q, l, v), [t.double() for t in inputs], grad_out.double(), True)
+    table = {}
+    for name, fn in variants().items():
+        try:
+            out, grad_q = run(fn, inputs, grad_out, True)
+        except DispatchError as err:
+            print(f'  {name}: skipped ({err})')
+            continue
+        table[name] = dict(fn=fn, out_err=rel(out, ref_out), grad_err=rel(grad_q, ref_grad), fwd=[], fwdbwd=[])
+    for _ in range(args.repeats):  # rounds interleaved across variants
+        for row in table.values():
+            with torch.no_grad():
+                start = time.perf_counter()
+                row['fn'](*inputs)
+                row['fwd'].append(time.perf_counter() - start)
+            start = time.perf_counter()
+            run(row['fn'], inputs, grad_out, True)
+            row['fwdbwd'].append(time.perf_counter() - start)
+    base = statistics.median(table['float32, reference']['fwdbwd']) if 'float32, reference' in table else None
+    rows = []
+    for name, row in table.items():
+        fwd, fwdbwd = statistics.median(row['fwd']), statistics.median(row['fwdbwd'])
+        rows.append((name, row['out_err'], row['grad_err'], 1e3 * fwd, 1e3 * fwdbwd,
+                     base / fwdbwd if base else float('nan')))
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--tokens', type=int, nargs='+', default=[16384, 65536])
+    parser.add_argument('--landmarks', type=int, default=49)
+    parser.add_argument('--head-dim', type=int, default=32)
+    parser.add_argument('--heads', type=int, default=2)
+    parser.add_argument('--repeats', type=int, default=5)
+    parser.add_argument('--threads', type=int, default=None)
+    args = parser.parse_args(argv)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    for num_tokens in args.tokens:
+        print(f'\n{num_tokens} tokens, m = {args.landmarks}, d = {args.head_dim}, {args.heads} heads, SOFT-Norm, '
+              f'{torch.get_num_threads()} threads; errors against float64, times median of {args.repeats}')
+        print('| variant | output error | grad q error | forward ms | fwd+bwd ms | fwd+bwd speed-up vs float32 '
+              'reference |\n|---|---|---|---|---|---|')
+        for name, out_err, grad_err, fwd, fwdbwd, speedup in bench(num_tokens, args):
+            print(f'| {name} | {out_err:.2e} | {grad_err:.2e} | {fwd:.1f} | {fwdbwd:.1f} | {speedup:.2f}x |')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
