@@ -1,6 +1,6 @@
 """Run a trained model on one image; what it does follows the config's ``default_scope``:
 
-    python tools/infer.py IMAGE CONFIG CHECKPOINT [--out OUT.png] [--score-thr 0.3] [--topk 5] [--device cpu]
+    python tools/infer.py IMAGE CONFIG CHECKPOINT [--out OUT.png] [--score-thr 0.3] [--topk 5] [--device cpu] [--amp]
 
 - ``mmdet``: draws the detections with mmdet's visualizer into OUT (default ``<image>_det.png``) and prints one line
   per drawn detection (class, score, box);
@@ -19,7 +19,9 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
+from soft_mm.engine import enable_cpu_bf16_ops
 from soft_mm.engine.cli import load_config, one_sentence_errors
+from soft_mm.utils import enable_test_amp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -33,6 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--opacity', type=float, default=0.5, help='segmentation: opacity of the overlaid classes')
     parser.add_argument('--topk', type=int, default=5, help='classification: how many classes to print')
     parser.add_argument('--device', default='cuda:0' if torch.cuda.is_available() else 'cpu')
+    parser.add_argument('--amp', action='store_true',
+                        help='run the model under autocast: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
+    parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
+                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
     parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
     return parser.parse_args(argv)
 
@@ -130,7 +136,17 @@ def main(argv: list[str] | None = None) -> object:
         if scope not in TASKS:
             raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/infer.py handles the scopes '
                              f'{", ".join(TASKS)} (detection, segmentation, classification).')
-        return TASKS[scope](args, cfg)
+        if args.amp_dtype and not args.amp:
+            raise SystemExit('--amp-dtype needs --amp')
+        if not args.amp:
+            return TASKS[scope](args, cfg)
+        device_type = torch.device(args.device).type
+        amp_dtype = enable_test_amp(cfg, args.amp_dtype)
+        if device_type == 'cpu':  # also on a GPU machine told --device cpu: CPU autocast is bfloat16 only
+            enable_cpu_bf16_ops()
+            amp_dtype = 'bfloat16'
+        with torch.autocast(device_type, dtype=getattr(torch, amp_dtype)):
+            return TASKS[scope](args, cfg)
 
 
 if __name__ == '__main__':

@@ -1,6 +1,6 @@
 """Evaluate a checkpoint of any mmengine config (mmdet, mmseg) on its test split, on GPUs or CPUs.
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--show-dir DIR] [--cfg-options ...]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--amp] [--show-dir DIR] [--cfg-options ...]
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [same options]
 
 A bad config, dataset or checkpoint stops with one sentence (``--debug``: the traceback). Shared pieces:
@@ -25,13 +25,17 @@ from soft_mm.engine.cli import (
 from soft_mm.engine.cli import (
     parse_args as parse_with,
 )
-from soft_mm.utils import check_checkpoint_paths, check_data_paths
+from soft_mm.utils import check_checkpoint_paths, check_data_paths, enable_test_amp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = base_parser('Test (and evaluate) a checkpoint.')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', help='also dump the raw predictions to this .pkl file')
+    parser.add_argument('--amp', action='store_true',
+                        help='evaluate in mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
+    parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
+                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
     parser.add_argument('--show-dir', help='draw the predictions on every test image into WORK_DIR/TIMESTAMP/SHOW_DIR')
     return parse_with(parser, argv)
 
@@ -58,6 +62,10 @@ def main(argv: list[str] | None = None) -> None:
         cfg.load_from = args.checkpoint
         if args.show_dir:
             enable_show_dir(cfg, args.show_dir)
+        if args.amp_dtype and not args.amp:
+            raise ConfigError('--amp-dtype needs --amp')
+        if args.amp:
+            enable_test_amp(cfg, args.amp_dtype)
         check_data_paths(cfg, ('test',))
         check_checkpoint_paths(cfg, pretrained=False)
         runner = build_runner(cfg, args.launcher)

@@ -1,10 +1,11 @@
 """Train any mmengine config (mmdet, mmseg, soft_mm's own) on GPUs or CPUs, alone or distributed.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp] [--tensorboard] [--cfg-options k=v ...] [--debug]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp [--amp-dtype float16|bfloat16]] [--tensorboard] [--cfg-options k=v ...] [--debug]
     bash tools/dist_train.sh CONFIG NUM_PROCS [same options]     # torchrun; gloo on CPU
 
 The registry scope comes from the config's ``default_scope``. Without a GPU the run uses the CPU (gloo for
-distributed runs); ``--amp`` (float16) needs a GPU. A bad config, dataset or checkpoint stops with one sentence
+distributed runs); ``--amp`` is float16 mixed precision on a GPU (``--amp-dtype bfloat16``: bfloat16) and
+bfloat16 autocast on CPU. A bad config, dataset or checkpoint stops with one sentence
 (``--debug``: the traceback). Shared pieces: ``soft_mm/engine/cli.py``.
 """
 from __future__ import annotations
@@ -33,7 +34,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = base_parser('Train a detector or segmentor.')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CKPT, or with no value from the latest checkpoint in the work dir')
-    parser.add_argument('--amp', action='store_true', help='float16 mixed precision (GPU only)')
+    parser.add_argument('--amp', action='store_true',
+                        help='mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 autocast on CPU')
+    parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
+                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
     parser.add_argument('--auto-scale-lr', action='store_true', help='scale the lr by the actual batch size')
     parser.add_argument('--tensorboard', action='store_true',
                         help='also log to TensorBoard (tensorboard --logdir WORK_DIR)')
@@ -43,8 +47,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def build_config(args: argparse.Namespace) -> Config:
     cfg = load_config(args.config, args.cfg_options)
     set_work_dir(cfg, args.config, args.work_dir)
+    if args.amp_dtype and not args.amp:
+        raise ConfigError('--amp-dtype needs --amp')
     if args.amp:
-        enable_amp(cfg)
+        enable_amp(cfg, args.amp_dtype)
     if args.tensorboard:
         enable_tensorboard(cfg)
     if args.auto_scale_lr:

@@ -1,4 +1,5 @@
-"""Runtime adjustments shared by tools/train.py and tools/test.py: CPU training, CPU distributed runs, ``--amp``.
+"""Runtime adjustments shared by tools/train.py and tools/test.py: CPU training, CPU distributed runs, ``--amp``
+(float16 or bfloat16 on a GPU, bfloat16 on CPU).
 
 OpenMMLab's runtime assumes CUDA in three places that matter here: the default ``dist_cfg`` backend is NCCL,
 mmengine's ``init_dist`` calls ``torch.cuda.set_device`` for every launcher, and the default DDP wrapper passes
@@ -18,20 +19,58 @@ from mmengine.config import Config, ConfigDict
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
 
-def enable_amp(cfg: Config) -> None:
-    """Switch ``cfg.optim_wrapper`` to float16 mixed precision (mmengine's ``AmpOptimWrapper``, dynamic loss scale).
+AMP_DTYPES = ('float16', 'bfloat16')
 
-    Without a GPU this stops with one sentence: mmcv's CPU kernels (nms, RoIAlign) have no bfloat16 versions, so CPU
-    autocast breaks two-stage detectors in the middle of training.
+
+def _amp_dtype(dtype: str | None) -> str:
+    """The mixed-precision dtype for this machine: float16 by default on a GPU, bfloat16 (the only choice) on CPU."""
+    if dtype is not None and dtype not in AMP_DTYPES:
+        raise ValueError(f'--amp-dtype must be one of {AMP_DTYPES}, got {dtype!r}')
+    if torch.cuda.is_available():
+        return dtype or 'float16'
+    if dtype == 'float16':
+        raise SystemExit('--amp-dtype float16 needs a GPU: CPU mixed precision runs in bfloat16 (leave out '
+                         '--amp-dtype, or pass --amp-dtype bfloat16)')
+    return 'bfloat16'
+
+
+def enable_amp(cfg: Config, dtype: str | None = None) -> str:
+    """Switch ``cfg.optim_wrapper`` to mixed precision; returns the dtype chosen.
+
+    On a GPU: mmengine's ``AmpOptimWrapper`` in float16 with a dynamic loss scale (``dtype='bfloat16'``: bfloat16, no
+    scale needed but harmless). Without one: soft_mm's ``CPUAmpOptimWrapper`` (bfloat16 autocast, no loss scale),
+    which also lets mmcv's ``nms`` and ``roi_align`` take bfloat16 tensors (:mod:`soft_mm.engine.amp`).
     """
-    if not torch.cuda.is_available():
-        raise SystemExit('--amp needs a GPU: mmcv\'s CPU ops (nms, RoIAlign) have no float16/bfloat16 kernels; '
-                         'train on CPU without --amp.')
-    if cfg.optim_wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper'):
+    amp_dtype = _amp_dtype(dtype)
+    if cfg.optim_wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper', 'CPUAmpOptimWrapper'):
         raise ValueError(f'--amp works with OptimWrapper configs, but optim_wrapper.type is '
                          f'{cfg.optim_wrapper.type!r}; set mixed precision in the config instead')
-    cfg.optim_wrapper.type = 'AmpOptimWrapper'
-    cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+    if torch.cuda.is_available():
+        cfg.optim_wrapper.type = 'AmpOptimWrapper'
+        cfg.optim_wrapper.setdefault('loss_scale', 'dynamic')
+        cfg.optim_wrapper.dtype = amp_dtype
+    else:
+        cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
+        cfg.optim_wrapper.pop('loss_scale', None)
+        cfg.optim_wrapper.pop('dtype', None)
+    return amp_dtype
+
+
+def enable_test_amp(cfg: Config, dtype: str | None = None) -> str:
+    """Evaluate under mixed precision: ``test_cfg.fp16`` (and ``val_cfg.fp16``) on, i.e. mmengine's autocast in each
+    step, which is float16 on a GPU (``dtype='bfloat16'``: bfloat16) and bfloat16 on CPU; returns the dtype."""
+    amp_dtype = _amp_dtype(dtype)
+    if not torch.cuda.is_available():
+        from ..engine.amp import enable_cpu_bf16_ops
+        enable_cpu_bf16_ops()
+    elif amp_dtype == 'bfloat16':
+        # mmengine's loops pass no dtype to autocast: make CUDA autocast's default bfloat16 for this process
+        torch.set_autocast_dtype('cuda', torch.bfloat16)
+    for name in ('test_cfg', 'val_cfg'):
+        loop = cfg.get(name)
+        if loop is not None:
+            loop['fp16'] = True
+    return amp_dtype
 
 
 def _replace_sync_bn(node) -> None:
