@@ -44,7 +44,8 @@ class SoftVisionTransformer(SoftPyramid):
     ``forward_head -> (B, num_classes)`` from the cls token. Any input size works (position embeddings are resized).
 
     Args:
-        arch, soft_norm, drop_path_rate, with_cp, **attention: as in :class:`~soft_mm.models.SOFT`.
+        arch, soft_norm, drop_path_rate, with_cp, soft_block_norm, qk_init_std, **attention: as in
+            :class:`~soft_mm.models.SOFT`.
         in_chans: input image channels (timm's name).
         num_classes: classes of the head (0: no head, ``forward`` returns the pooled features).
         global_pool: ``'token'`` (cls token, as published) or ``'avg'`` (mean of the spatial tokens).
@@ -53,10 +54,12 @@ class SoftVisionTransformer(SoftPyramid):
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_chans: int = 3,
                  num_classes: int = 1000, global_pool: str = 'token', drop_rate: float = 0.0,
-                 drop_path_rate: float = 0.1, with_cp: bool = False, **attention: Any) -> None:
+                 drop_path_rate: float = 0.1, with_cp: bool = False, soft_block_norm: str = 'post',
+                 qk_init_std: float = 0.02, **attention: Any) -> None:
         _check_global_pool(global_pool)
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_chans, drop_path_rate=drop_path_rate,
-                         with_cp=with_cp, attention=attention_settings(**attention))
+                         with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
+                         qk_init_std=qk_init_std)
         dim = self.embed_dims[-1]
         self.num_classes = num_classes
         self.global_pool = global_pool

@@ -104,6 +104,7 @@ class SoftStage(nn.Module):
 
 # Block recipe of each attention kind (arch table ``stage_attention``): SOFT stages are post-norm blocks with the
 # tanh GELU, the softmax stage a pre-norm block.
+SOFT_BLOCK_NORMS = ('post', 'pre')
 _BLOCK_STYLES = {
     'soft': dict(post_norm=True, norm_eps=1e-5, act_layer=TanhGELU),
     'softmax': dict(post_norm=False, norm_eps=1e-6, act_layer=nn.GELU),
@@ -124,13 +125,24 @@ class SoftPyramid(nn.Module):
         drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
         with_cp: gradient checkpointing of every block.
         attention: the SOFT attention settings (:class:`~soft_mm.models.settings.AttentionSettings`).
+        soft_block_norm: ``'post'`` (the authors' SOFT blocks, ``x = LN(x + f(x))``) or ``'pre'``
+            (``x = x + f(LN(x))``, as the softmax stage) in the SOFT stages; same parameters and state-dict keys.
+        qk_init_std: std of the truncated-normal initialisation of the SOFT layers' shared q/k projection (the
+            authors' 0.02 by default, as every other linear). Only a model trained from scratch sees it: with 0.02
+            the queries start small against the Gaussian kernel's bandwidth, so the kernel starts near all-ones.
     """
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  drop_path_rate: float = 0.1, with_cp: bool = False, attention: AttentionSettings = AUTHORS_SETTINGS,
-                 **base_kwargs: Any) -> None:
+                 soft_block_norm: str = 'post', qk_init_std: float = 0.02, **base_kwargs: Any) -> None:
         super().__init__(**base_kwargs)
         settings = resolve_arch(arch)
+        if soft_block_norm not in SOFT_BLOCK_NORMS:
+            raise ValueError(f'soft_block_norm={soft_block_norm!r} is not one of {SOFT_BLOCK_NORMS}')
+        if isinstance(qk_init_std, bool) or not isinstance(qk_init_std, (int, float)) or not 0 < qk_init_std < 10:
+            raise ValueError(f'qk_init_std must be a number in (0, 10), got {qk_init_std!r}')
+        self.soft_block_norm = soft_block_norm
+        self.qk_init_std = float(qk_init_std)
         if isinstance(in_channels, bool) or not isinstance(in_channels, int) or in_channels < 1:
             raise ValueError(f'in_channels must be a positive int, got {in_channels!r}')
         if not 0.0 <= drop_path_rate < 1.0:
@@ -154,7 +166,8 @@ class SoftPyramid(nn.Module):
                                     soft_norm=soft_norm, settings=attention)
             else:
                 make_attn = partial(SoftmaxAttention, dim, heads)
-            blocks = [Block(dim, make_attn(), settings['mlp_ratio'], drop_path=rate, **_BLOCK_STYLES[kind])
+            style = dict(_BLOCK_STYLES[kind], **({'post_norm': soft_block_norm == 'post'} if kind == 'soft' else {}))
+            blocks = [Block(dim, make_attn(), settings['mlp_ratio'], drop_path=rate, **style)
                       for rate in rates[sum(depths[:i]):sum(depths[:i + 1])]]
             stages.append(SoftStage(downsample, dim, PRETRAIN_IMG_SIZE // 4 // 2 ** i, blocks, with_cp=with_cp))
         self.stages = nn.ModuleList(stages)
@@ -171,10 +184,13 @@ class SoftPyramid(nn.Module):
             stage.with_cp = bool(enable)
 
     def init_pyramid_weights(self) -> None:
-        """timm-style initialisation: truncated-normal linears and position embeddings, Kaiming convs."""
+        """timm-style initialisation: truncated-normal linears (the SOFT q/k projections with ``qk_init_std``) and
+        position embeddings, Kaiming convs."""
+        qk_weights = {id(m.qk.weight) for m in self.modules() if isinstance(m, SoftAttention)}
         for m in self.modules():
             if isinstance(m, nn.Linear):
-                nn.init.trunc_normal_(m.weight, std=0.02)
+                std = self.qk_init_std if id(m.weight) in qk_weights else 0.02
+                nn.init.trunc_normal_(m.weight, std=std)
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
             elif isinstance(m, nn.Conv2d):

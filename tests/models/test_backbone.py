@@ -381,3 +381,29 @@ def test_bad_constructor_arguments():
         SOFT(arch='tiny-ish')
     with pytest.raises(ValueError, match='input'):
         make_narrow()(torch.randn(3, 32, 32))
+
+
+def test_soft_block_norm_and_qk_init_std_options():
+    """The two from-scratch options (docs/attention_health.md): pre-norm SOFT blocks and the q/k projections' initial
+    std; the same parameters and keys as the authors' layout, and the defaults are the authors'."""
+    torch.manual_seed(0)
+    default = SOFT('tiny', soft_norm=True, drop_path_rate=0.0)
+    torch.manual_seed(0)
+    changed = SOFT('tiny', soft_norm=True, drop_path_rate=0.0, soft_block_norm='pre', qk_init_std=0.125)
+    assert default.state_dict().keys() == changed.state_dict().keys()
+    assert all(a.shape == b.shape for a, b in zip(default.state_dict().values(), changed.state_dict().values()))
+    soft_blocks = [block for stage in changed.stages[:3] for block in stage.blocks]
+    assert all(block.post_norm for stage in default.stages[:3] for block in stage.blocks)
+    assert not any(block.post_norm for block in soft_blocks)
+    assert not changed.stages[3].blocks[0].post_norm  # the softmax stage is pre-norm either way
+    qk = torch.cat([block.attn.qk.weight.flatten() for block in soft_blocks])
+    v = torch.cat([block.attn.v.weight.flatten() for block in soft_blocks])
+    assert abs(qk.std().item() - 0.125) < 0.005 and abs(v.std().item() - 0.02) < 0.001
+    default_qk = torch.cat([b.attn.qk.weight.flatten() for stage in default.stages[:3] for b in stage.blocks])
+    assert abs(default_qk.std().item() - 0.02) < 0.001
+    x = torch.randn(1, 3, 64, 96)
+    assert [m.shape for m in default(x)] == [m.shape for m in changed(x)]
+    with pytest.raises(ValueError, match=r"soft_block_norm='sandwich' is not one of \('post', 'pre'\)"):
+        SOFT(soft_block_norm='sandwich')
+    with pytest.raises(ValueError, match='qk_init_std must be a number in'):
+        SOFT(qk_init_std=0.0)
