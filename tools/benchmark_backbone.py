@@ -1,18 +1,24 @@
-"""Backbones at detection and segmentation resolutions: SOFT against mmdet's PVT, PVTv2 and Swin.
+"""Backbones at detection and segmentation resolutions: SOFT against mmdet's PVT, PVTv2 and Swin and timm's ConvNeXt
+and EfficientViT, in float32 or under bfloat16 autocast.
 
     python tools/benchmark_backbone.py           # SOFT-Norm-Small, Swin-T, PVT-Small at 512^2, 1333x800, 2x, 4x
-    python tools/benchmark_backbone.py --full    # all nine backbones
-    python tools/benchmark_backbone.py --models soft_small swin_t --sizes 512x512 800x1344 --repeats 3
+    python tools/benchmark_backbone.py --full    # all eleven backbones
+    python tools/benchmark_backbone.py --models soft_norm_small swin_t convnext_t efficientvit_b2 \
+        --sizes 800x1344 1600x2688 --dtype bfloat16 --rounds 3
 
 Sizes are H x W of the (padded) input: 1333x800 images are padded to 800x1344 (divisible by 32, as mmdet's
 ``pad_size_divisor=32``), and the 2x / 4x rows scale both sides by sqrt(2) / 2 and pad again (1152x1920,
-1600x2688). Each (model, size) runs in a fresh subprocess (float32, batch 1, eval mode for the forward, train mode
-for forward+backward, which backpropagates a random projection of every output map): parameters, FLOPs (mmengine's
-``FlopAnalyzer`` through ``tools/get_flops.py``, up to ``--flops-max-pixels`` because tracing large inputs is slow),
-median forward and forward+backward time, the rise of the peak RSS (CUDA: allocator peak) during forward+backward,
-and, for SOFT, the forward time of each stage (from pre-hooks on the stages' downsampling layers). Forward+backward
-is measured up to ``--train-max-pixels``; a model whose forward took longer than ``--max-case-s`` is not run at larger
-sizes (noted). Growth ratios compare the largest size with 800x1344.
+1600x2688). Each (model, size) runs in a fresh subprocess (batch 1, eval mode for the forward, train mode for
+forward+backward, which backpropagates a random projection of every output map; ``--dtype bfloat16`` runs both under
+``torch.autocast``), ``--rounds`` times with the rounds interleaved across models so that drift hits every model
+alike (medians over rounds): parameters, multiply-accumulates (mmengine's ``FlopAnalyzer`` through
+``tools/get_flops.py``, which counts a multiply-add once, up to ``--flops-max-pixels`` because tracing large inputs
+is slow), median forward and forward+backward time, the achieved GFLOP/s of the forward (2 x MACs / time) and its
+fraction of the machine's GEMM rate in that dtype (a 4096^2 matmul timed in the same process), the rise of the peak
+RSS (CUDA: allocator peak) during forward+backward, and, for SOFT, the forward time of each stage (from pre-hooks on
+the stages' downsampling layers). Forward+backward is measured up to ``--train-max-pixels``; a model whose forward
+took longer than ``--max-case-s`` is not run at larger sizes (noted). Growth ratios compare the largest size with
+800x1344.
 
 Writes ``backbone_benchmark.md``, ``backbone_benchmark.png`` and ``backbone_benchmark.json`` to ``--out``.
 """
@@ -54,7 +60,11 @@ MMDET_MODELS: dict[str, dict[str, Any]] = {
 }
 SOFT_MODELS = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
                'soft_norm_small': ('small', True)}
-MODELS = (*SOFT_MODELS, *MMDET_MODELS)
+# timm models with features_only=True (the four stride-4..32 maps a detector's neck takes)
+TIMM_MODELS = {'convnext_t': 'convnext_tiny', 'efficientvit_b2': 'efficientvit_b2'}
+MODELS = (*SOFT_MODELS, *MMDET_MODELS, *TIMM_MODELS)
+DTYPES = ('float32', 'bfloat16')
+GEMM_SIZE = 4096
 DEFAULT_MODELS = ('soft_norm_small', 'swin_t', 'pvt_s')
 BASE_SIZE = (800, 1344)
 DEFAULT_SIZES = ('512x512', '800x1344', '1152x1920', '1600x2688')
@@ -65,6 +75,9 @@ def build_model(name: str) -> nn.Module:
         from soft_mm.models import SOFT
         arch, soft_norm = SOFT_MODELS[name]
         return SOFT(arch=arch, soft_norm=soft_norm, drop_path_rate=0.0)
+    if name in TIMM_MODELS:
+        import timm
+        return timm.create_model(TIMM_MODELS[name], pretrained=False, features_only=True)  # no stochastic depth by default
     from mmdet.registry import MODELS as MMDET_REGISTRY
     from mmdet.utils import register_all_modules
     register_all_modules()
@@ -93,8 +106,16 @@ def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], An
     return marks, stage_times
 
 
+def gemm_gflops(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
+    """The machine's matmul rate in ``dtype``: a GEMM_SIZE^2 matmul, median of ``repeats``."""
+    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device=device, dtype=dtype) for _ in range(2))
+    a @ b
+    return 2 * GEMM_SIZE ** 3 / statistics.median(bench._timed(lambda: a @ b, device) for _ in range(repeats)) / 1e9
+
+
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(spec['device'])
+    dtype = getattr(torch, spec.get('dtype', 'float32'))
     torch.manual_seed(0)
     model = build_model(spec['model']).to(device)
     h, w = spec['hw']
@@ -103,15 +124,17 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec['flops']:
         flops_tool = _load_sibling('get_flops')
         model.eval()
-        result['gflops'] = flops_tool.analyze(model, (x,))['flops'] / 1e9
+        result['gmacs'] = flops_tool.analyze(model, (x,))['flops'] / 1e9
+    result['gemm_gflops'] = gemm_gflops(device, dtype)
+    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     timer = stage_timer(model, device)
     model.eval()
-    with torch.no_grad():
+    with torch.no_grad(), autocast:
         outs = model(x)  # warm-up
     grads = [torch.randn_like(o) for o in outs]
     fwd_times, stage_rows = [], []
     for _ in range(spec['repeats']):
-        with torch.no_grad():
+        with torch.no_grad(), autocast:
             fwd_times.append(bench._timed(lambda: model(x), device))
         if timer is not None:
             stage_rows.append(timer[1]())
@@ -122,7 +145,9 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
         model.train()
 
         def forward_backward() -> None:
-            torch.autograd.backward(model(x), grads)
+            with autocast:
+                outs = model(x)
+            torch.autograd.backward(outs, grads)
             model.zero_grad(set_to_none=True)
 
         memory = bench.PeakMemory(device)
@@ -132,6 +157,24 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
         times = [bench._timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
         result['fwd_bwd_s'] = statistics.median(times)
     return result
+
+
+def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """One row from the rounds of a case: medians of the times and rates, the largest peak memory, the stage times of
+    the round with the median forward, and the first round's counts."""
+    merged = dict(runs[0])
+    for key in ('fwd_s', 'fwd_bwd_s', 'gemm_gflops'):
+        values = [r[key] for r in runs if key in r]
+        if values:
+            merged[key] = statistics.median(values)
+    peaks = [r['fwd_bwd_peak_mib'] for r in runs if 'fwd_bwd_peak_mib' in r]
+    if peaks:
+        merged['fwd_bwd_peak_mib'] = max(peaks)
+    middle = sorted(runs, key=lambda r: r['fwd_s'])[len(runs) // 2]
+    if 'stage_s' in middle:
+        merged['stage_s'] = middle['stage_s']
+    merged['rounds'] = len(runs)
+    return merged
 
 
 def run_case(spec: dict[str, Any], glibc_malloc: str) -> dict[str, Any]:
@@ -147,12 +190,18 @@ def _fmt(value: float | None, spec: str = '.2f') -> str:
 
 def markdown(rows: list[dict[str, Any]], models: list[str], sizes: list[tuple[int, int]], header: str,
              notes: list[str]) -> str:
-    lines = [header, '', '| backbone | input | params | GFLOPs | fwd s | fwd+bwd s | fwd+bwd peak MiB |',
-             '|---|---|---|---|---|---|---|']
+    lines = [header, '', '| backbone | input | params | GMACs | fwd s | fwd GFLOP/s | % of GEMM rate | fwd+bwd s | '
+             'fwd+bwd peak MiB |', '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
+        achieved = 2 * r['gmacs'] / r['fwd_s'] if r.get('gmacs') else None
+        share = 100 * achieved / r['gemm_gflops'] if achieved else None
         lines.append(f"| {r['model']} | {r['hw'][0]}x{r['hw'][1]} | {r['params'] / 1e6:.1f}M | "
-                     f"{_fmt(r.get('gflops'), '.1f')} | {_fmt(r.get('fwd_s'))} | {_fmt(r.get('fwd_bwd_s'))} | "
-                     f"{_fmt(r.get('fwd_bwd_peak_mib'), '.0f')} |")
+                     f"{_fmt(r.get('gmacs'), '.1f')} | {_fmt(r.get('fwd_s'))} | {_fmt(achieved, '.0f')} | "
+                     f"{_fmt(share, '.0f')} | {_fmt(r.get('fwd_bwd_s'))} | {_fmt(r.get('fwd_bwd_peak_mib'), '.0f')} |")
+    rates = [r['gemm_gflops'] for r in rows if r.get('gemm_gflops')]
+    if rates:
+        lines += ['', f'GEMM rate ({GEMM_SIZE}^2 matmul in the same dtype, timed in every case process): median '
+                  f'{statistics.median(rates):.0f} GFLOP/s (range {min(rates):.0f}-{max(rates):.0f}).']
     soft_rows = [r for r in rows if 'stage_s' in r]
     if soft_rows:
         lines += ['', '| SOFT backbone | input | stage 1 s | stage 2 s | stage 3 s | stage 4 s |',
@@ -229,13 +278,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', choices=MODELS, metavar='MODEL', default=None,
                         help=f'backbones (default: {" ".join(DEFAULT_MODELS)}; choices: {" ".join(MODELS)})')
-    parser.add_argument('--full', action='store_true', help='all nine backbones')
+    parser.add_argument('--full', action='store_true', help='all eleven backbones')
+    parser.add_argument('--dtype', choices=DTYPES, default='float32',
+                        help='float32, or bfloat16 autocast for forward and forward+backward (default: float32)')
+    parser.add_argument('--rounds', type=int, default=1,
+                        help='runs of every case, interleaved across models (medians over rounds; default 1)')
     parser.add_argument('--sizes', nargs='+', default=list(DEFAULT_SIZES), help='inputs HxW (default: %(default)s)')
     parser.add_argument('--repeats', type=int, default=2, help='timed runs (median; default 2, after a warm-up)')
     parser.add_argument('--train-max-pixels', type=int, default=BASE_SIZE[0] * BASE_SIZE[1],
                         help='forward+backward only up to this many pixels (default: 800x1344)')
-    parser.add_argument('--flops-max-pixels', type=int, default=512 * 512,
-                        help='FLOPs only up to this many pixels (JIT tracing is slow; default 512x512)')
+    parser.add_argument('--flops-max-pixels', type=int, default=BASE_SIZE[0] * BASE_SIZE[1],
+                        help='MACs only up to this many pixels (JIT tracing is slow; default 800x1344)')
     parser.add_argument('--max-case-s', type=float, default=10.0,
                         help='a model whose forward took longer is not run at larger sizes (default 10: PVT-Small '
                              'stops after 2x the pixels, so the default run fits in 10 minutes)')
@@ -252,6 +305,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f'--sizes must be positive integers H or HxW, got {err}')
     if args.repeats < 1:
         parser.error(f'--repeats must be >= 1, got {args.repeats}')
+    if args.rounds < 1:
+        parser.error(f'--rounds must be >= 1, got {args.rounds}')
     args.models = list(MODELS if args.full else args.models or DEFAULT_MODELS)
     return args
 
@@ -261,40 +316,50 @@ def main(argv: list[str] | None = None) -> int:
     if args.worker:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
-    rows, notes, too_slow = [], [], set()
+    notes, too_slow = [], set()
+    results: dict[tuple[str, tuple[int, int]], list[dict[str, Any]]] = {}
     sizes = sorted(args.hw_sizes, key=lambda s: s[0] * s[1])
-    print(f'device={args.device} threads={torch.get_num_threads()} float32 batch 1; median of {args.repeats}')
-    print(f"{'backbone':>16} {'input':>10} {'params':>7} {'GFLOPs':>7} {'fwd s':>7} {'f+b s':>7} {'f+b MiB':>8}  "
-          'stages s')
+    print(f'device={args.device} threads={torch.get_num_threads()} {args.dtype} batch 1; median of {args.repeats}, '
+          f'{args.rounds} round(s) interleaved across models')
+    print(f"{'backbone':>16} {'input':>10} {'round':>5} {'params':>7} {'GMACs':>7} {'fwd s':>7} {'f+b s':>7} "
+          f"{'f+b MiB':>8}  stages s")
     for hw in sizes:
         pixels = hw[0] * hw[1]
+        for round_index in range(args.rounds):
+            for model in args.models:
+                if model in too_slow:
+                    if round_index == 0:
+                        notes.append(f'{model} at {hw[0]}x{hw[1]} not run: its forward took > {args.max_case_s:g} s '
+                                     'at a smaller size')
+                    continue
+                spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats, dtype=args.dtype,
+                            train=pixels <= args.train_max_pixels,
+                            flops=pixels <= args.flops_max_pixels and round_index == 0)
+                result = run_case(spec, args.glibc_malloc)
+                if 'error' in result:
+                    notes.append(f"{model} at {hw[0]}x{hw[1]} (round {round_index + 1}) failed: {result['error']}")
+                    print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} failed: {result['error']}", flush=True)
+                    continue
+                results.setdefault((model, hw), []).append(result)
+                stages = ' '.join(f'{t:.3f}' for t in result.get('stage_s', []))
+                print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} {round_index + 1:>5} {result['params'] / 1e6:>6.1f}M "
+                      f"{_fmt(result.get('gmacs'), '.1f'):>7} {result['fwd_s']:>7.2f} "
+                      f"{_fmt(result.get('fwd_bwd_s')):>7} {_fmt(result.get('fwd_bwd_peak_mib'), '.0f'):>8}  {stages}",
+                      flush=True)
         for model in args.models:
-            if model in too_slow:
-                notes.append(f'{model} at {hw[0]}x{hw[1]} not run: its forward took > {args.max_case_s:g} s at a '
-                             'smaller size')
-                continue
-            spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats,
-                        train=pixels <= args.train_max_pixels, flops=pixels <= args.flops_max_pixels)
-            result = run_case(spec, args.glibc_malloc)
-            if 'error' in result:
-                notes.append(f"{model} at {hw[0]}x{hw[1]} failed: {result['error']}")
-                print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} failed: {result['error']}", flush=True)
-                continue
-            row = dict(model=model, hw=list(hw), **result)
-            rows.append(row)
-            if row['fwd_s'] > args.max_case_s:
+            runs = results.get((model, hw), [])
+            if runs and statistics.median(r['fwd_s'] for r in runs) > args.max_case_s:
                 too_slow.add(model)
-            stages = ' '.join(f'{t:.3f}' for t in row.get('stage_s', []))
-            print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} {row['params'] / 1e6:>6.1f}M "
-                  f"{_fmt(row.get('gflops'), '.1f'):>7} "
-                  f"{row['fwd_s']:>7.2f} {_fmt(row.get('fwd_bwd_s')):>7} {_fmt(row.get('fwd_bwd_peak_mib'), '.0f'):>8}"
-                  f"  {stages}", flush=True)
+    rows = [dict(model=model, hw=list(hw), **merge_rounds(runs)) for hw in sizes for model in args.models
+            if (runs := results.get((model, hw)))]
     if args.flops_max_pixels < max(h * w for h, w in sizes):
-        notes.append(f'FLOPs counted up to {args.flops_max_pixels} pixels only (--flops-max-pixels).')
+        notes.append(f'MACs counted up to {args.flops_max_pixels} pixels only (--flops-max-pixels).')
     if args.train_max_pixels < max(h * w for h, w in sizes):
         notes.append(f'forward+backward measured up to {args.train_max_pixels} pixels only (--train-max-pixels).')
-    header = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, float32, batch 1, '
-              f'median of {args.repeats}; {glibc_malloc_note(args.glibc_malloc)}')
+    dtype_text = 'float32' if args.dtype == 'float32' else 'bfloat16 autocast'
+    header = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, {dtype_text}, batch 1, '
+              f'median of {args.repeats} x {args.rounds} round(s) interleaved across models; '
+              f'{glibc_malloc_note(args.glibc_malloc)}')
     table = markdown(rows, args.models, sizes, header, notes)
     print()
     print(table)

@@ -27,13 +27,39 @@ def test_tiny_soft_run_writes_table_plot_and_json(tmp_path):
     assert set(rows) == {(64, 96), (96, 128)}
     small, large = rows[(64, 96)], rows[(96, 128)]
     assert small['params'] == sum(p.numel() for p in SOFT(arch='tiny').parameters())
-    assert small['gflops'] > 0 and 'gflops' not in large  # FLOPs only up to --flops-max-pixels
+    assert small['gmacs'] > 0 and 'gmacs' not in large  # MACs only up to --flops-max-pixels
+    assert small['gemm_gflops'] > 0 and small['rounds'] == 1
     assert small['fwd_bwd_s'] > 0 and small['fwd_bwd_peak_mib'] is not None and 'fwd_bwd_s' not in large
     assert len(small['stage_s']) == 4 and all(t > 0 for t in small['stage_s'])
     assert sum(small['stage_s']) <= small['fwd_s'] * 1.5  # the stages partition one forward (timed separately)
     assert (tmp_path / 'backbone_benchmark.png').stat().st_size > 1000
     table = (tmp_path / 'backbone_benchmark.md').read_text()
-    assert 'stage 1 s' in table and 'FLOPs counted up to' in table
+    assert 'stage 1 s' in table and 'MACs counted up to' in table and '% of GEMM rate' in table
+    assert 'float32, batch 1' in table
+
+
+def test_bfloat16_rounds_and_timm_models(tmp_path):
+    pytest.importorskip('timm')
+    proc, data = run_tool(tmp_path, '--models', 'soft_tiny', 'efficientvit_b2', '--sizes', '64x96', '--dtype',
+                          'bfloat16', '--rounds', '2', '--train-max-pixels', '0')
+    rows = {r['model']: r for r in data['rows']}
+    assert set(rows) == {'soft_tiny', 'efficientvit_b2'} and all(r['rounds'] == 2 for r in rows.values())
+    assert rows['efficientvit_b2']['params'] > 10 ** 6 and rows['soft_tiny']['gmacs'] > 0
+    # rounds interleave: soft_tiny, efficientvit_b2, soft_tiny, efficientvit_b2
+    order = [line.split()[0] for line in proc.stdout.splitlines() if line.strip().startswith(('soft_', 'efficient'))]
+    assert order[:4] == ['soft_tiny', 'efficientvit_b2', 'soft_tiny', 'efficientvit_b2']
+    assert 'bfloat16 autocast, batch 1, median of 1 x 2 round(s)' in (tmp_path / 'backbone_benchmark.md').read_text()
+
+
+def test_merge_rounds_takes_medians_and_the_largest_peak():
+    spec = importlib.util.spec_from_file_location('benchmark_backbone', TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    runs = [dict(params=5, fwd_s=s, fwd_bwd_s=2 * s, gemm_gflops=g, fwd_bwd_peak_mib=p, stage_s=[s] * 4)
+            for s, g, p in ((3.0, 100.0, 10.0), (1.0, 300.0, 30.0), (2.0, 200.0, 20.0))]
+    merged = tool.merge_rounds(runs)
+    assert (merged['fwd_s'], merged['fwd_bwd_s'], merged['gemm_gflops']) == (2.0, 4.0, 200.0)
+    assert merged['fwd_bwd_peak_mib'] == 30.0 and merged['stage_s'] == [2.0] * 4 and merged['rounds'] == 3
 
 
 def test_mmdet_backbones_build(tmp_path):
@@ -41,8 +67,10 @@ def test_mmdet_backbones_build(tmp_path):
     spec = importlib.util.spec_from_file_location('benchmark_backbone', TOOL)
     tool = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tool)
-    # backbone parameters without a classification head (millions): PVT-Small 24.0, PVTv2-B2 24.8, Swin-T 27.5
-    for name, params_m in (('pvt_s', 24.0), ('pvtv2_b2', 24.8), ('swin_t', 27.5)):
+    # backbone parameters without a classification head (millions): PVT-Small 24.0, PVTv2-B2 24.8, Swin-T 27.5,
+    # ConvNeXt-T 27.8 and EfficientViT-B2 15.0 (timm, features_only)
+    for name, params_m in (('pvt_s', 24.0), ('pvtv2_b2', 24.8), ('swin_t', 27.5), ('convnext_t', 27.8),
+                           ('efficientvit_b2', 15.0)):
         model = tool.build_model(name)
         assert abs(sum(p.numel() for p in model.parameters()) / 1e6 - params_m) < 0.2, name
 
