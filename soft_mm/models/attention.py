@@ -17,11 +17,21 @@ from .settings import AttentionSettings, attention_settings, is_int
 def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     if x.ndim != 3:
         raise ValueError(f'x must be (B, N, C), got shape {tuple(x.shape)}')
-    # sizes stay symbolic under torch.export / torch.compile (int() would freeze them at the traced size)
-    h, w = (s if isinstance(s, torch.SymInt) else int(s) for s in hw_shape)
+    # sizes stay symbolic under torch.export / torch.compile (int() would freeze them at the traced size), and traced
+    # under torch.jit.trace (the legacy ONNX exporter records sizes read from a tensor's shape as graph values)
+    tracing = torch.jit.is_tracing()
+    h, w = (s if tracing or isinstance(s, torch.SymInt) else int(s) for s in hw_shape)
     if h * w != x.shape[1]:
         raise ValueError(f'hw_shape={tuple(hw_shape)} does not match the {x.shape[1]} tokens of x')
     return h, w
+
+
+def _size_min(bound: int, size):
+    """``min(bound, size)`` that keeps ``size`` symbolic: a ``SymInt`` under torch.export / torch.compile, a traced
+    0-d tensor under torch.jit.trace (the legacy ONNX exporter)."""
+    if isinstance(size, torch.Tensor):
+        return size.clamp(max=bound)
+    return torch.sym_min(bound, size)
 
 
 def _token_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
@@ -109,9 +119,9 @@ class SoftAttention(nn.Module):
         # sym_min: a plain min() of symbolic sizes would freeze the branch taken at a traced size; the ceiling
         # division keeps its operands non-negative (ONNX's integer Div truncates, so -(-s // r) would become a floor)
         if self.landmark_mode == 'avg':
-            return tuple(torch.sym_min(self.landmark_grid, s) for s in hw_shape)
+            return tuple(_size_min(self.landmark_grid, s) for s in hw_shape)
         stride = self.landmark_stride
-        return tuple(torch.sym_min(self.landmark_grid, (s + stride - 1) // stride) for s in hw_shape)
+        return tuple(_size_min(self.landmark_grid, (s + stride - 1) // stride) for s in hw_shape)
 
     def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""

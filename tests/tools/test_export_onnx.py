@@ -73,3 +73,26 @@ def test_cli_exports_the_classifier_and_checks(tool: ModuleType, tmp_path: Path,
 def test_cli_rejects_unknown_classifier(tool: ModuleType) -> None:
     with pytest.raises(ValueError, match="'resnet50' is not a SOFT timm model"):
         tool.build_classifier('resnet50')
+
+
+@pytest.mark.parametrize('landmark_mode', ['conv', 'avg'])
+def test_legacy_exporter_with_dynamic_axes_matches_torch_at_other_sizes(tmp_path: Path, landmark_mode: str) -> None:
+    """What mmdeploy-style pipelines call: the TorchScript exporter with ``dynamic_axes``. Exported at 224², the graph
+    runs at other sizes, also below the dynamo exporter's range (a traced size used to stay in a Reshape of the
+    stage-1 value conv and in the landmark grid)."""
+    import onnxruntime as ort
+
+    torch.manual_seed(0)
+    model = SOFT(SMALL_ARCH, soft_norm=True, newton_iters=6, landmark_mode=landmark_mode).eval()
+    path = tmp_path / 'legacy.onnx'
+    torch.onnx.export(model, (torch.randn(1, 3, *EXPORT_SIZE),), str(path), dynamo=False, input_names=['img'],
+                      output_names=[f'out{i}' for i in range(4)], dynamic_axes={'img': {2: 'h', 3: 'w'}},
+                      opset_version=17)
+    session = ort.InferenceSession(str(path))
+    for size in [*CHECK_SIZES, (96, 64)]:
+        image = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            expected = model(image)
+        outputs = session.run(None, {'img': image.numpy()})
+        assert [o.shape for o in outputs] == [tuple(e.shape) for e in expected], size
+        assert max(float(abs(o - e.numpy()).max()) for o, e in zip(outputs, expected)) < ATOL, size
