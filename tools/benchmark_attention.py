@@ -40,7 +40,6 @@ import math
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -48,7 +47,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from soft_mm.utils.bench_process import add_glibc_malloc_argument, glibc_malloc_note, run_in_fresh_process
+from soft_mm.utils.bench import (
+    PeakMemory,
+    add_glibc_malloc_argument,
+    gemm_gflops,
+    glibc_malloc_note,
+    parse_size,
+    run_in_fresh_process,
+    timed,
+)
 
 SOFT_LAYERS = {'soft_conv': ('conv', False), 'soft_avg': ('avg', False), 'soft_norm_conv': ('conv', True),
                'soft_norm_avg': ('avg', True)}
@@ -60,17 +67,6 @@ LANDMARK_GRID = 7
 NEWTON_ITERS = 20
 SR_RATIO = 8  # PVT's stage-1 spatial reduction
 SGEMM_SIZE = 1024
-
-
-def parse_size(text: str) -> tuple[int, int]:
-    """``'56'`` -> (56, 56); ``'200x334'`` -> (200, 334)."""
-    parts = text.lower().split('x')
-    if len(parts) not in (1, 2) or not all(p.isdigit() for p in parts):
-        raise ValueError(text)
-    h, w = int(parts[0]), int(parts[-1])
-    if h < 1 or w < 1:
-        raise ValueError(text)
-    return h, w
 
 
 def plain_math(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor, num_iters: int = NEWTON_ITERS,
@@ -181,57 +177,6 @@ def build_case(method: str, hw_shape: tuple[int, int], dim: int, heads: int,
     return (lambda: plain_math(q, landmarks, v)), [q, landmarks, v]
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == 'cuda':
-        torch.cuda.synchronize(device)
-
-
-def _timed(fn: Callable[[], Any], device: torch.device) -> float:
-    _sync(device)
-    start = time.perf_counter()
-    fn()
-    _sync(device)
-    return time.perf_counter() - start
-
-
-def _rss_kib(field: str) -> int:
-    for line in Path('/proc/self/status').read_text().splitlines():
-        if line.startswith(field + ':'):
-            return int(line.split()[1])
-    raise RuntimeError(f'{field} not in /proc/self/status')
-
-
-class PeakMemory:
-    """Peak memory of what runs after :meth:`start`: CUDA allocator peak, or the rise of the peak RSS on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def start(self) -> None:
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize(self.device)
-            torch.cuda.reset_peak_memory_stats(self.device)
-            self.base = torch.cuda.memory_allocated(self.device)
-            return
-        try:  # '5' resets the peak RSS to the current RSS (Linux >= 4.0)
-            Path('/proc/self/clear_refs').write_text('5')
-        except OSError:
-            pass
-        self.base = _rss_kib('VmRSS') * 1024
-
-    def peak_mib(self) -> float:
-        if self.device.type == 'cuda':
-            torch.cuda.synchronize(self.device)
-            return (torch.cuda.max_memory_allocated(self.device) - self.base) / 2 ** 20
-        return (_rss_kib('VmHWM') * 1024 - self.base) / 2 ** 20
-
-
-def sgemm_gflops(device: torch.device, repeats: int = 5) -> float:
-    a, b = (torch.randn(SGEMM_SIZE, SGEMM_SIZE, device=device) for _ in range(2))
-    a @ b
-    return 2 * SGEMM_SIZE ** 3 / statistics.median(_timed(lambda: a @ b, device) for _ in range(repeats)) / 1e9
-
-
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     """One (method, size) case in this process: memory first (one call each), then the timings."""
     device = torch.device(spec['device'])
@@ -257,12 +202,12 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     memory.start()
     forward()
     fwd_mib = memory.peak_mib()
-    first_fwd_bwd = _timed(forward_backward, device)  # also the warm-up
+    first_fwd_bwd = timed(forward_backward, device)  # also the warm-up
     fwd_bwd_mib = memory.peak_mib()
-    sgemm = sgemm_gflops(device)
+    sgemm = gemm_gflops(device, size=SGEMM_SIZE)
     slow = first_fwd_bwd > spec['max_case_s']  # timed once (forward, and the forward+backward above)
-    fwd_times = [_timed(forward, device) for _ in range(1 if slow else spec['repeats'])]
-    fwd_bwd_times = [first_fwd_bwd] if slow else [_timed(forward_backward, device) for _ in range(spec['repeats'])]
+    fwd_times = [timed(forward, device) for _ in range(1 if slow else spec['repeats'])]
+    fwd_bwd_times = [first_fwd_bwd] if slow else [timed(forward_backward, device) for _ in range(spec['repeats'])]
     return dict(fwd_ms=statistics.median(fwd_times) * 1e3, fwd_bwd_ms=statistics.median(fwd_bwd_times) * 1e3,
                 fwd_peak_mib=fwd_mib, fwd_bwd_peak_mib=fwd_bwd_mib, sgemm_gflops=sgemm,
                 slow=slow)

@@ -25,29 +25,27 @@ Writes ``backbone_benchmark.md``, ``backbone_benchmark.png`` and ``backbone_benc
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
-from soft_mm.utils.bench_process import add_glibc_malloc_argument, glibc_malloc_note, run_in_fresh_process
-
-TOOLS = Path(__file__).resolve().parent
-
-
-def _load_sibling(name: str):
-    spec = importlib.util.spec_from_file_location(f'soft_mm_tool_{name}', TOOLS / f'{name}.py')
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-bench = _load_sibling('benchmark_attention')
+from soft_mm.utils.bench import (
+    PeakMemory,
+    add_glibc_malloc_argument,
+    gemm_gflops,
+    glibc_malloc_note,
+    parse_size,
+    run_in_fresh_process,
+    sync,
+    timed,
+)
+from soft_mm.utils.flops import analyze
 
 # mmdet registry configs with the published arch settings; SOFT models come from soft_mm.
 MMDET_MODELS: dict[str, dict[str, Any]] = {
@@ -93,8 +91,8 @@ def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], An
     marks: list[float] = []
 
     def mark(*_: Any) -> None:
-        bench._sync(device)
-        marks.append(bench.time.perf_counter())
+        sync(device)
+        marks.append(time.perf_counter())
 
     handles = [s.downsample.register_forward_pre_hook(mark) for s in stages]
     handles.append(model.register_forward_hook(mark))
@@ -106,13 +104,6 @@ def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], An
     return marks, stage_times
 
 
-def gemm_gflops(device: torch.device, dtype: torch.dtype, repeats: int = 5) -> float:
-    """The machine's matmul rate in ``dtype``: a GEMM_SIZE^2 matmul, median of ``repeats``."""
-    a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device=device, dtype=dtype) for _ in range(2))
-    a @ b
-    return 2 * GEMM_SIZE ** 3 / statistics.median(bench._timed(lambda: a @ b, device) for _ in range(repeats)) / 1e9
-
-
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(spec['device'])
     dtype = getattr(torch, spec.get('dtype', 'float32'))
@@ -122,10 +113,9 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     x = torch.randn(1, 3, h, w, device=device)
     result: dict[str, Any] = dict(params=sum(p.numel() for p in model.parameters()))
     if spec['flops']:
-        flops_tool = _load_sibling('get_flops')
         model.eval()
-        result['gmacs'] = flops_tool.analyze(model, (x,))['flops'] / 1e9
-    result['gemm_gflops'] = gemm_gflops(device, dtype)
+        result['gmacs'] = analyze(model, (x,))['flops'] / 1e9
+    result['gemm_gflops'] = gemm_gflops(device, dtype, GEMM_SIZE)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     timer = stage_timer(model, device)
     model.eval()
@@ -135,7 +125,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     fwd_times, stage_rows = [], []
     for _ in range(spec['repeats']):
         with torch.no_grad(), autocast:
-            fwd_times.append(bench._timed(lambda: model(x), device))
+            fwd_times.append(timed(lambda: model(x), device))
         if timer is not None:
             stage_rows.append(timer[1]())
     result['fwd_s'] = statistics.median(fwd_times)
@@ -150,11 +140,11 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             torch.autograd.backward(outs, grads)
             model.zero_grad(set_to_none=True)
 
-        memory = bench.PeakMemory(device)
+        memory = PeakMemory(device)
         memory.start()
-        first = bench._timed(forward_backward, device)
+        first = timed(forward_backward, device)
         result['fwd_bwd_peak_mib'] = memory.peak_mib()
-        times = [bench._timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
+        times = [timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
         result['fwd_bwd_s'] = statistics.median(times)
     return result
 
@@ -300,7 +290,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.worker:
         return args
     try:
-        args.hw_sizes = [bench.parse_size(s) for s in args.sizes]
+        args.hw_sizes = [parse_size(s) for s in args.sizes]
     except ValueError as err:
         parser.error(f'--sizes must be positive integers H or HxW, got {err}')
     if args.repeats < 1:

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from soft_mm.models import SOFT
+from soft_mm.utils.bench import size_arg
 
 FALLBACK_BACKEND = 'aot_eager'
 
@@ -82,19 +83,11 @@ def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = '
     return rows
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not HEIGHTxWIDTH (e.g. 512x512)') from None
-    return height, width
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--arch', default='tiny', help='backbone arch (tiny, small, medium, large, huge)')
     parser.add_argument('--soft-norm', action='store_true', help='SOFT-Norm backbone')
-    parser.add_argument('--sizes', type=_size, nargs='+', default=[(224, 224), (512, 512)], help='input sizes HxW')
+    parser.add_argument('--sizes', type=size_arg, nargs='+', default=[(224, 224), (512, 512)], help='input sizes HxW')
     parser.add_argument('--batch', type=int, default=1)
     parser.add_argument('--backend', default='inductor', help='torch.compile backend (inductor, aot_eager, eager)')
     parser.add_argument('--dynamic', action='store_true', help='one dynamic-shape graph for all sizes')

@@ -77,20 +77,14 @@ def run_one(config: str, mode: str, size: tuple[int, int], checkpoint: str | Non
     return row
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not HEIGHTxWIDTH (e.g. 512x2048)') from None
-    return height, width
-
-
 def main(argv: list[str] | None = None) -> list[dict]:
+    from soft_mm.utils.bench import size_arg
+
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--config', default=DEFAULT_CONFIG)
     parser.add_argument('--checkpoint')
     parser.add_argument('--mode', choices=MODES, help='one mode (default: slide 512x2048 and whole 1024x2048)')
-    parser.add_argument('--size', type=_size, help='HEIGHTxWIDTH of the one row (with --mode)')
+    parser.add_argument('--size', type=size_arg, help='HEIGHTxWIDTH of the one row (with --mode)')
     parser.add_argument('--crop', type=int, help='slide window side (default: the config test_cfg.crop_size)')
     parser.add_argument('--stride', type=int, help='slide stride (default: the config test_cfg.stride)')
     parser.add_argument('--threads', type=int, help='torch.set_num_threads in each run')

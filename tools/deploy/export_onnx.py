@@ -25,6 +25,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from soft_mm.utils.bench import size_arg
+
 MAX_SIDE = 8192
 DEFAULT_EXPORT_SIZE = (224, 224)
 DEFAULT_CHECK_SIZES = ((257, 193), (320, 448))
@@ -160,14 +162,6 @@ def check(model: nn.Module, onnx_path: str | Path, sizes: Sequence[Sequence[int]
     return results
 
 
-def _size(text: str) -> tuple[int, int]:
-    try:
-        height, width = (int(v) for v in text.lower().split('x'))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f'{text!r} is not HEIGHTxWIDTH (e.g. 257x193)') from None
-    return height, width
-
-
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -179,9 +173,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--num-classes', type=int, help='classifier classes (default: the timm default, 1000)')
     parser.add_argument('--checkpoint', help='weights to load (backbone, classifier or detector/segmenter checkpoint)')
     parser.add_argument('--out', help='ONNX file (default: work_dirs/onnx/<target>.onnx)')
-    parser.add_argument('--size', type=_size, default=DEFAULT_EXPORT_SIZE, help='export size HxW (default 224x224)')
+    parser.add_argument('--size', type=size_arg, default=DEFAULT_EXPORT_SIZE, help='export size HxW (default 224x224)')
     parser.add_argument('--max-side', type=int, default=MAX_SIDE, help='largest height/width the graph accepts')
-    parser.add_argument('--check', type=_size, nargs='*', default=list(DEFAULT_CHECK_SIZES),
+    parser.add_argument('--check', type=size_arg, nargs='*', default=list(DEFAULT_CHECK_SIZES),
                         help='sizes HxW at which onnxruntime is compared with PyTorch (none: skip)')
     parser.add_argument('--atol', type=float, default=DEFAULT_ATOL, help='largest accepted absolute difference')
     return parser.parse_args(argv)
