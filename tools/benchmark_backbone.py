@@ -35,16 +35,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from soft_mm.utils.bench import (
-    PeakMemory,
-    add_glibc_malloc_argument,
-    gemm_gflops,
-    glibc_malloc_note,
-    parse_size,
-    run_in_fresh_process,
-    sync,
-    timed,
-)
+from soft_mm.utils import bench
 from soft_mm.utils.flops import analyze
 
 # mmdet registry configs with the published arch settings; SOFT models come from soft_mm.
@@ -91,7 +82,7 @@ def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], An
     marks: list[float] = []
 
     def mark(*_: Any) -> None:
-        sync(device)
+        bench.sync(device)
         marks.append(time.perf_counter())
 
     handles = [s.downsample.register_forward_pre_hook(mark) for s in stages]
@@ -115,7 +106,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec['flops']:
         model.eval()
         result['gmacs'] = analyze(model, (x,))['flops'] / 1e9
-    result['gemm_gflops'] = gemm_gflops(device, dtype, GEMM_SIZE)
+    result['gemm_gflops'] = bench.gemm_gflops(device, dtype, GEMM_SIZE)
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     timer = stage_timer(model, device)
     model.eval()
@@ -125,7 +116,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     fwd_times, stage_rows = [], []
     for _ in range(spec['repeats']):
         with torch.no_grad(), autocast:
-            fwd_times.append(timed(lambda: model(x), device))
+            fwd_times.append(bench.timed(lambda: model(x), device))
         if timer is not None:
             stage_rows.append(timer[1]())
     result['fwd_s'] = statistics.median(fwd_times)
@@ -140,11 +131,11 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             torch.autograd.backward(outs, grads)
             model.zero_grad(set_to_none=True)
 
-        memory = PeakMemory(device)
+        memory = bench.PeakMemory(device)
         memory.start()
-        first = timed(forward_backward, device)
+        first = bench.timed(forward_backward, device)
         result['fwd_bwd_peak_mib'] = memory.peak_mib()
-        times = [timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
+        times = [bench.timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
         result['fwd_bwd_s'] = statistics.median(times)
     return result
 
@@ -168,7 +159,7 @@ def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_case(spec: dict[str, Any], glibc_malloc: str) -> dict[str, Any]:
-    result, stderr = run_in_fresh_process(__file__, spec, glibc_malloc)
+    result, stderr = bench.run_in_fresh_process(__file__, spec, glibc_malloc)
     if result is None:
         return dict(error=stderr.strip().splitlines()[-1] if stderr.strip() else 'failed')
     return result
@@ -284,13 +275,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              'stops after 2x the pixels, so the default run fits in 10 minutes)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default='work_dirs/benchmark_backbone')
-    add_glibc_malloc_argument(parser)
+    bench.add_glibc_malloc_argument(parser)
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return args
     try:
-        args.hw_sizes = [parse_size(s) for s in args.sizes]
+        args.hw_sizes = [bench.parse_size(s) for s in args.sizes]
     except ValueError as err:
         parser.error(f'--sizes must be positive integers H or HxW, got {err}')
     if args.repeats < 1:
@@ -349,7 +340,7 @@ def main(argv: list[str] | None = None) -> int:
     dtype_text = 'float32' if args.dtype == 'float32' else 'bfloat16 autocast'
     header = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, {dtype_text}, batch 1, '
               f'median of {args.repeats} x {args.rounds} round(s) interleaved across models; '
-              f'{glibc_malloc_note(args.glibc_malloc)}')
+              f'{bench.glibc_malloc_note(args.glibc_malloc)}')
     table = markdown(rows, args.models, sizes, header, notes)
     print()
     print(table)
