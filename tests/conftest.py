@@ -15,6 +15,13 @@ from types import ModuleType
 
 import pytest
 import torch
+
+# Without a GPU, the Triton backend's tests run its kernels in the Triton interpreter, which triton only takes up if
+# the variable is set before triton is first imported (its library functions, e.g. tl.sum, are decorated then); the
+# interpreter is used only where a test forces backend='triton' on CPU tensors.
+if not torch.cuda.is_available():
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+
 from tool_process import REPO_ROOT  # noqa: E402  (tests/ is on sys.path: pyproject's pythonpath)
 
 import soft_mm

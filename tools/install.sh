@@ -127,7 +127,7 @@ main() {
   pip_q --no-build-isolation --no-deps -e "$ROOT"
 
   step "checking the imports"
-  "$PY" -c "import soft_mm, mmdet, mmseg, mmpretrain, mmpretrain.models, timm; from mmcv.ops import batched_nms, roi_align; print('soft_mm', soft_mm.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__)" \
+  "$PY" -c "import soft_mm, mmdet, mmseg, mmpretrain, mmpretrain.models, timm; from mmcv.ops import batched_nms, roi_align; import importlib.util as u; triton = u.find_spec('triton') and __import__('triton'); print('soft_mm', soft_mm.__version__, '| mmdet', mmdet.__version__, '| mmseg', mmseg.__version__, '| mmpretrain', mmpretrain.__version__, '| timm', timm.__version__, '| triton', triton.__version__ if triton else 'none (the Triton backend and its tests are skipped)')" \
     || die "the final import check failed; see the messages above."
   step "done"
 }

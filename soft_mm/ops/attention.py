@@ -10,6 +10,8 @@ from .newton import newton_inverse
 from .pooling import in_graph_capture
 from .precision import Precision, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
+from .triton_nystrom import triton_nystrom_products
+from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
 __all__ = ['AUTO_TILING_MIN_TOKENS', 'soft_attention']
 
@@ -105,16 +107,27 @@ def _inv_sqrt_row_sums(kernel_landmarks: Tensor) -> Tensor:
     return kernel_landmarks.sum(-1).rsqrt()
 
 
+def _middle(kernel_landmarks: Tensor, kernel_inv: Tensor, normalize: bool) -> Tensor:
+    """The m×m middle matrix, formed explicitly: ``A^+``, or ``D^-1/2 A^+ D^-1/2`` for SOFT-Norm."""
+    if not normalize:
+        return kernel_inv
+    scale = _inv_sqrt_row_sums(kernel_landmarks)
+    return scale.unsqueeze(-1) * kernel_inv * scale.unsqueeze(-2)
+
+
 def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
                      normalize: bool, precision: Precision, tile_size: int = DEFAULT_TILE_SIZE) -> Tensor:
-    """The ``'tiled'`` backend: :func:`tiled_nystrom_products`, with the m×m middle matrix formed explicitly."""
-    if normalize:
-        scale = _inv_sqrt_row_sums(kernel_landmarks)
-        middle = scale.unsqueeze(-1) * kernel_inv * scale.unsqueeze(-2)
-    else:
-        middle = kernel_inv
-    # in the memory layout of v
-    return tiled_nystrom_products(q, landmarks, v, middle.to(landmarks.dtype), tile_size, products=precision.products)
+    """The ``'tiled'`` backend: :func:`tiled_nystrom_products` (output in the memory layout of v)."""
+    middle = _middle(kernel_landmarks, kernel_inv, normalize).to(landmarks.dtype)
+    return tiled_nystrom_products(q, landmarks, v, middle, tile_size, products=precision.products)
+
+
+def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
+                      normalize: bool, precision: Precision) -> Tensor:
+    """The ``'triton'`` backend: :func:`triton_nystrom_products` (fused kernels, float32 exponent)."""
+    middle = _middle(kernel_landmarks, kernel_inv, normalize).float()
+    return triton_nystrom_products(q, landmarks.float(), v, middle,
+                                   products=precision.products if precision.mixed else None)
 
 
 def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
@@ -140,6 +153,9 @@ def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmar
 REFERENCE = register_backend(Backend(
     name='reference', priority=0, run=_reference_attention, devices=('cpu', 'cuda', 'mps', 'xpu', 'meta'),
     double_backward=True, graph_capture=True))
+TRITON = register_backend(Backend(
+    name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), check=triton_unsupported_reason))
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
     options=(('tile_size', DEFAULT_TILE_SIZE),)))

@@ -12,6 +12,9 @@ Built in:
 
 * ``'reference'`` — the plain PyTorch math, ``K1`` held in full and autograd's backward: every device and dtype,
   double backward, graph capture. The float64 reference of the tests, and what graphs record.
+* ``'triton'`` — :func:`~soft_mm.ops.triton_nystrom.triton_nystrom_products`: fused kernels that build each block
+  of the kernel in registers (no N×m tensor in memory), forward and backward; CUDA (on CPU only when forced under
+  ``TRITON_INTERPRET=1``, for tests), eager only, needs ``triton``.
 * ``'tiled'`` — :func:`~soft_mm.ops.tiled.tiled_nystrom_products`: the kernel built per tile of tokens in cache and
   rebuilt in its own backward, nothing N×m stored; CPU only (a Python loop of small kernels per tile and sample is
   what a GPU must not run), eager only (the loop would freeze the traced size), preferred above
@@ -57,6 +60,7 @@ class Backend:
         graph_capture: whether it may run while a graph is recorded (a graph that is valid at every input size).
         min_tokens: automatic selection takes it only for more tokens than this (forcing it ignores the bound).
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
+        check: ``check(device_type, forced) -> reason | None``, what the fields cannot say (e.g. a missing package).
     """
 
     name: str
@@ -70,12 +74,17 @@ class Backend:
     graph_capture: bool = False
     min_tokens: int = 0
     options: tuple[tuple[str, object], ...] = ()
+    check: Callable[[str, bool], str | None] | None = None
 
     def unsupported(self, device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int,
                     needs_grad: bool, capturing: bool, forced: bool) -> str | None:
         """Why this backend cannot take the call, or None if it can."""
         if device_type not in self.devices:
             return f'runs on {"/".join(self.devices)}, not {device_type}'
+        if self.check is not None:
+            reason = self.check(device_type, forced)
+            if reason:
+                return reason
         if dtype not in self.dtypes:
             return f'does not take {dtype} inputs'
         if precision.mixed and not self.mixed_precision:

@@ -7,6 +7,7 @@ from precision_rule import rule_errors
 from soft_mm.ops import dispatch, soft_attention
 from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, Backend, DispatchError, backends, select_backend
 from soft_mm.ops.precision import Precision, precision_policy
+from soft_mm.ops.triton_nystrom import triton_available
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
@@ -18,8 +19,10 @@ def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=Tru
 
 def test_built_in_backends_declare_their_support():
     declared = {b.name: b for b in backends()}
-    assert [b.name for b in backends()][:2] == ['tiled', 'reference']  # priority order
-    reference, tiled = declared['reference'], declared['tiled']
+    assert [b.name for b in backends()][:3] == ['triton', 'tiled', 'reference']  # priority order
+    reference, tiled, triton = declared['reference'], declared['tiled'], declared['triton']
+    assert triton.devices == ('cuda', 'cpu') and not triton.graph_capture and triton.backward
+    assert torch.float64 not in triton.dtypes
     assert reference.graph_capture and reference.double_backward and 'cuda' in reference.devices
     assert not tiled.graph_capture and not tiled.double_backward and tiled.devices == ('cpu',)
     assert tiled.min_tokens == AUTO_TILING_MIN_TOKENS and dict(tiled.options) == {'tile_size': 4096}
@@ -31,14 +34,29 @@ def test_automatic_choice():
     assert pick(tokens=AUTO_TILING_MIN_TOKENS + 1) == 'tiled'
     assert pick(tokens=AUTO_TILING_MIN_TOKENS + 1, precision=BF16_PRODUCTS, dtype=torch.bfloat16) == 'tiled'
     assert pick(tokens=10 ** 6, capturing=True) == 'reference'  # a recorded graph never gets the tile loop
-    assert pick(device='cuda', tokens=10 ** 6) == 'reference'  # nor a GPU: the best PyTorch path there
+    # a GPU never gets the CPU tile loop: the fused Triton kernels, or without triton the reference math
+    assert pick(device='cuda', tokens=10 ** 6) == ('triton' if triton_available() else 'reference')
+    assert pick(device='cuda', tokens=10 ** 6, dtype=torch.float64) == 'reference'
+    assert pick(tokens=10 ** 6, device='cpu') == 'tiled'  # the interpreter is never chosen automatically
 
 
-def test_forced_backend_ignores_the_token_threshold_but_not_support():
+def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
+    import soft_mm.ops.triton_nystrom as triton_module
+    monkeypatch.setattr(triton_module, 'triton_available', lambda: False)
+    assert pick(device='cuda', tokens=10 ** 6) == 'reference'
+    with pytest.raises(DispatchError, match=r"backend 'triton' needs triton \(pip install triton\)"):
+        pick(device='cuda', name='triton')
+
+
+def test_forced_backend_ignores_the_token_threshold_but_not_support(monkeypatch):
     assert pick(tokens=5, name='tiled') == 'tiled'
     with pytest.raises(DispatchError, match="backend 'tiled' runs on cpu, not cuda"):
         pick(device='cuda', name='tiled')
-    with pytest.raises(ValueError, match=r"backend='fused' is not one of \['reference', 'tiled'\]"):
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    if triton_available():
+        with pytest.raises(DispatchError, match="backend 'triton' runs on CPU only when forced under TRITON_INTERPRET"):
+            pick(name='triton')
+    with pytest.raises(ValueError, match=r"backend='fused' is not one of \['reference', 'tiled', 'triton'\]"):
         pick(name='fused')
 
 

@@ -1,0 +1,128 @@
+"""The Triton kernels of :mod:`soft_mm.ops.triton_nystrom` (imported on first use: ``TRITON_INTERPRET`` is read when
+a kernel is decorated, so this module is re-imported when that setting changes)."""
+import triton
+import triton.language as tl
+
+__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'pdot', 'round_bf16']
+
+
+
+@triton.jit
+def round_bf16(x):
+    """float32 -> the nearest bfloat16 value (ties to even), kept in float32: the interpreter's own cast to bfloat16
+    is wrong (numpy has no bfloat16), so interpreted kernels emulate the operands' rounding this way."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+
+@triton.jit
+def load_f32(ptrs, mask):
+    """A masked load as float32 with zeros outside the mask (no ``other=``: the interpreter converts it to the tensor's
+    dtype wrongly for bfloat16)."""
+    return tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float32), 0.0)
+
+
+
+@triton.jit
+def pdot(a, b, LOW: tl.constexpr, EMULATE: tl.constexpr):
+    """``a @ b`` of float32 tiles with float32 accumulation; with ``LOW`` the operands are rounded to bfloat16 first
+    (on a GPU a bfloat16 tensor-core product, under the interpreter the same values in float32)."""
+    if LOW:
+        if EMULATE:
+            return tl.dot(round_bf16(a), round_bf16(b), input_precision='ieee')
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    return tl.dot(a, b, input_precision='ieee')
+
+
+
+@triton.jit
+def kernel_block(q_ptr, l_ptr, g, b, hh, start, N, M, D, sqb, sqh, sqn, sqd,
+                 BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
+    """(q block (BLOCK, DP) float32, row mask, landmark block (MP, DP), K block (BLOCK, MP) float32)."""
+    rows = start + tl.arange(0, BLOCK)
+    dims = tl.arange(0, DP)
+    marks = tl.arange(0, MP)
+    row_ok = rows < N
+    q = load_f32(q_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
+                 row_ok[:, None] & (dims[None, :] < D))
+    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], (marks[:, None] < M) & (dims[None, :] < D))
+    dot = tl.dot(q, tl.trans(lm), input_precision='ieee')
+    exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
+    k = tl.exp(tl.minimum(exponent, 0.0))
+    k = tl.where(row_ok[:, None] & (marks[None, :] < M), k, 0.0)
+    return q, row_ok, lm, k
+
+
+@triton.jit
+def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb, sxh, sxn, sxd,
+         BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
+         EMULATE: tl.constexpr):
+    blk = tl.program_id(0)
+    g = tl.program_id(1)
+    b = g // H
+    hh = g % H
+    _, row_ok, _, k = kernel_block(q_ptr, l_ptr, g, b, hh, blk * BLOCK, N, M, D, sqb, sqh, sqn, sqd,
+                                   BLOCK, MP, DP)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    cols = tl.arange(0, DVP)
+    x = load_f32(x_ptr + b * sxb + hh * sxh + rows[:, None] * sxn + cols[None, :] * sxd,
+                 row_ok[:, None] & (cols[None, :] < DV))
+    part = pdot(tl.trans(k), x, LOW, EMULATE)
+    nblk = tl.num_programs(0)
+    marks = tl.arange(0, MP)
+    tl.store(part_ptr + ((g * nblk + blk) * MP + marks[:, None]) * DVP + cols[None, :], part)
+
+
+@triton.jit
+def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sob, soh, son, sod,
+            BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
+            EMULATE: tl.constexpr):
+    blk = tl.program_id(0)
+    g = tl.program_id(1)
+    b = g // H
+    hh = g % H
+    _, row_ok, _, k = kernel_block(q_ptr, l_ptr, g, b, hh, blk * BLOCK, N, M, D, sqb, sqh, sqn, sqd,
+                                   BLOCK, MP, DP)
+    marks = tl.arange(0, MP)
+    cols = tl.arange(0, DVP)
+    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+    out = pdot(k, mid, LOW, EMULATE)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    tl.store(out_ptr + b * sob + hh * soh + rows[:, None] * son + cols[None, :] * sod,
+             out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < DV))
+
+
+@triton.jit
+def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsum_ptr, lcnt_ptr,
+             H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
+             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
+             EMULATE: tl.constexpr):
+    blk = tl.program_id(0)
+    g = tl.program_id(1)
+    b = g // H
+    hh = g % H
+    q, row_ok, lm, k = kernel_block(q_ptr, l_ptr, g, b, hh, blk * BLOCK, N, M, D, sqb, sqh, sqn, sqd,
+                                    BLOCK, MP, DP)
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    marks = tl.arange(0, MP)
+    cols = tl.arange(0, DVP)
+    dims = tl.arange(0, DP)
+    value_mask = row_ok[:, None] & (cols[None, :] < DV)
+    v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
+    go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
+    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+    gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+    grad_k = pdot(go, tl.trans(mid), LOW, EMULATE) + pdot(v, tl.trans(gctx), LOW, EMULATE)
+    grad_v = pdot(k, gctx, LOW, EMULATE)
+    tl.store(gv_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd,
+             grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
+    grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
+    grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
+    tl.store(gq_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
+             grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
+    nblk = tl.num_programs(0)
+    lsum = tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+    tl.store(lsum_ptr + ((g * nblk + blk) * MP + marks[:, None]) * DP + dims[None, :], lsum)
+    tl.store(lcnt_ptr + (g * nblk + blk) * MP + marks, tl.sum(grad_s, axis=0))

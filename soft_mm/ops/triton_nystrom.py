@@ -1,0 +1,164 @@
+"""A fused Triton backend for the SOFT op's N×m products (CUDA; on CPU only under ``TRITON_INTERPRET=1``, for tests).
+
+Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head) and builds that block's Gaussian
+kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
+cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
+
+* ``_kt_x``: the per-block partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward), one
+  ``(m, d_v)`` tile per block, summed in torch afterwards (deterministic, no atomics);
+* ``_k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
+* ``_backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
+  ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the block's partial sums of the
+  landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``.
+
+The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
+the other backends. Products with v run with bfloat16 (or float16) operands when the precision policy says so, with
+float32 accumulation; otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose
+cast to bfloat16 is wrong, the operands' rounding to bfloat16 is emulated in float32 (the same values, still summed in
+float32) and bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128,
+head dims up to 128; batch and heads are the second grid axis; inputs may be strided views.
+
+The kernels (``_triton_kernels.py``) are imported on first use and again when ``TRITON_INTERPRET`` changes (triton
+reads it when a kernel is decorated).
+"""
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+from torch import Tensor
+from torch.autograd.function import once_differentiable
+
+__all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
+
+BLOCK_N = 64
+MAX_DIM = 128
+
+
+def triton_available() -> bool:
+    return importlib.util.find_spec('triton') is not None
+
+
+def _interpreting() -> bool:
+    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+def unsupported_reason(device_type: str, forced: bool) -> str | None:
+    """Why the Triton backend cannot run here (None if it can): triton missing, or CPU outside the interpreter."""
+    if not triton_available():
+        return 'needs triton (pip install triton)'
+    if device_type == 'cpu' and not (forced and _interpreting()):
+        return 'runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests)'
+    return None
+
+
+def _pad(n: int) -> int:
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
+_LOADED: dict[str, object] = {}
+
+
+def _kernels():
+    """The kernel module, (re-)imported under the current ``TRITON_INTERPRET`` setting."""
+    interpret = _interpreting()
+    module = _LOADED.get('module')
+    if module is None or _LOADED.get('interpret') != interpret:
+        module = importlib.import_module('._triton_kernels', __package__)
+        if 'interpret' in _LOADED:
+            module = importlib.reload(module)
+        _LOADED.update(module=module, interpret=interpret)
+    return module
+
+
+def _store_dtype(dtype: torch.dtype, emulate: bool) -> torch.dtype:
+    """What a kernel writes: the tensor's dtype, or float32 for bfloat16 under the interpreter (whose cast to bfloat16
+    is wrong; torch casts afterwards)."""
+    return torch.float32 if emulate and dtype == torch.bfloat16 else dtype
+
+
+def _strides(t: Tensor) -> tuple[int, ...]:
+    return tuple(t.stride())
+
+
+def _padded(t: Tensor, rows: int, cols: int) -> Tensor:
+    """``(B, h, r, c)`` float32 -> ``(B*h, rows, cols)`` contiguous float32, zero-padded."""
+    b, h, r, c = t.shape
+    out = t.new_zeros(b * h, rows, cols, dtype=torch.float32)
+    out[:, :r, :c] = t.reshape(b * h, r, c)
+    return out
+
+
+class _TritonNystromProducts(torch.autograd.Function):
+
+    @staticmethod
+    def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool) -> Tensor:
+        kernels, emulate = _kernels(), _interpreting()
+        batch, heads, n, d = q.shape
+        m, dv = landmarks.shape[2], v.shape[3]
+        mp, dp, dvp = _pad(m), _pad(d), _pad(dv)
+        nblk = -(-n // BLOCK_N)
+        grid = (nblk, batch * heads)
+        lm = landmarks.contiguous()
+        parts = q.new_empty(batch * heads, nblk, mp, dvp, dtype=torch.float32)
+        kernels.kt_x[grid](q, lm, v, parts, heads, n, m, d, dv, *_strides(q), *_strides(v),
+                   BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=low, EMULATE=emulate)
+        context = parts.sum(1)[:, :m, :dv].reshape(batch, heads, m, dv)  # K1^T v, float32
+        mixed = middle.float() @ context
+        out = torch.empty_like(v, dtype=_store_dtype(v.dtype, emulate))
+        kernels.k_times[grid](q, lm, _padded(mixed, mp, dvp), out, heads, n, m, d, dv, *_strides(q), *_strides(out),
+                      BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=low, EMULATE=emulate)
+        ctx.save_for_backward(q, lm, v, middle, context, mixed)
+        ctx.low = low
+        return out.to(v.dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
+        q, lm, v, middle, context, mixed = ctx.saved_tensors
+        kernels, emulate = _kernels(), _interpreting()
+        batch, heads, n, d = q.shape
+        m, dv = lm.shape[2], v.shape[3]
+        mp, dp, dvp = _pad(m), _pad(d), _pad(dv)
+        nblk = -(-n // BLOCK_N)
+        grid = (nblk, batch * heads)
+        grad_out = grad_out.to(v.dtype)
+        parts = q.new_empty(batch * heads, nblk, mp, dvp, dtype=torch.float32)
+        kernels.kt_x[grid](q, lm, grad_out, parts, heads, n, m, d, dv, *_strides(q), *_strides(grad_out),
+                   BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=ctx.low, EMULATE=emulate)
+        grad_mixed = parts.sum(1)[:, :m, :dv].reshape(batch, heads, m, dv)  # K1^T grad_out
+        grad_middle = grad_mixed @ context.transpose(-2, -1)
+        grad_context = middle.float().transpose(-2, -1) @ grad_mixed
+        grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, emulate))
+        grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, emulate))
+        lsum = q.new_empty(batch * heads, nblk, mp, dp, dtype=torch.float32)
+        lcnt = q.new_empty(batch * heads, nblk, mp, dtype=torch.float32)
+        kernels.backward[grid](q, lm, v, grad_out, _padded(mixed, mp, dvp), _padded(grad_context, mp, dvp), grad_q,
+                       grad_v, lsum, lcnt, heads, n, m, d, dv, *_strides(q), *_strides(v), *_strides(grad_out),
+                       BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=ctx.low, EMULATE=emulate)
+        sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
+        counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)
+        grad_landmarks = (sums - lm * counts).to(lm.dtype)
+        return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle.to(middle.dtype), None
+
+
+def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
+                            products: torch.dtype | None = None) -> Tensor:
+    """``K1 @ middle @ (K1^T @ v)`` with ``K1 = gaussian_kernel(q, landmarks)`` in fused Triton kernels.
+
+    Args:
+        q: ``(B, h, N, d)`` scaled queries (any strides; float32, or the low dtype under a mixed policy).
+        landmarks: ``(B, h, m, d)`` float32 scaled landmarks.
+        v: ``(B, h, N, d_v)`` values (the output takes v's dtype and layout... as ``torch.empty_like(v)``).
+        middle: ``(B, h, m, m)`` float32 middle matrix.
+        products: bfloat16/float16 for low-precision operands of the products with v (v must then be in that
+            dtype), else float32 products.
+    """
+    if max(q.shape[3], v.shape[3], landmarks.shape[2]) > MAX_DIM:
+        raise ValueError(f'triton_nystrom_products: m, d and d_v must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
+                         f'd={q.shape[3]}, d_v={v.shape[3]}')
+    low = products is not None and products in (torch.bfloat16, torch.float16)
+    if low:
+        v = v.to(products)
+    return _TritonNystromProducts.apply(q, landmarks, v, middle, low)

@@ -1,0 +1,224 @@
+"""The prepared GPU check: the SOFT op's Triton backend tested on the device, then timed against the PyTorch paths
+and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command, under 5 minutes on one GPU.
+
+    python tools/device_check.py                 # on a CUDA machine: prints the tables, writes device_check.json
+    python tools/device_check.py --smoke         # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
+
+Needs torch, timm, triton and mmengine (a pure-Python wheel: ``import soft_mm`` needs it); not mmcv, mmdet or mmseg
+(Swin-T comes from timm here). On a machine without network, carry the wheels::
+
+    pip download --no-deps mmengine==0.10.7 addict yapf termcolor -d wheels/   # here
+    pip install --no-deps wheels/*.whl && pip install --no-deps -e .            # there
+
+Parts:
+
+1. correctness on the device: the Triton backend's outputs and gradients against the float64 reference at
+   (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32 (float32 within 3e-5; bfloat16 within half the
+   error of the plain math in bfloat16, the FlashAttention rule); the exit status is 1 if any case fails;
+2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16 and float32, forward
+   and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same q, v
+   (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to move
+   q, v and the output once through memory at the device's measured copy bandwidth;
+3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imported
+    os.environ.setdefault('TRITON_INTERPRET', '1')
+
+import torch
+import torch.nn.functional as F
+
+from soft_mm.ops import soft_attention
+from soft_mm.utils.bench import PeakMemory, timed
+
+FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264), batch=2, heads=2, head_dim=32,
+            landmarks=49, image=(800, 1344), repeats=5)
+SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
+             image=(64, 96), repeats=1)
+
+
+def op_inputs(tokens: int, landmarks: int, cfg: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
+    gen = torch.Generator(device='cpu').manual_seed(seed)
+    shape = (cfg['batch'], cfg['heads'], tokens, cfg['head_dim'])
+    q = 0.42 * torch.randn(shape, generator=gen, dtype=torch.float64)
+    picks = torch.randint(tokens, (landmarks,), generator=gen)
+    lm = q[:, :, picks] + 0.05 * torch.randn(*shape[:2], landmarks, shape[3], generator=gen, dtype=torch.float64)
+    v = torch.randn(shape, generator=gen, dtype=torch.float64)
+    grad = torch.randn(shape, generator=gen, dtype=torch.float64)
+    return [t.to(device=device, dtype=dtype) for t in (q, lm, v, grad)]
+
+
+def outputs_and_grads(fn: Callable, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    q, lm, v, grad = tensors
+    leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
+    out = fn(*leaves)
+    return [out.detach(), *torch.autograd.grad(out, leaves, grad.to(out.dtype))]
+
+
+def relative(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.double() - b.double()).norm() / b.double().norm()).item()
+
+
+def plain_math(q, lm, v):
+    from soft_mm.ops import gaussian_kernel, newton_inverse
+    k1, a = gaussian_kernel(q, lm), gaussian_kernel(lm, lm)
+    scale = a.sum(-1).rsqrt().unsqueeze(-1)
+    return k1 @ (scale * (newton_inverse(a, 20, 0.01) @ (scale * (k1.transpose(-2, -1) @ v))))
+
+
+def check_correctness(cfg: dict, device: torch.device) -> list[dict]:
+    """float32: within 3e-5 of float64 (or 4x the reference backend's float32 error, where the landmark kernel's
+    conditioning amplifies rounding); bfloat16: every error at most half the plain bfloat16 math's, both measured
+    against float64 on the same bfloat16-rounded inputs (the FlashAttention rule)."""
+    def fused(*t):
+        return soft_attention(*t, normalize=True, ridge=0.01, backend='triton')
+
+    def reference32(*t):
+        return soft_attention(*t, normalize=True, ridge=0.01, backend='reference')
+
+    rows = []
+    for tokens, landmarks in cfg['check_cases']:
+        tensors = op_inputs(tokens, landmarks, cfg, device, torch.float64)
+        exact = outputs_and_grads(plain_math, tensors)
+        err32 = max(relative(a, b) for a, b in zip(outputs_and_grads(fused, [t.float() for t in tensors]), exact))
+        ref32 = max(relative(a, b) for a, b in zip(outputs_and_grads(reference32, [t.float() for t in tensors]), exact))
+        low = [t.bfloat16() for t in tensors]
+        exact_low = outputs_and_grads(plain_math, [t.double() for t in low])
+        err16 = [relative(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
+        plain16 = [relative(a, b) for a, b in zip(outputs_and_grads(plain_math, low), exact_low)]
+        ok = err32 <= max(3e-5, 4 * ref32) and all(e <= 0.5 * p for e, p in zip(err16, plain16))
+        rows.append(dict(tokens=tokens, landmarks=landmarks, float32_error=err32, reference_float32_error=ref32,
+                         bf16_errors=err16, plain_bf16_errors=plain16, ok=ok))
+        print(f"  N={tokens:>5} m={landmarks:>2}: float32 {err32:.1e} (reference backend {ref32:.1e}); bfloat16 "
+              f"{max(err16):.1e}, at most {max(e / p for e, p in zip(err16, plain16)):.2f}x the plain bfloat16 "
+              f"math's {'ok' if ok else 'FAIL'}", flush=True)
+    return rows
+
+
+def median_time(fn: Callable, device: torch.device, repeats: int) -> float:
+    fn()  # warm-up (and Triton's compilation)
+    return statistics.median(timed(fn, device) for _ in range(repeats))
+
+
+def copy_bandwidth(device: torch.device) -> float:
+    """Bytes per second of a large device-to-device copy (read + write)."""
+    x = torch.empty(256 * 2 ** 20, dtype=torch.uint8, device=device)
+    y = torch.empty_like(x)
+    seconds = median_time(lambda: y.copy_(x), device, 5)
+    return 2 * x.numel() / seconds
+
+
+def bench_op(cfg: dict, device: torch.device) -> list[dict]:
+    rows = []
+    bandwidth = copy_bandwidth(device)
+    for dtype in (torch.bfloat16, torch.float32):
+        for tokens in cfg['op_tokens']:
+            q, lm, v, grad = op_inputs(tokens, cfg['landmarks'], cfg, device, dtype)
+            moved = 3 * q.numel() * q.element_size()  # q, v and the output, once
+            methods = {
+                'triton': lambda q, lm, v: soft_attention(q, lm, v, normalize=True, ridge=0.01, backend='triton'),
+                'reference': lambda q, lm, v: soft_attention(q, lm, v, normalize=True, ridge=0.01,
+                                                             backend='reference'),
+                'sdpa': lambda q, lm, v: F.scaled_dot_product_attention(q, q, v),
+            }
+            for name, fn in methods.items():
+                row = dict(dtype=str(dtype).replace('torch.', ''), tokens=tokens, method=name)
+                try:
+                    with torch.no_grad():
+                        row['fwd_ms'] = 1e3 * median_time(lambda: fn(q, lm, v), device, cfg['repeats'])
+                    leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
+
+                    def fwd_bwd():
+                        out = fn(*leaves)
+                        torch.autograd.backward(out, grad)
+                    memory = PeakMemory(device)
+                    memory.start()
+                    row['fwd_bwd_ms'] = 1e3 * median_time(fwd_bwd, device, cfg['repeats'])
+                    row['peak_mib'] = memory.peak_mib()
+                except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
+                    row['error'] = str(err).splitlines()[0][:120]
+                if name == 'triton' and 'fwd_ms' in row:
+                    row['fwd_vs_memory_time'] = row['fwd_ms'] / (1e3 * moved / bandwidth)
+                rows.append(row)
+                print('  ' + ', '.join(f'{k}={v:.3g}' if isinstance(v, float) else f'{k}={v}'
+                                       for k, v in row.items()), flush=True)
+    return rows
+
+
+def build_backbones(image: tuple[int, int]) -> dict[str, torch.nn.Module]:
+    import timm
+
+    from soft_mm.models import SOFT
+    return {
+        'soft_norm_small': SOFT('small', soft_norm=True, drop_path_rate=0.0),
+        'swin_t': timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, features_only=True,
+                                    img_size=image, drop_path_rate=0.0),
+        'convnext_t': timm.create_model('convnext_tiny', pretrained=False, features_only=True),
+    }
+
+
+def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
+    rows = []
+    image = cfg['image']
+    x = torch.randn(cfg['batch'], 3, *image, device=device)
+    for name, model in build_backbones(image).items():
+        model = model.to(device)
+        row = dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}")
+        try:
+            with torch.autocast(device.type, dtype=torch.bfloat16):
+                model.eval()
+                with torch.no_grad():
+                    row['fwd_ms'] = 1e3 * median_time(lambda: model(x), device, cfg['repeats'])
+                model.train()
+
+                def fwd_bwd():
+                    outs = model(x)
+                    torch.autograd.backward([o.float().mean() for o in outs])
+                    model.zero_grad(set_to_none=True)
+                memory = PeakMemory(device)
+                memory.start()
+                row['fwd_bwd_ms'] = 1e3 * median_time(fwd_bwd, device, cfg['repeats'])
+                row['peak_mib'] = memory.peak_mib()
+        except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
+            row['error'] = str(err).splitlines()[0][:120]
+        rows.append(row)
+        print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()),
+              flush=True)
+        model.cpu()
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--smoke', action='store_true', help='tiny sizes on CPU under the Triton interpreter')
+    parser.add_argument('--out', default='device_check.json')
+    args = parser.parse_args(argv)
+    cfg = SMOKE if args.smoke else FULL
+    device = torch.device('cpu' if args.smoke else 'cuda')
+    if device.type == 'cuda' and not torch.cuda.is_available():
+        raise SystemExit('device_check: no CUDA device; run it on a GPU machine (or --smoke on CPU)')
+    name = torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'
+    print(f'device {name}, torch {torch.__version__}', flush=True)
+    print('1. Triton backend against the float64 reference', flush=True)
+    correctness = check_correctness(cfg, device)
+    print('2. the SOFT op', flush=True)
+    op_rows = bench_op(cfg, device)
+    print('3. backbones, bfloat16 autocast', flush=True)
+    backbone_rows = bench_backbones(cfg, device)
+    Path(args.out).write_text(json.dumps(dict(device=name, correctness=correctness, op=op_rows,
+                                              backbones=backbone_rows), indent=1))
+    print(f'wrote {args.out}')
+    return 0 if all(r['ok'] for r in correctness) else 1
+
+
+if __name__ == '__main__':
+    sys.exit(main())
