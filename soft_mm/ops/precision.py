@@ -1,21 +1,20 @@
 """The one precision policy of the SOFT op: which dtype each step runs in, from device, input dtype and autocast.
 
-The SOFT op has four kinds of arithmetic, with different needs (errors against float64 measured at 16k tokens,
-m = 49 average-pooled landmarks, cond(A + 0.01 I) = 3.7e3, SOFT-Norm; ``tools/benchmark_attention.py --precision``
-prints them again):
+The SOFT op has four kinds of arithmetic, with different needs. Errors against float64 and times below are one run
+of ``python tools/benchmark_precision.py`` on the 2-core CPU (SOFT-Norm, m = 49 landmarks near some of the queries,
+d = 32, 2 heads; output / grad q errors):
 
-* the three N×m **products** — the dot products ``q . l`` inside the kernel exponent, ``K1^T v`` and ``K1 (M c)`` —
-  hold nearly all the op's FLOPs. In bfloat16 (float32 accumulation and float32 exponent) the output's relative
-  error is 8.8e-3, against 5.6e-2 for the same math run wholly in bfloat16, and a bfloat16 GEMM of these shapes runs
-  5-7x faster than a float32 one on the AVX512_BF16 CPU (``K = 49`` or ``d = 32`` inner sizes, where the float32 GEMM
-  is far from its peak);
-* the **exponent** ``q . l - |q|^2 / 2 - |l|^2 / 2`` and the ``exp``: the norm terms cancel against the dot product,
-  so they stay float32 (forming the exponent in one bfloat16 matmul of augmented rows, norms included, gives 3.9e-2;
-  only the dot product in bfloat16 gives 2.2e-3);
-* the **Newton–Schulz** inverse of the m×m kernel and the SOFT-Norm scaling ``D^-1/2``: the inverse amplifies input
-  error by up to cond(A + ridge I) (~5e3 at the ridge floor), so they stay at least float32; they cost O(m^3) and
-  O(m d), nothing next to the products;
-* the **accumulation** of ``K1^T v`` over N tokens: float32 (an unnormalised sum of up to N terms of size ``|v|``).
+* the N×m **products with v** — ``K1^T v`` and ``K1 (M c)`` — run in bfloat16 with float32 accumulation: at 65k
+  tokens 3.2e-3 / 3.2e-3 against 9.6e-3 / 1.1e-2 for the same math written wholly in bfloat16; the tiled forward
+  takes 17 ms against 29 ms in float32 (forward+backward 59 against 57 ms: the backward's exponent gradients stay
+  float32);
+* the **exponent** ``q . l - |q|^2 / 2 - |l|^2 / 2`` and the ``exp`` stay float32, its dot products included: the
+  norm terms cancel against the dot product, so a bfloat16 dot (a bfloat16 GEMM rounds its output to bfloat16)
+  raises the grad q error to 8.3e-3 at 16k tokens (4.7e-3 / 8.3e-3 with the bfloat16 products, against 2.8e-3 /
+  3.0e-3 without), and it grows with ``|q|^2``;
+* the **Newton–Schulz** inverse of the m×m kernel and the SOFT-Norm scaling ``D^-1/2`` stay at least float32: the
+  inverse amplifies input error by up to cond(A + ridge I) (~5e3 at the ridge floor); they cost O(m^3) and O(m d);
+* the **accumulation** of ``K1^T v`` over N tokens is float32 (an unnormalised sum of up to N terms of size ``|v|``).
 
 float16 keeps float32 products: ``K1^T v`` can exceed float16's range at detection resolutions (a GEMM's float16
 output overflows even when it accumulates in float32). float64 runs everything in float64.
