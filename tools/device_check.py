@@ -109,6 +109,22 @@ def median_time(fn: Callable, device: torch.device, repeats: int) -> float:
     return statistics.median(timed(fn, device) for _ in range(repeats))
 
 
+def measure(row: dict, forward: Callable, forward_backward: Callable, device: torch.device, repeats: int) -> dict:
+    """Fill ``row`` with the forward time (no grad), the forward+backward time and its peak memory, or the error
+    (out of memory, an unsupported size); prints it."""
+    try:
+        with torch.no_grad():
+            row['fwd_ms'] = 1e3 * median_time(forward, device, repeats)
+        memory = PeakMemory(device)
+        memory.start()
+        row['fwd_bwd_ms'] = 1e3 * median_time(forward_backward, device, repeats)
+        row['peak_mib'] = memory.peak_mib()
+    except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
+        row['error'] = str(err).splitlines()[0][:120]
+    print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()), flush=True)
+    return row
+
+
 def copy_bandwidth(device: torch.device) -> float:
     """Bytes per second of a large device-to-device copy (read + write)."""
     x = torch.empty(256 * 2 ** 20, dtype=torch.uint8, device=device)
@@ -131,26 +147,15 @@ def bench_op(cfg: dict, device: torch.device) -> list[dict]:
                 'sdpa': lambda q, lm, v: F.scaled_dot_product_attention(q, q, v),
             }
             for name, fn in methods.items():
-                row = dict(dtype=str(dtype).replace('torch.', ''), tokens=tokens, method=name)
-                try:
-                    with torch.no_grad():
-                        row['fwd_ms'] = 1e3 * median_time(lambda: fn(q, lm, v), device, cfg['repeats'])
-                    leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
-
-                    def fwd_bwd():
-                        out = fn(*leaves)
-                        torch.autograd.backward(out, grad)
-                    memory = PeakMemory(device)
-                    memory.start()
-                    row['fwd_bwd_ms'] = 1e3 * median_time(fwd_bwd, device, cfg['repeats'])
-                    row['peak_mib'] = memory.peak_mib()
-                except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
-                    row['error'] = str(err).splitlines()[0][:120]
+                leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
+                row = measure(dict(dtype=str(dtype).replace('torch.', ''), tokens=tokens, method=name),
+                              lambda: fn(q, lm, v), lambda: torch.autograd.backward(fn(*leaves), grad), device,
+                              cfg['repeats'])
                 if name == 'triton' and 'fwd_ms' in row:
                     row['fwd_vs_memory_time'] = row['fwd_ms'] / (1e3 * moved / bandwidth)
+                    print(f"    triton forward = {row['fwd_vs_memory_time']:.2f}x the time to move q, v and the "
+                          f'output once ({bandwidth / 1e9:.0f} GB/s copy bandwidth)', flush=True)
                 rows.append(row)
-                print('  ' + ', '.join(f'{k}={v:.3g}' if isinstance(v, float) else f'{k}={v}'
-                                       for k, v in row.items()), flush=True)
     return rows
 
 
@@ -172,27 +177,15 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     x = torch.randn(cfg['batch'], 3, *image, device=device)
     for name, model in build_backbones(image).items():
         model = model.to(device)
-        row = dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}")
-        try:
-            with torch.autocast(device.type, dtype=torch.bfloat16):
-                model.eval()
-                with torch.no_grad():
-                    row['fwd_ms'] = 1e3 * median_time(lambda: model(x), device, cfg['repeats'])
-                model.train()
 
-                def fwd_bwd():
-                    outs = model(x)
-                    torch.autograd.backward([o.float().mean() for o in outs])
-                    model.zero_grad(set_to_none=True)
-                memory = PeakMemory(device)
-                memory.start()
-                row['fwd_bwd_ms'] = 1e3 * median_time(fwd_bwd, device, cfg['repeats'])
-                row['peak_mib'] = memory.peak_mib()
-        except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
-            row['error'] = str(err).splitlines()[0][:120]
-        rows.append(row)
-        print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()),
-              flush=True)
+        def forward_backward():
+            torch.autograd.backward([o.float().mean() for o in model(x)])
+            model.zero_grad(set_to_none=True)
+
+        with torch.autocast(device.type, dtype=torch.bfloat16):
+            rows.append(measure(dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}"),
+                                lambda: model.eval()(x), lambda: (model.train(), forward_backward()), device,
+                                cfg['repeats']))
         model.cpu()
     return rows
 

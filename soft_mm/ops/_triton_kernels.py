@@ -38,10 +38,15 @@ def pdot(a, b, LOW: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def kernel_block(q_ptr, l_ptr, g, b, hh, start, N, M, D, sqb, sqh, sqn, sqd,
-                 BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
-    """(q block (BLOCK, DP) float32, row mask, landmark block (MP, DP), K block (BLOCK, MP) float32)."""
-    rows = start + tl.arange(0, BLOCK)
+def kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constexpr, MP: tl.constexpr,
+                 DP: tl.constexpr):
+    """This program's block: ``(q (BLOCK, DP) float32, landmarks (MP, DP), K block (BLOCK, MP) float32 (zero outside
+    the N tokens and M landmarks), token rows, row mask, group g = sample * H + head, sample, head)``."""
+    blk = tl.program_id(0)
+    g = tl.program_id(1)
+    b = g // H
+    hh = g % H
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
     dims = tl.arange(0, DP)
     marks = tl.arange(0, MP)
     row_ok = rows < N
@@ -52,44 +57,32 @@ def kernel_block(q_ptr, l_ptr, g, b, hh, start, N, M, D, sqb, sqh, sqn, sqd,
     exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
     k = tl.exp(tl.minimum(exponent, 0.0))
     k = tl.where(row_ok[:, None] & (marks[None, :] < M), k, 0.0)
-    return q, row_ok, lm, k
+    return q, lm, k, rows, row_ok, g, b, hh
 
 
 @triton.jit
 def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb, sxh, sxn, sxd,
          BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
          EMULATE: tl.constexpr):
-    blk = tl.program_id(0)
-    g = tl.program_id(1)
-    b = g // H
-    hh = g % H
-    _, row_ok, _, k = kernel_block(q_ptr, l_ptr, g, b, hh, blk * BLOCK, N, M, D, sqb, sqh, sqn, sqd,
-                                   BLOCK, MP, DP)
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
     cols = tl.arange(0, DVP)
     x = load_f32(x_ptr + b * sxb + hh * sxh + rows[:, None] * sxn + cols[None, :] * sxd,
                  row_ok[:, None] & (cols[None, :] < DV))
     part = pdot(tl.trans(k), x, LOW, EMULATE)
-    nblk = tl.num_programs(0)
     marks = tl.arange(0, MP)
-    tl.store(part_ptr + ((g * nblk + blk) * MP + marks[:, None]) * DVP + cols[None, :], part)
+    slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
+    tl.store(part_ptr + (slot * MP + marks[:, None]) * DVP + cols[None, :], part)
 
 
 @triton.jit
 def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sob, soh, son, sod,
             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
             EMULATE: tl.constexpr):
-    blk = tl.program_id(0)
-    g = tl.program_id(1)
-    b = g // H
-    hh = g % H
-    _, row_ok, _, k = kernel_block(q_ptr, l_ptr, g, b, hh, blk * BLOCK, N, M, D, sqb, sqh, sqn, sqd,
-                                   BLOCK, MP, DP)
+    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
     out = pdot(k, mid, LOW, EMULATE)
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
     tl.store(out_ptr + b * sob + hh * soh + rows[:, None] * son + cols[None, :] * sod,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < DV))
 
@@ -99,13 +92,7 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
              BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
              EMULATE: tl.constexpr):
-    blk = tl.program_id(0)
-    g = tl.program_id(1)
-    b = g // H
-    hh = g % H
-    q, row_ok, lm, k = kernel_block(q_ptr, l_ptr, g, b, hh, blk * BLOCK, N, M, D, sqb, sqh, sqn, sqd,
-                                    BLOCK, MP, DP)
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    q, lm, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     dims = tl.arange(0, DP)
@@ -122,7 +109,7 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
     grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
     tl.store(gq_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
              grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
-    nblk = tl.num_programs(0)
+    slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
     lsum = tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
-    tl.store(lsum_ptr + ((g * nblk + blk) * MP + marks[:, None]) * DP + dims[None, :], lsum)
-    tl.store(lcnt_ptr + (g * nblk + blk) * MP + marks, tl.sum(grad_s, axis=0))
+    tl.store(lsum_ptr + (slot * MP + marks[:, None]) * DP + dims[None, :], lsum)
+    tl.store(lcnt_ptr + slot * MP + marks, tl.sum(grad_s, axis=0))

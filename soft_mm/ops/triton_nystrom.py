@@ -90,25 +90,42 @@ def _padded(t: Tensor, rows: int, cols: int) -> Tensor:
     return out
 
 
+class _Launch:
+    """Sizes, padded tile sizes and the grid of one call: blocks of BLOCK_N tokens x (sample, head) groups."""
+
+    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor) -> None:
+        self.batch, self.heads, self.n, self.d = q.shape
+        self.m, self.dv = landmarks.shape[2], v.shape[3]
+        self.mp, self.dp, self.dvp = _pad(self.m), _pad(self.d), _pad(self.dv)
+        self.nblk = -(-self.n // BLOCK_N)
+        self.grid = (self.nblk, self.batch * self.heads)
+        self.kernels, self.emulate = _kernels(), _interpreting()
+
+    def sizes(self) -> tuple[int, ...]:
+        return self.heads, self.n, self.m, self.d, self.dv
+
+    def meta(self, low: bool) -> dict:
+        return dict(BLOCK=BLOCK_N, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate)
+
+    def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: bool) -> Tensor:
+        """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-block partial sums, summed here."""
+        parts = q.new_empty(self.batch * self.heads, self.nblk, self.mp, self.dvp, dtype=torch.float32)
+        self.kernels.kt_x[self.grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
+                                     **self.meta(low))
+        return parts.sum(1)[:, :self.m, :self.dv].reshape(self.batch, self.heads, self.m, self.dv)
+
+
 class _TritonNystromProducts(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool) -> Tensor:
-        kernels, emulate = _kernels(), _interpreting()
-        batch, heads, n, d = q.shape
-        m, dv = landmarks.shape[2], v.shape[3]
-        mp, dp, dvp = _pad(m), _pad(d), _pad(dv)
-        nblk = -(-n // BLOCK_N)
-        grid = (nblk, batch * heads)
         lm = landmarks.contiguous()
-        parts = q.new_empty(batch * heads, nblk, mp, dvp, dtype=torch.float32)
-        kernels.kt_x[grid](q, lm, v, parts, heads, n, m, d, dv, *_strides(q), *_strides(v),
-                   BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=low, EMULATE=emulate)
-        context = parts.sum(1)[:, :m, :dv].reshape(batch, heads, m, dv)  # K1^T v, float32
+        launch = _Launch(q, lm, v)
+        context = launch.kt_x(q, lm, v, low)  # K1^T v
         mixed = middle.float() @ context
-        out = torch.empty_like(v, dtype=_store_dtype(v.dtype, emulate))
-        kernels.k_times[grid](q, lm, _padded(mixed, mp, dvp), out, heads, n, m, d, dv, *_strides(q), *_strides(out),
-                      BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=low, EMULATE=emulate)
+        out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
+        launch.kernels.k_times[launch.grid](q, lm, _padded(mixed, launch.mp, launch.dvp), out, *launch.sizes(),
+                                            *_strides(q), *_strides(out), **launch.meta(low))
         ctx.save_for_backward(q, lm, v, middle, context, mixed)
         ctx.low = low
         return out.to(v.dtype)
@@ -117,26 +134,21 @@ class _TritonNystromProducts(torch.autograd.Function):
     @once_differentiable
     def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
         q, lm, v, middle, context, mixed = ctx.saved_tensors
-        kernels, emulate = _kernels(), _interpreting()
-        batch, heads, n, d = q.shape
-        m, dv = lm.shape[2], v.shape[3]
-        mp, dp, dvp = _pad(m), _pad(d), _pad(dv)
-        nblk = -(-n // BLOCK_N)
-        grid = (nblk, batch * heads)
+        launch = _Launch(q, lm, v)
         grad_out = grad_out.to(v.dtype)
-        parts = q.new_empty(batch * heads, nblk, mp, dvp, dtype=torch.float32)
-        kernels.kt_x[grid](q, lm, grad_out, parts, heads, n, m, d, dv, *_strides(q), *_strides(grad_out),
-                   BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=ctx.low, EMULATE=emulate)
-        grad_mixed = parts.sum(1)[:, :m, :dv].reshape(batch, heads, m, dv)  # K1^T grad_out
+        grad_mixed = launch.kt_x(q, lm, grad_out, ctx.low)  # K1^T grad_out
         grad_middle = grad_mixed @ context.transpose(-2, -1)
         grad_context = middle.float().transpose(-2, -1) @ grad_mixed
-        grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, emulate))
-        grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, emulate))
-        lsum = q.new_empty(batch * heads, nblk, mp, dp, dtype=torch.float32)
-        lcnt = q.new_empty(batch * heads, nblk, mp, dtype=torch.float32)
-        kernels.backward[grid](q, lm, v, grad_out, _padded(mixed, mp, dvp), _padded(grad_context, mp, dvp), grad_q,
-                       grad_v, lsum, lcnt, heads, n, m, d, dv, *_strides(q), *_strides(v), *_strides(grad_out),
-                       BLOCK=BLOCK_N, MP=mp, DP=dp, DVP=dvp, LOW=ctx.low, EMULATE=emulate)
+        grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
+        grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
+        groups = launch.batch * launch.heads
+        lsum = q.new_empty(groups, launch.nblk, launch.mp, launch.dp, dtype=torch.float32)
+        lcnt = q.new_empty(groups, launch.nblk, launch.mp, dtype=torch.float32)
+        launch.kernels.backward[launch.grid](
+            q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
+            grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
+            **launch.meta(ctx.low))
+        batch, heads, m, d = lm.shape
         sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
         counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)
         grad_landmarks = (sums - lm * counts).to(lm.dtype)
