@@ -4,22 +4,23 @@ Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head)
 kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
 cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
 
-* ``_kt_x``: the per-block partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward), one
+* ``kt_x``: the per-block partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward), one
   ``(m, d_v)`` tile per block, summed in torch afterwards (deterministic, no atomics);
-* ``_k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
-* ``_backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
+* ``k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
+* ``backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
   ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the block's partial sums of the
   landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``.
 
 The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
-the other backends. Products with v run with bfloat16 (or float16) operands when the precision policy says so, with
-float32 accumulation; otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose
+the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
+accumulation; otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose
 cast to bfloat16 is wrong, the operands' rounding to bfloat16 is emulated in float32 (the same values, still summed in
 float32) and bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128,
 head dims up to 128; batch and heads are the second grid axis; inputs may be strided views.
 
-The kernels (``_triton_kernels.py``) are imported on first use and again when ``TRITON_INTERPRET`` changes (triton
-reads it when a kernel is decorated).
+The kernels (``_triton_kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
+since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
+triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.py`` does so where there is no GPU.
 """
 from __future__ import annotations
 
@@ -162,15 +163,15 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
     Args:
         q: ``(B, h, N, d)`` scaled queries (any strides; float32, or the low dtype under a mixed policy).
         landmarks: ``(B, h, m, d)`` float32 scaled landmarks.
-        v: ``(B, h, N, d_v)`` values (the output takes v's dtype and layout... as ``torch.empty_like(v)``).
+        v: ``(B, h, N, d_v)`` values; the output has v's dtype and memory layout.
         middle: ``(B, h, m, m)`` float32 middle matrix.
-        products: bfloat16/float16 for low-precision operands of the products with v (v must then be in that
-            dtype), else float32 products.
+        products: ``torch.bfloat16`` for bfloat16 operands of the products with v (float32 accumulation; v is cast
+            to bfloat16), anything else for float32 products.
     """
     if max(q.shape[3], v.shape[3], landmarks.shape[2]) > MAX_DIM:
         raise ValueError(f'triton_nystrom_products: m, d and d_v must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
                          f'd={q.shape[3]}, d_v={v.shape[3]}')
-    low = products is not None and products in (torch.bfloat16, torch.float16)
+    low = products == torch.bfloat16
     if low:
         v = v.to(products)
     return _TritonNystromProducts.apply(q, landmarks, v, middle, low)
