@@ -4,23 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from soft_mm.ops import gaussian_kernel, newton_inverse
-
-
-def plain_soft_attention(q, landmarks, v, normalize=True, ridge=0.01, num_iters=20):
-    """The SOFT math written plainly in the inputs' dtype (no policy, autocast off): the baseline of the rule.
-    ``newton_inverse`` still inverts in float32 (as it does for any caller), which only makes the baseline better."""
-    with torch.autocast('cpu', enabled=False):
-        k1 = gaussian_kernel(q, landmarks)
-        kernel_landmarks = gaussian_kernel(landmarks, landmarks)
-        inverse = newton_inverse(kernel_landmarks, num_iters, ridge)
-        context = k1.transpose(-2, -1) @ v
-        if normalize:
-            scale = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)
-            context = scale * (inverse @ (scale * context))
-        else:
-            context = inverse @ context
-        return k1 @ context
+from soft_mm.ops.attention import plain_soft_attention
 
 
 def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -13,7 +13,7 @@ from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 from .triton_nystrom import triton_nystrom_products
 from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'soft_attention']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'plain_soft_attention', 'soft_attention']
 
 
 def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
@@ -89,7 +89,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     policy = precision_policy(q.device.type, out_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
     chosen = select_backend(q.device.type, out_dtype, policy, q.shape[2], needs_grad, in_graph_capture(), backend)
-    options = {} if tile_size is None or chosen.name != 'tiled' else {'tile_size': tile_size}
+    options = {} if tile_size is None or 'tile_size' not in dict(chosen.options) else {'tile_size': tile_size}
     work_dtype = policy.exponent
     with no_autocast(q.device):
         landmarks = landmarks.to(work_dtype)
@@ -159,3 +159,21 @@ TRITON = register_backend(Backend(
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
     options=(('tile_size', DEFAULT_TILE_SIZE),)))
+
+
+def plain_soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, normalize: bool = True, ridge: float = 0.01,
+                         num_iters: int = 20) -> Tensor:
+    """The SOFT math written plainly in the inputs' dtype, autocast off, with no backend and no precision policy:
+    the baseline of the FlashAttention rule (a low-precision path's error against float64 is compared with this
+    function's error in the same precision). ``newton_inverse`` still inverts in float32, as for any caller."""
+    with no_autocast(q.device):
+        k1 = gaussian_kernel(q, landmarks)
+        kernel_landmarks = gaussian_kernel(landmarks, landmarks)
+        inverse = newton_inverse(kernel_landmarks, num_iters, ridge)
+        context = k1.transpose(-2, -1) @ v
+        if normalize:
+            scale = _inv_sqrt_row_sums(kernel_landmarks).unsqueeze(-1)
+            context = scale * (inverse @ (scale * context))
+        else:
+            context = inverse @ context
+        return k1 @ context
