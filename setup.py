@@ -1,0 +1,75 @@
+"""Build hook: ship configs/, tools/ and model-index.yml as ``soft_mm/.mim/``, where openmim looks for them.
+
+Everything else (name, version, dependencies, packages) is declared in pyproject.toml. ``mim train soft_mm
+CONFIG.py``, ``mim test`` and ``mim search soft_mm`` look up ``<installed soft_mm>/.mim/{configs,tools,model-index.yml}``:
+
+- a wheel (``pip wheel``, ``pip install .``, ``python -m build``) gets copies, written into the build folder only;
+- an editable install (``pip install -e .``, ``tools/install.sh``, ``mim install -e .``) gets relative symbolic links
+  ``soft_mm/.mim/configs -> ../../configs`` (and so on) in the checkout, so edited configs are seen at once; where
+  the file system has no symbolic links, copies, refreshed by the next editable install.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from setuptools import setup
+from setuptools.command.build_py import build_py
+from setuptools.command.develop import develop
+
+ROOT = Path(__file__).resolve().parent
+PACKAGE = 'soft_mm'
+MIM_RESOURCES = ('configs', 'tools', 'model-index.yml')  # relative to ROOT; the same names under soft_mm/.mim
+NOT_SHIPPED = shutil.ignore_patterns('__pycache__', '*.py[cod]')
+
+
+def _remove(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def write_mim_resources(mim_dir: Path, *, link: bool) -> None:
+    """(Re)create ``mim_dir`` holding each of :data:`MIM_RESOURCES`, as relative links (``link=True``) or copies."""
+    missing = [name for name in MIM_RESOURCES if not (ROOT / name).exists()]
+    if missing:
+        raise FileNotFoundError(f'{", ".join(missing)} not found in {ROOT}: soft_mm ships them as {PACKAGE}/.mim '
+                                'for openmim; build from a checkout or from an sdist that includes them (MANIFEST.in)')
+    mim_dir.mkdir(parents=True, exist_ok=True)
+    for name in MIM_RESOURCES:
+        source, target = ROOT / name, mim_dir / name
+        _remove(target)
+        if link:
+            try:
+                target.symlink_to(os.path.relpath(source, mim_dir), target_is_directory=source.is_dir())
+                continue
+            except OSError:  # no symbolic links here (e.g. Windows without the privilege): copy instead
+                pass
+        if source.is_dir():
+            shutil.copytree(source, target, ignore=NOT_SHIPPED)
+        else:
+            shutil.copy2(source, target)
+
+
+class BuildPyWithMim(build_py):
+    """build_py, then soft_mm/.mim: copies in the build folder for a wheel, links in the checkout when editable."""
+
+    def run(self) -> None:
+        super().run()
+        if self.editable_mode:
+            write_mim_resources(ROOT / PACKAGE / '.mim', link=True)
+        else:
+            write_mim_resources(Path(self.build_lib) / PACKAGE / '.mim', link=False)
+
+
+class DevelopWithMim(develop):
+    """The legacy ``setup.py develop``: links in the checkout, as for a PEP 660 editable install."""
+
+    def run(self) -> None:
+        super().run()
+        write_mim_resources(ROOT / PACKAGE / '.mim', link=True)
+
+
+setup(cmdclass={'build_py': BuildPyWithMim, 'develop': DevelopWithMim})
