@@ -1,4 +1,5 @@
-"""openmim runs mmdet's and mmseg's own train/test scripts on soft_mm's demo configs (soft_mm via custom_imports)."""
+"""openmim runs mmdet's and mmseg's own train/test scripts on soft_mm's demo configs (soft_mm via custom_imports),
+and, from a wheel built from this checkout, soft_mm's own (``mim train soft_mm CONFIG.py``, ``mim search soft_mm``)."""
 from __future__ import annotations
 
 import json
@@ -6,9 +7,11 @@ import os
 import shutil
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
+import yaml
 
 ROOT = Path(__file__).resolve().parents[2]
 # the mim of this interpreter's environment first (where tools/install.sh puts it), else any on PATH
@@ -79,3 +82,117 @@ def test_mim_install_editable(tmp_path: Path) -> None:
     output = _mim(['install', '-e', str(ROOT)], tmp_path)
     assert 'Successfully installed soft_mm' in output
     assert _installed_checkout() == ROOT.resolve()
+    # setup.py links soft_mm/.mim/{configs,tools,model-index.yml} to the checkout's own, so edits are seen at once
+    for name in MIM_RESOURCES:
+        link = ROOT / 'soft_mm' / '.mim' / name
+        assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
+    # openmim 0.3.9 locates a package at <dist location>/soft_mm: for a PEP 660 editable install that is
+    # site-packages/soft_mm, which does not exist, unless the checkout (with its soft_mm.egg-info) comes first on
+    # sys.path, as it does for `python -m mim` run from the checkout
+    listed = subprocess.run([sys.executable, '-m', 'mim', 'search', 'soft_mm', '--valid-config'], cwd=ROOT,
+                            capture_output=True, text=True, timeout=300, check=True).stdout
+    assert all(f"'{name}'" in listed for name in _metafile_names()), listed[-3000:]
+
+
+MIM_RESOURCES = ('configs', 'tools', 'model-index.yml')  # what setup.py ships as soft_mm/.mim
+
+
+def _shipped_files() -> dict[str, bytes]:
+    """soft_mm/.mim/<path> -> contents, for every file the checkout's configs, tools and model index hold."""
+    files = {}
+    for name in MIM_RESOURCES:
+        source = ROOT / name
+        for path in ([source] if source.is_file() else sorted(source.rglob('*'))):
+            if path.is_file() and '__pycache__' not in path.parts and path.suffix != '.pyc':
+                files[f'soft_mm/.mim/{path.relative_to(ROOT).as_posix()}'] = path.read_bytes()
+    return files
+
+
+@pytest.fixture(scope='module')
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A wheel of this checkout, built as a user would (pip wheel; every build requirement is installed already)."""
+    out = tmp_path_factory.mktemp('wheel')
+    done = subprocess.run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation',
+                           '--disable-pip-version-check', '-q', '-w', str(out), str(ROOT)],
+                          capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    [built] = out.glob('soft_mm-*.whl')
+    return built
+
+
+def test_wheel_ships_configs_tools_and_model_index_for_mim(wheel: Path) -> None:
+    """mim looks for <installed soft_mm>/.mim/{configs,tools,model-index.yml}: the wheel holds the checkout's files
+    there, byte for byte (configs with their _base_ and metafiles, tools/train.py and tools/test.py among them)."""
+    expected = _shipped_files()
+    assert {'soft_mm/.mim/tools/train.py', 'soft_mm/.mim/tools/test.py', 'soft_mm/.mim/model-index.yml',
+            'soft_mm/.mim/configs/retinanet_soft_tiny_demo.py',
+            'soft_mm/.mim/configs/_base_/demo_runtime.py'} <= set(expected)
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name: archive.read(name) for name in archive.namelist() if name.startswith('soft_mm/.mim/')}
+    assert sorted(set(expected) - set(shipped)) == [], 'missing from the wheel'
+    assert sorted(set(shipped) - set(expected)) == [], 'in the wheel but not in the checkout'
+    assert [name for name in expected if shipped[name] != expected[name]] == []
+
+
+def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh venv that sees this interpreter's packages (torch, mmcv, mmdet, ...) with only the wheel installed in
+    it; the environment for its processes has no PYTHONPATH (conftest puts the checkout there)."""
+    venv = tmp_path / 'venv'
+    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)], check=True, timeout=300)
+    python = venv / 'bin' / 'python'
+    env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
+    if sys.prefix != sys.base_prefix:  # this interpreter is itself a venv: --system-site-packages misses its packages
+        purelib = subprocess.run([str(python), '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
+                                 capture_output=True, text=True, check=True, env=env).stdout.strip()
+        import site
+
+        Path(purelib, '_outer_site_packages.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
+    _run([str(python), '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '-q', str(wheel)],
+         tmp_path, env)
+    return python, env
+
+
+def _run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 0, output[-3000:]
+    return output
+
+
+def _metafile_names() -> list[str]:
+    index = yaml.safe_load((ROOT / 'model-index.yml').read_text())
+    return [model['Name'] for metafile in index['Import'] for model in yaml.safe_load((ROOT / metafile).read_text())
+            ['Models']]
+
+
+WHERE = 'import soft_mm, sysconfig; print(soft_mm.__file__); print(sysconfig.get_path("purelib"))'
+
+
+@pytest.mark.slow  # the wheel, a venv, 1 short epoch and a test run through mim: about 1-2 minutes on 2 busy cores
+def test_wheel_in_fresh_venv_mim_train_test_search_soft_mm(tmp_path: Path, wheel: Path) -> None:
+    python, env = _venv(tmp_path, wheel)
+    run_dir = tmp_path / 'run'  # not the checkout: `python -m` puts the working directory first on sys.path
+    run_dir.mkdir()
+    where = subprocess.run([str(python), '-c', WHERE], cwd=run_dir, env=env, capture_output=True, text=True,
+                           check=True).stdout.split()
+    assert Path(where[-2]).resolve().parent == (Path(where[-1]) / 'soft_mm').resolve(), where
+    assert Path(where[-1]).resolve().is_relative_to((tmp_path / 'venv').resolve())
+    mim = [str(python), '-m', 'mim']
+    mim_dir = Path(where[-1]) / 'soft_mm' / '.mim'
+
+    trained = _run([*mim, 'train', 'soft_mm', 'retinanet_soft_tiny_demo.py', '--work-dir', 'work', '--cfg-options',
+                    'train_cfg.max_epochs=1', *SMALL_DATA], run_dir, env)
+    assert f'will use {mim_dir}/configs/retinanet_soft_tiny_demo.py' in trained  # the config mim found by its name
+    assert f'{mim_dir}/tools/train.py' in trained  # soft_mm's own train script
+    assert (run_dir / 'work/epoch_1.pth').is_file()
+
+    tested = _run([*mim, 'test', 'soft_mm', 'retinanet_soft_tiny_demo.py', '--checkpoint', 'work/epoch_1.pth',
+                   '--work-dir', 'work', '--cfg-options', *SMALL_DATA], run_dir, env)
+    assert f'{mim_dir}/tools/test.py' in tested and 'Epoch(test)' in tested
+
+    listed = _run([*mim, 'search', 'soft_mm', '--valid-config'], run_dir, env)
+    names = _metafile_names()
+    assert len(names) == 27 and all(f"'{name}'" in listed for name in names), listed[-3000:]
+    shown = _run([*mim, 'search', 'soft_mm', '--config', 'retinanet_soft_small_coco', 'soft_small_in1k', '--field',
+                  'backbone', 'soft-norm', 'coco/box_ap', 'imagenet-1k/top_1_accuracy'], run_dir, env)
+    assert 'soft-norm-small' in shown and 'soft-small' in shown and '42.8' in shown and '82.2' in shown, shown
