@@ -8,25 +8,25 @@ DST holds ``{'state_dict', 'meta'}`` and loads into ``SoftVisionTransformer`` (s
 checkpoint=DST)``, into the ``SOFT`` backbone. The weights do not say whether they are SOFT-Norm: pass ``--soft-norm``
 for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/converters/official.py``.
 
-SRC is read with ``torch.load(weights_only=True)`` (``argparse.Namespace`` allow-listed for timm's files); a file that
-holds other pickled objects is refused unless ``--allow-unsafe-load`` is given, which unpickles it fully and can run
-code stored in it. DST is written atomically (a temporary file renamed into place). A file that cannot be read or
+SRC is read by soft_mm's one checkpoint reader (``soft_mm.utils.checkpoint_files.read_checkpoint``:
+``torch.load(weights_only=True)``, ``argparse.Namespace`` allow-listed for timm's files); a file that holds other
+pickled objects is refused unless ``--allow-unsafe-load`` is given, which unpickles it fully and can run code stored
+in it. DST is written atomically (a temporary file renamed into place). A file that cannot be read or
 converted stops with one sentence (``--debug``: the traceback).
 """
 from __future__ import annotations
 
 import argparse
 import os.path as osp
-import pickle
 import sys
 from collections.abc import Mapping
 from typing import Any
 
 from soft_mm.converters import CHECKPOINT_KEYS, convert_official_checkpoint, save_converted_checkpoint
-from soft_mm.converters.official import match_arch
+from soft_mm.converters.official import OFFICIAL_FILE_HINT, match_arch
 from soft_mm.models import ARCH_SETTINGS, resolve_arch
 from soft_mm.models.arch import ARCH_KEYS
-from soft_mm.utils.checkpoint_files import CheckpointFileError, checkpoint_path_of_traceback, describe_load_error
+from soft_mm.utils.checkpoint_files import CheckpointFileError, UnsafeCheckpointError
 
 UNSAFE_LOAD_HINT = 'only if you trust the file, pass --allow-unsafe-load (full unpickling can run code stored in it)'
 
@@ -71,14 +71,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def _reading_error(src: str, error: Exception) -> str | None:
-    """One sentence for an error raised while reading SRC, or None if reading was not the problem."""
-    cause = error.__cause__ if isinstance(error.__cause__, pickle.UnpicklingError) else None
-    if cause is not None:  # load_official_checkpoint refused to unpickle
-        problem, _ = describe_load_error(cause)
-        return str(CheckpointFileError(src, problem, UNSAFE_LOAD_HINT))
-    path = checkpoint_path_of_traceback(error.__traceback__)
-    return str(CheckpointFileError(path, *describe_load_error(error))) if path is not None else None
+def _reading_error(error: Exception) -> str | None:
+    """The one sentence for an unusable SRC (this command line's advice for a refused pickle), or None if reading SRC
+    was not the problem."""
+    if isinstance(error, UnsafeCheckpointError):
+        return str(CheckpointFileError(error.path, error.problem, UNSAFE_LOAD_HINT))
+    return str(error) if isinstance(error, CheckpointFileError) else None
 
 
 def _settings_line(arch: str | dict) -> str:
@@ -91,11 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         converted = convert_official_checkpoint(args.src, soft_norm=args.soft_norm, key=args.key,
                                                 allow_pickle=args.allow_unsafe_load, verify=not args.no_verify)
-    except Exception as error:
-        message = None if args.debug else _reading_error(args.src, error)
-        if message is None and (args.debug or not isinstance(error, (ValueError, TypeError))):
+    except (ValueError, TypeError) as error:  # the file's (or an argument's) fault; bugs keep their traceback
+        if args.debug:
             raise
-        print(f'error: {message or f"cannot convert {args.src}: {error}"}', file=sys.stderr)
+        message = _reading_error(error) or f'cannot convert {args.src}: {error}; {OFFICIAL_FILE_HINT}.'
+        print(f'error: {message}', file=sys.stderr)
         return 1
     arch = converted.arch
     print(f'read    {args.src} [{converted.source_key or "bare state dict"}]: {converted.num_source_tensors} tensors')
@@ -112,7 +110,14 @@ def main(argv: list[str] | None = None) -> int:
           else 'unmapped none')
     if converted.num_params is not None:
         print(f'verified strict load into SoftVisionTransformer: {converted.num_params:,} parameters')
-    save_converted_checkpoint(args.dst, converted.state_dict, converted.meta)
+    try:
+        save_converted_checkpoint(args.dst, converted.state_dict, converted.meta)
+    except OSError as error:
+        if args.debug:
+            raise
+        print(f'error: {args.dst} cannot be written ({error.strerror or error}): pass a file path in a folder you can '
+              'write to.', file=sys.stderr)
+        return 1
     print(f'wrote   {args.dst}')
     backbone = {'type': 'SOFT', 'arch': converted.meta['arch'], 'soft_norm': args.soft_norm,
                 'init_cfg': {'type': 'Pretrained', 'checkpoint': args.dst}}

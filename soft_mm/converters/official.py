@@ -25,12 +25,9 @@ The converted file, ``{'state_dict': ..., 'meta': {...}}``, holds only tensors a
 """
 from __future__ import annotations
 
-import argparse
-import contextlib
 import copy
 import dataclasses
 import os
-import pickle
 import re
 import warnings
 from collections.abc import Mapping
@@ -43,6 +40,7 @@ from ..models.arch import ARCH_KEYS, ARCH_SETTINGS, DEFAULT_STAGE_ATTENTION, res
 from ..models.classifier import SoftVisionTransformer
 from ..models.settings import AUTHORS_SETTINGS
 from ..utils.atomic import atomic_save
+from ..utils.checkpoint_files import CheckpointFileError, read_checkpoint
 
 # What users call; the building blocks below (key mapping, arch inference, ...) stay importable from this module.
 __all__ = ['CHECKPOINT_KEYS', 'ConvertedCheckpoint', 'build_classifier_from_checkpoint', 'convert_official_checkpoint',
@@ -55,6 +53,13 @@ _AUTO_ORDER = ('state_dict', 'model', 'state_dict_ema', 'model_ema')  # EMA weig
 # Parameters of the classifier that the mm backbone (SOFT) does not have.
 CLASSIFIER_ONLY_KEYS = ('cls_token', 'cls_pos_embed', 'head.weight', 'head.bias')
 STAGE4_HEAD_DIM = 32
+# The advice of load_official_checkpoint's and load_converted_checkpoint's errors
+OFFICIAL_FILE_HINT = ("pass one of the SOFT authors' ImageNet checkpoints (a timm/DeiT-style dict or a bare state "
+                      'dict of their model)')
+OFFICIAL_UNSAFE_HINT = ('only if you trust the file, pass allow_pickle=True (tools/convert_official_checkpoint.py: '
+                        '--allow-unsafe-load); full unpickling can run code stored in it')
+CONVERTED_HINT = ('convert an official file with tools/convert_official_checkpoint.py (or '
+                  'soft_mm.converters.convert_official_checkpoint) and pass the file it writes')
 
 _PARAM = r'(weight|bias|running_mean|running_var|num_batches_tracked)'
 _STEM_LAYERS = {'0': '0.conv', '1': '0.bn', '3': '1.conv', '4': '1.bn', '6': '2.conv', '7': '2.bn'}
@@ -100,30 +105,27 @@ def map_official_key(key: str) -> str | None:
 
 
 def load_official_checkpoint(path: str | os.PathLike, key: str = 'auto',
-                             allow_pickle: bool = True) -> tuple[dict[str, torch.Tensor], str]:
+                             allow_pickle: bool = False) -> tuple[dict[str, torch.Tensor], str]:
     """Read an official checkpoint file: ``(state dict, where it was found)`` (see :func:`select_state_dict`).
 
-    The file is first read with ``torch.load(weights_only=True)``, which runs no pickled code, with
-    ``argparse.Namespace`` allow-listed: timm's train script stores its command-line ``args`` Namespace next to the
-    weights. If that still fails (an older file with other pickled objects), the file is read again with
-    ``weights_only=False`` — which can execute code stored in the file, so only do that for files you trust — and a
-    warning says so; ``allow_pickle=False`` raises instead.
+    The file is read by :func:`~soft_mm.utils.checkpoint_files.read_checkpoint`: ``torch.load(weights_only=True)``,
+    which runs no pickled code, with ``argparse.Namespace`` allow-listed (timm's train script stores its command-line
+    ``args`` next to the weights). An older file with other pickled objects is refused (an
+    :class:`~soft_mm.utils.checkpoint_files.UnsafeCheckpointError`) unless ``allow_pickle=True``, which reads it with
+    ``weights_only=False`` — that can execute code stored in the file, so only do it for files you trust — and warns.
+    Every other unusable file (missing, a folder, empty, truncated, not a checkpoint, no state dict in it) is a
+    :class:`~soft_mm.utils.checkpoint_files.CheckpointFileError` naming the file, the problem and the fix.
     """
-    safe_globals = getattr(torch.serialization, 'safe_globals', None)  # torch >= 2.5
-    allow_namespace = safe_globals([argparse.Namespace]) if safe_globals else contextlib.nullcontext()
-    try:
-        with allow_namespace:
-            checkpoint = torch.load(path, map_location='cpu', weights_only=True)
-    except pickle.UnpicklingError as safe_error:  # what the weights_only unpickler raises for a refused global
-        if not allow_pickle:
-            raise ValueError(f'{path} cannot be read with torch.load(weights_only=True): {safe_error}') from safe_error
-        warnings.warn(f'{path} holds objects that torch.load(weights_only=True) refuses ({safe_error}); reading it '
-                      'with weights_only=False, which unpickles arbitrary objects: only do this for a trusted file',
-                      stacklevel=2)
-        checkpoint = torch.load(path, map_location='cpu', weights_only=False)
+    checkpoint = read_checkpoint(path, allow_pickle=allow_pickle, unsafe_advice=OFFICIAL_UNSAFE_HINT)
     if not isinstance(checkpoint, Mapping):
-        raise TypeError(f'{path} holds a {type(checkpoint).__name__}, not a checkpoint dict or a state dict')
-    return select_state_dict(checkpoint, key)
+        raise CheckpointFileError(path, f'holds a {type(checkpoint).__name__}, not a checkpoint dict or a state dict',
+                                  OFFICIAL_FILE_HINT)
+    try:
+        return select_state_dict(checkpoint, key)
+    except ValueError as error:
+        if key != 'auto' and key not in CHECKPOINT_KEYS:  # the caller's key is wrong, not the file
+            raise
+        raise CheckpointFileError(path, f'has no usable state dict ({error})', OFFICIAL_FILE_HINT) from error
 
 
 def select_state_dict(checkpoint: Mapping[str, Any], key: str = 'auto') -> tuple[dict[str, torch.Tensor], str]:
@@ -327,12 +329,17 @@ def save_converted_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, 
 
 
 def load_converted_checkpoint(path: str | os.PathLike) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """``(state_dict, meta)`` of a file written by :func:`save_converted_checkpoint` (read with weights_only=True)."""
-    checkpoint = torch.load(path, map_location='cpu', weights_only=True)
+    """``(state_dict, meta)`` of a file written by :func:`save_converted_checkpoint`, read by
+    :func:`~soft_mm.utils.checkpoint_files.read_checkpoint` (``weights_only=True``, no full unpickling).
+
+    An unreadable file or one without ``state_dict`` and a ``meta`` with an ``arch`` is a
+    :class:`~soft_mm.utils.checkpoint_files.CheckpointFileError` naming the file and the fix.
+    """
+    checkpoint = read_checkpoint(path, unsafe_advice=CONVERTED_HINT)
     if not (isinstance(checkpoint, Mapping) and isinstance(checkpoint.get('meta'), Mapping)
             and isinstance(checkpoint.get('state_dict'), Mapping) and 'arch' in checkpoint['meta']):
-        raise ValueError(f'{path} is not a converted SOFT checkpoint (expected state_dict and meta with an arch; '
-                         'convert official files with tools/convert_official_checkpoint.py)')
+        raise CheckpointFileError(path, 'is not a converted SOFT checkpoint (it needs a state_dict and a meta with an '
+                                  'arch)', CONVERTED_HINT)
     return dict(checkpoint['state_dict']), dict(checkpoint['meta'])
 
 
@@ -374,7 +381,7 @@ class ConvertedCheckpoint:
 
 
 def convert_official_checkpoint(src: str | os.PathLike, soft_norm: bool = False, key: str = 'auto',
-                                allow_pickle: bool = True, verify: bool = True) -> ConvertedCheckpoint:
+                                allow_pickle: bool = False, verify: bool = True) -> ConvertedCheckpoint:
     """Read an official checkpoint file and convert it: the state dict, its ``meta`` and what was found.
 
     ``soft_norm`` says whether the weights are SOFT-Norm (the weights cannot tell); ``key`` and ``allow_pickle`` are

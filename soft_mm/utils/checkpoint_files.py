@@ -1,5 +1,9 @@
 """Read checkpoint files safely and say in one sentence what is wrong with one that cannot be used.
 
+:func:`read_checkpoint` is soft_mm's one checkpoint reader: the tools, the converter and the ONNX exporter read every
+file through it. It runs ``torch.load(weights_only=True)`` with mmengine's objects allow-listed (see
+:mod:`.checkpoint`), tensors memory-mapped; full unpickling only when the caller passes ``allow_pickle=True``.
+
 ``torch.load`` reports a truncated file as a miniz error, a text file as ``KeyError: 101`` and a file with pickled
 objects as a page of advice; mmengine loads a state dict of another model with a logged warning and goes on with
 random weights. :func:`read_checkpoint` and :func:`check_state_dict_fits` turn each case into a
@@ -11,6 +15,8 @@ from __future__ import annotations
 import os
 import pickle
 import re
+import warnings
+import zipfile
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any
@@ -23,6 +29,7 @@ from .checkpoint import allow_mmengine_checkpoint_globals
 TRUNCATED_HINT = ('copy it again or use an earlier checkpoint (a run killed while saving with mmengine\'s own '
                   'CheckpointHook leaves such files; soft_mm\'s AtomicCheckpointHook does not)')
 NOT_A_CHECKPOINT_HINT = 'pass a .pth file written by torch.save (a trained model, or a converted ImageNet checkpoint)'
+MISSING_HINT = 'pass the path of an existing checkpoint'
 UNSAFE_HINT = ('only if you trust the file, load it once with torch.load(weights_only=False) and save its tensors '
                'again (see Security in docs/robustness.md)')
 # a checkpoint whose tensors cover less than this share of a module's weights is the checkpoint of another model
@@ -30,11 +37,18 @@ MIN_MATCHED_FRACTION = 0.5
 
 
 class CheckpointFileError(ValueError):
-    """A checkpoint that cannot be used; ``str(error)`` is one sentence: the file, what is wrong, what to do."""
+    """A checkpoint that cannot be used; ``str(error)`` is one sentence: the file, what is wrong, what to do.
+
+    ``path``, ``problem`` and ``advice`` are the three parts, so a caller can give other advice for the same problem.
+    """
 
     def __init__(self, path: str | os.PathLike, problem: str, advice: str) -> None:
         super().__init__(f'{os.fspath(path)} {problem}: {advice}.')
-        self.path = os.fspath(path)
+        self.path, self.problem, self.advice = os.fspath(path), problem, advice
+
+
+class UnsafeCheckpointError(CheckpointFileError):
+    """A checkpoint holding pickled objects that the safe loader refuses (readable only with ``allow_pickle=True``)."""
 
 
 def describe_load_error(error: BaseException) -> tuple[str, str]:
@@ -43,7 +57,9 @@ def describe_load_error(error: BaseException) -> tuple[str, str]:
     if isinstance(error, IsADirectoryError):
         return 'is a folder, not a checkpoint file', NOT_A_CHECKPOINT_HINT
     if isinstance(error, FileNotFoundError):
-        return 'not found', 'pass the path of an existing checkpoint'
+        return 'not found', MISSING_HINT
+    if isinstance(error, PermissionError):
+        return 'cannot be read (permission denied)', 'make it readable (chmod u+r) or copy it somewhere you can read'
     if isinstance(error, EOFError) or 'failed finding central directory' in message:
         return 'is truncated (the file ends before the checkpoint does)', TRUNCATED_HINT
     if 'PytorchStreamReader' in message or 'zip archive' in message:
@@ -56,24 +72,54 @@ def describe_load_error(error: BaseException) -> tuple[str, str]:
     return 'is not a PyTorch checkpoint (torch.load cannot read it)', NOT_A_CHECKPOINT_HINT
 
 
-def read_checkpoint(path: str | os.PathLike) -> Any:
-    """``torch.load(path, weights_only=True)`` with mmengine's objects allow-listed, tensors memory-mapped.
+ZIP_MAGIC = b'PK\x03\x04'
 
-    Raises :class:`CheckpointFileError` for a missing, truncated, corrupt or non-checkpoint file.
+
+def _describe_file_error(path: str, error: BaseException) -> tuple[str, str]:
+    """:func:`describe_load_error`, told by the file itself when it is a truncated zip archive: it starts like one but
+    has no end record (torch reports that as a miniz error, ``OSError: Invalid argument`` or others, by size)."""
+    if os.path.isfile(path) and not zipfile.is_zipfile(path):
+        with open(path, 'rb') as file:
+            if file.read(len(ZIP_MAGIC)) == ZIP_MAGIC:
+                return 'is truncated (the file ends before the checkpoint does)', TRUNCATED_HINT
+    return describe_load_error(error)
+
+
+def _refused_global(error: BaseException) -> bool:
+    """Whether ``torch.load(weights_only=True)`` failed only because the file holds a global outside the allow-list."""
+    return isinstance(error, pickle.UnpicklingError) and re.search(r'GLOBAL ([\w.]+)', str(error)) is not None
+
+
+def read_checkpoint(path: str | os.PathLike, allow_pickle: bool = False, unsafe_advice: str = UNSAFE_HINT) -> Any:
+    """soft_mm's one checkpoint reader: ``torch.load(path, weights_only=True)`` on the CPU, with mmengine's objects
+    allow-listed and the tensors of a zip-format file memory-mapped (a large file is not copied into memory).
+
+    A file holding other pickled objects is refused (:class:`UnsafeCheckpointError`, whose advice is
+    ``unsafe_advice``) unless ``allow_pickle=True``: then a warning says so and the file is unpickled fully, which can
+    run code stored in it (only for files you trust). Every other unreadable file (missing, a folder, empty,
+    truncated, corrupt, not a checkpoint) is a :class:`CheckpointFileError` naming the file, the problem and the fix.
     """
     allow_mmengine_checkpoint_globals()
     path = os.fspath(path)
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         raise CheckpointFileError(path, 'is empty', TRUNCATED_HINT)
     try:
-        try:
-            return torch.load(path, map_location='cpu', weights_only=True, mmap=True)
-        except RuntimeError as error:  # mmap needs the zip format: read files of the legacy format plainly
-            if 'mmap can only be used' not in str(error):
-                raise
-            return torch.load(path, map_location='cpu', weights_only=True)
-    except (OSError, EOFError, RuntimeError, KeyError, ValueError, pickle.UnpicklingError) as error:
-        raise CheckpointFileError(path, *describe_load_error(error)) from error
+        # mmap needs the zip format (torch >= 1.6); files of the legacy format are read plainly
+        return torch.load(path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path))
+    except Exception as error:  # the safe unpickler runs no code of the file: whatever it raises is the file's
+        problem, advice = _describe_file_error(path, error)
+        refused = _refused_global(error)
+        if not (refused and allow_pickle):
+            error_type = UnsafeCheckpointError if refused else CheckpointFileError
+            raise error_type(path, problem, unsafe_advice if refused else advice) from error
+    warnings.warn(f'{path} {problem}; reading it with weights_only=False, which unpickles arbitrary objects: only do '
+                  'this for a trusted file', stacklevel=2)
+    try:
+        return torch.load(path, map_location='cpu', weights_only=False)
+    except Exception as error:  # full unpickling runs the file's own code, which can raise anything
+        raise CheckpointFileError(path, f'cannot be unpickled ({type(error).__name__}: {error})',
+                                  'install the package that defines its objects, or save its tensors with '
+                                  'torch.save where it was written') from error
 
 
 def state_dict_of(checkpoint: Any, path: str | os.PathLike) -> dict[str, torch.Tensor]:

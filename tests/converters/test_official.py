@@ -29,6 +29,7 @@ from soft_mm.converters.official import (
     verify_converted,
 )
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
+from soft_mm.utils.checkpoint_files import UnsafeCheckpointError
 
 HEAD_DIM = 32
 
@@ -335,13 +336,17 @@ def test_load_official_checkpoint_timm_file_reads_safely(tmp_path, official_tiny
     assert load_official_checkpoint(path, key='state_dict_ema')[1] == 'state_dict_ema'
 
 
-def test_load_official_checkpoint_falls_back_with_a_warning(tmp_path, official_tiny):
+def test_load_official_checkpoint_refuses_pickles_unless_allowed(tmp_path, official_tiny):
     path = tmp_path / 'old.pth'
     torch.save({'model': _strip(official_tiny), 'extra': _Opaque()}, path)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')  # the default refuses before anything is unpickled: no warning, no fallback
+        with pytest.raises(UnsafeCheckpointError, match=rf'^{path} holds a pickled \S+_Opaque, which torch.load\('
+                                                        r'weights_only=True\) refuses to run: only if you trust the '
+                                                        r'file, pass allow_pickle=True'):
+            load_official_checkpoint(path)
     with pytest.warns(UserWarning, match='weights_only=False'):
-        assert load_official_checkpoint(path)[1] == 'model'
-    with pytest.raises(ValueError, match=r'cannot be read with torch.load\(weights_only=True\)'):
-        load_official_checkpoint(path, allow_pickle=False)
+        assert load_official_checkpoint(path, allow_pickle=True)[1] == 'model'
 
 
 @pytest.mark.parametrize('arch_source', ['tiny', 'small'])
