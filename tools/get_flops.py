@@ -24,6 +24,7 @@ from torch import nn
 
 from soft_mm.converters import build_classifier_from_checkpoint
 from soft_mm.converters.official import match_arch
+from soft_mm.engine.cli import load_config, one_sentence_errors
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, PUBLISHED, SoftVisionTransformer, variant_name
 from soft_mm.utils.flops import OPAQUE_PREFIX, analyze
 
@@ -121,13 +122,9 @@ def _data_samples(scope: str, shape: tuple[int, int]) -> list | None:
 
 def build_from_config(config: str) -> tuple[nn.Module, str]:
     """The model of an mmengine config (``custom_imports`` imported, the config's default scope)."""
-    from mmengine.config import Config
     from mmengine.registry import MODELS, init_default_scope
-    from mmengine.utils import import_modules_from_strings
 
-    cfg = Config.fromfile(config)
-    if cfg.get('custom_imports'):
-        import_modules_from_strings(**cfg.custom_imports)
+    cfg = load_config(config)  # a missing or broken config: one sentence; runs the config's custom_imports
     scope = cfg.get('default_scope') or 'mmengine'
     init_default_scope(scope)
     return MODELS.build(cfg.model).eval(), scope
@@ -160,6 +157,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--soft-norm', action='store_true', help='with --arch: the SOFT-Norm classifier')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
                         help='input size (default 224 224; for configs 800 1333 (mmdet) or 512 512 (mmseg))')
+    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
     args = parser.parse_args(argv)
     if args.soft_norm and not args.arch:
         parser.error('--soft-norm needs --arch')
@@ -168,6 +166,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    with one_sentence_errors(args.debug):  # a bad config or checkpoint file: one sentence (--debug: the traceback)
+        return report(args)
+
+
+def report(args: argparse.Namespace) -> int:
+    """Print what the arguments ask for: a config's counts, a converted checkpoint's, one arch's or the table."""
     if args.config:
         config_report(args.config, args.shape)
         return 0

@@ -25,7 +25,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from soft_mm.engine.cli import ConfigError, load_config, one_sentence_errors
 from soft_mm.utils.bench import size_arg
+from soft_mm.utils.checkpoint_files import CheckpointFileError, read_checkpoint, state_dict_of
 
 MAX_SIDE = 8192
 DEFAULT_EXPORT_SIZE = (224, 224)
@@ -71,12 +73,11 @@ def build_backbone(arch: str = 'tiny', soft_norm: bool = False, config: str | No
     from soft_mm.models import SOFT
 
     if config is not None:
-        from soft_mm.engine.cli import load_config
-
         cfg = load_config(config)
         backbone_cfg = dict(cfg.model.backbone)
         if backbone_cfg.pop('type') not in ('SOFT', 'soft_mm.SOFT'):
-            raise ValueError(f'{config}: model.backbone must be SOFT to be exported by this tool')
+            raise ConfigError(f"{config} has a model.backbone that is not SOFT: this tool exports type='SOFT' "
+                              'backbones (pass a config with a SOFT backbone, or --arch)')
         backbone_cfg.pop('init_cfg', None)
         model = SOFT(**backbone_cfg)
     else:
@@ -103,16 +104,16 @@ def build_classifier(name: str = 'soft_tiny', checkpoint: str | None = None, num
 
 
 def _load_weights(model: nn.Module, path: str, prefix: str) -> None:
-    from soft_mm.utils.checkpoint_files import read_checkpoint, state_dict_of
-
+    """Load ``path`` (read by soft_mm's one checkpoint reader) into ``model``: every weight of the model must be in it,
+    or a :class:`CheckpointFileError` names the file and the first missing weight."""
     state = state_dict_of(read_checkpoint(path), path)
     if prefix and any(key.startswith(prefix) for key in state):
         state = {key[len(prefix):]: value for key, value in state.items() if key.startswith(prefix)}
     own = model.state_dict()
     missing = sorted(set(own) - set(state))
     if missing:
-        raise ValueError(f'{path} lacks {len(missing)} weights of the model (e.g. {missing[0]!r}): pass a checkpoint '
-                         'of the same arch')
+        raise CheckpointFileError(path, f'lacks {len(missing)} of the model\'s {len(own)} weights (e.g. '
+                                  f'{missing[0]!r})', 'pass a checkpoint of the same arch')
     model.load_state_dict({key: value for key, value in state.items() if key in own})
 
 
@@ -178,15 +179,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--check', type=size_arg, nargs='*', default=list(DEFAULT_CHECK_SIZES),
                         help='sizes HxW at which onnxruntime is compared with PyTorch (none: skip)')
     parser.add_argument('--atol', type=float, default=DEFAULT_ATOL, help='largest accepted absolute difference')
+    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
     return parser.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    if args.target == 'backbone':
-        model = build_backbone(args.arch, args.soft_norm, args.config, args.checkpoint)
-    else:
-        model = build_classifier(args.model, args.checkpoint, args.num_classes)
+    with one_sentence_errors(args.debug):  # a bad config or checkpoint: one sentence (--debug: the traceback)
+        if args.target == 'backbone':
+            model = build_backbone(args.arch, args.soft_norm, args.config, args.checkpoint)
+        else:
+            model = build_classifier(args.model, args.checkpoint, args.num_classes)
     out = export(model, args.out or f'work_dirs/onnx/{args.target}.onnx', args.size, args.max_side)
     print(f'wrote {out} (batch, height, width dynamic; sides {min_side(model)}..{args.max_side})')
     worst = 0.0
