@@ -190,3 +190,84 @@ def test_config_naming_soft_without_custom_imports(tmp_path):
                                           r"dict\(imports=\['soft_mm'\]"):
         load_config(str(config))
     assert 'add custom_imports' in explain(KeyError('SOFT is not in the mmdet::model registry. Please check'))
+
+
+# --- bad files given to the tools (images, checkpoints) ---------------------------------------------------------------
+
+def _bad_images(folder: Path) -> dict[str, tuple[Path, str]]:
+    """kind -> (path, the problem tools/infer.py and tools/attention_health.py name)."""
+    (folder / 'images').mkdir()
+    (folder / 'text.png').write_text('not an image\n')
+    (folder / 'empty.png').write_bytes(b'')
+    return {'missing': (folder / 'missing.png', 'not found'), 'folder': (folder / 'images', 'is a folder, not an image'),
+            'text': (folder / 'text.png', r'cannot be decoded as an image \(empty, truncated or not an image format\)'),
+            'empty': (folder / 'empty.png', r'cannot be decoded as an image \(error\)')}
+
+
+def _image(folder: Path) -> Path:
+    import cv2
+    import numpy as np
+
+    path = folder / 'image.png'
+    cv2.imwrite(str(path), np.random.default_rng(0).integers(0, 256, (64, 64, 3), dtype=np.uint8))
+    return path
+
+
+@pytest.mark.parametrize('tool_name', ['infer', 'attention_health'])
+def test_tools_name_a_bad_image_and_the_fix(tool_name, tmp_path, load_tool):
+    pytest.importorskip('mmdet')
+    tool = load_tool(tool_name)
+    checkpoint = tmp_path / 'never_read.pth'  # images are checked first: the checkpoint is not read
+    for path, problem in _bad_images(tmp_path).values():
+        args = [str(path), RETINANET_DEMO, str(checkpoint)] if tool_name == 'infer' else [RETINANET_DEMO, str(path)]
+        with pytest.raises(SystemExit, match=rf'^{path} {problem}: pass an image file that OpenCV reads \(PNG, JPEG, '
+                                             r'BMP, \.\.\.\), e\.g\. data/shapes/val/000001\.png\.$'):
+            tool.main(args)
+
+
+def test_infer_names_a_bad_checkpoint_before_building_the_model(tmp_path, load_tool, monkeypatch):
+    pytest.importorskip('mmdet')
+    tool, image = load_tool('infer'), _image(tmp_path)
+    (tmp_path / 'folder.pth').mkdir()
+    (tmp_path / 'notes.pth').write_text('these are not weights\n')
+    torch.save({'meta': {'epoch': 1}}, tmp_path / 'meta_only.pth')
+    cases = {'missing.pth': 'not found: pass the path of an existing checkpoint',
+             'folder.pth': 'is a folder, not a checkpoint file: pass a .pth file',
+             'notes.pth': 'is not a PyTorch checkpoint (torch.load cannot read it): pass a .pth file',
+             'meta_only.pth': 'holds no tensors (neither a state_dict nor a bare state dict): pass a .pth file'}
+    import mmdet.apis
+
+    monkeypatch.setattr(mmdet.apis, 'init_detector', None)  # the file is refused before a model is built
+    for name, problem in cases.items():
+        with pytest.raises(SystemExit) as stop:
+            tool.main([str(image), RETINANET_DEMO, str(tmp_path / name)])
+        assert str(stop.value).startswith(f'{tmp_path / name} {problem}'), str(stop.value)
+
+
+@pytest.mark.parametrize('tool_name', ['infer', 'attention_health'])
+def test_tools_refuse_another_models_checkpoint(tool_name, tmp_path, load_tool):
+    """mmengine loads such a file with a logged warning and goes on with random weights; the tools stop instead."""
+    pytest.importorskip('mmdet')
+    image, other = _image(tmp_path), tmp_path / 'resnet.pth'
+    torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7), 'fc.weight': torch.zeros(10, 64)}}, other)
+    args = [str(image), RETINANET_DEMO, str(other)] if tool_name == 'infer' else [RETINANET_DEMO, str(other), str(image)]
+    with pytest.raises(SystemExit, match=rf"^{other} does not fit the model of this config: only 0 of its \d+ weights "
+                                         r"are in the file \(its keys start with 'conv1\.', 'fc\.'\): pass a "
+                                         r'checkpoint trained with this config\.$'):
+        load_tool(tool_name).main([*args, '--device', 'cpu'])
+
+
+def test_infer_process_one_line_and_debug(tmp_path):
+    pytest.importorskip('mmdet')
+    from tool_process import run_tool
+
+    bad = _bad_images(tmp_path)['text'][0]
+    plain = run_tool(['tools/infer.py', str(bad), RETINANET_DEMO, 'x.pth'], tmp_path, timeout=300, check=False)
+    assert plain.returncode == 1 and 'Traceback' not in plain.stderr
+    assert plain.stderr.strip().splitlines() == [(f'{bad} cannot be decoded as an image (empty, truncated or not an '
+                                                  'image format): pass an image file that OpenCV reads (PNG, JPEG, '
+                                                  'BMP, ...), e.g. data/shapes/val/000001.png.')]
+    debug = run_tool(['tools/infer.py', str(bad), RETINANET_DEMO, 'x.pth', '--debug'], tmp_path, timeout=300,
+                     check=False)
+    assert debug.returncode == 1 and 'Traceback (most recent call last)' in debug.stderr
+    assert 'InputFileError' in debug.stderr

@@ -21,9 +21,10 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import DefaultScope
 
-from soft_mm.engine.cli import load_config, one_sentence_errors
+from soft_mm.engine.cli import check_image_files, load_config, one_sentence_errors, read_model_checkpoint
 from soft_mm.models.health import LandmarkRecorder, LayerHealth, attention_health, format_health_table
 from soft_mm.ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
+from soft_mm.utils import check_state_dict_fits
 
 CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.ckpt', '.bin')
 
@@ -123,17 +124,19 @@ def plot_health(report: list[LayerHealth], out: str, title: str) -> None:
 
 def main(argv: list[str] | None = None) -> list[LayerHealth]:
     args = parse_args(argv)
-    for path in [args.config, *([args.checkpoint] if args.checkpoint else []), *args.images]:
-        if not osp.isfile(path):
-            raise SystemExit(f'{path} not found: pass an existing config, optional checkpoint and images.')
-    with one_sentence_errors(args.debug):
+    with one_sentence_errors(args.debug):  # a bad image, config or checkpoint: one sentence (--debug: the traceback)
+        check_image_files(args.images)
         cfg = load_config(args.config, args.cfg_options)
+        state_dict = read_model_checkpoint(args.checkpoint) if args.checkpoint else None  # before a model is built
         scope = cfg.get('default_scope')
         if scope not in RUNNERS:
             raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/attention_health.py handles the scopes '
                              f'{", ".join(RUNNERS)} (detection, segmentation, classification).')
         with DefaultScope.overwrite_default_scope(scope):  # the pipelines' transforms resolve in the config's scope
             model, run = RUNNERS[scope](cfg, args.checkpoint, args.images, args.device)
+            if state_dict is not None:  # another model's checkpoint would be measured as random weights
+                check_state_dict_fits(model, state_dict, args.checkpoint, 'the model of this config',
+                                      'pass a checkpoint trained with this config')
             if not LandmarkRecorder(model).layers:
                 raise SystemExit(f'{args.config} builds a model without SOFT attention layers: attention health is '
                                  "measured on SOFT backbones (type='SOFT') only.")

@@ -20,8 +20,16 @@ import torch
 from mmengine.config import Config
 
 from soft_mm.engine import enable_cpu_bf16_ops
-from soft_mm.engine.cli import load_config, one_sentence_errors
-from soft_mm.utils import enable_test_amp
+from soft_mm.engine.cli import check_image_files, load_config, one_sentence_errors, read_model_checkpoint
+from soft_mm.utils import check_state_dict_fits, enable_test_amp
+
+State = dict[str, torch.Tensor]
+
+
+def check_fits(model: torch.nn.Module, state_dict: State, checkpoint: str) -> None:
+    """Stop when the checkpoint is another model's (mmengine would load it with a warning and draw random results)."""
+    check_state_dict_fits(model, state_dict, checkpoint, 'the model of this config',
+                          'pass a checkpoint trained with this config')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -43,12 +51,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def infer_detection(args: argparse.Namespace, cfg: Config) -> str:
+def infer_detection(args: argparse.Namespace, cfg: Config, state_dict: State) -> str:
     """Draw the detections into ``args.out``; print and return its path."""
     from mmdet.apis import inference_detector, init_detector
     from mmdet.registry import VISUALIZERS
 
     model = init_detector(cfg, args.checkpoint, device=args.device)
+    check_fits(model, state_dict, args.checkpoint)
     result = inference_detector(model, args.image)
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
     visualizer.dataset_meta = model.dataset_meta
@@ -65,7 +74,7 @@ def infer_detection(args: argparse.Namespace, cfg: Config) -> str:
     return out
 
 
-def infer_segmentation(args: argparse.Namespace, cfg: Config) -> str:
+def infer_segmentation(args: argparse.Namespace, cfg: Config, state_dict: State) -> str:
     """Overlay the predicted segmentation on the image into ``args.out``; print and return its path."""
     from mmseg.apis import inference_model, init_model
     from mmseg.registry import VISUALIZERS
@@ -73,6 +82,7 @@ def infer_segmentation(args: argparse.Namespace, cfg: Config) -> str:
     if not 0.0 <= args.opacity <= 1.0:
         raise ValueError(f'--opacity must be in [0, 1], got {args.opacity}')
     model = init_model(cfg, args.checkpoint, device=args.device)
+    check_fits(model, state_dict, args.checkpoint)
     result = inference_model(model, args.image)
     meta = dict(model.dataset_meta)
     if not meta.get('palette'):  # a checkpoint that names its classes only: one fixed random colour per class
@@ -102,13 +112,14 @@ def _dataset_classes(cfg: Config) -> tuple[str, ...] | None:
     return tuple(classes) if classes else None
 
 
-def infer_classification(args: argparse.Namespace, cfg: Config) -> list[tuple[str, float]]:
+def infer_classification(args: argparse.Namespace, cfg: Config, state_dict: State) -> list[tuple[str, float]]:
     """Print and return the ``args.topk`` most likely classes with their softmax scores, best first."""
     from mmpretrain.apis import ImageClassificationInferencer
 
     if args.topk < 1:
         raise ValueError(f'--topk must be a positive int, got {args.topk}')
     inferencer = ImageClassificationInferencer(cfg, pretrained=args.checkpoint, device=args.device)
+    check_fits(inferencer.model, state_dict, args.checkpoint)
     # the checkpoint's dataset_meta (written by training) names the classes; else the config's dataset class does
     classes = inferencer.classes or _dataset_classes(cfg)
     scores = torch.as_tensor(inferencer(args.image)[0]['pred_scores'])
@@ -121,17 +132,16 @@ def infer_classification(args: argparse.Namespace, cfg: Config) -> list[tuple[st
     return ranked
 
 
-TASKS: dict[str, Callable[[argparse.Namespace, Config], object]] = {
+TASKS: dict[str, Callable[[argparse.Namespace, Config, State], object]] = {
     'mmdet': infer_detection, 'mmseg': infer_segmentation, 'mmpretrain': infer_classification}
 
 
 def main(argv: list[str] | None = None) -> object:
     args = parse_args(argv)
-    for path in (args.image, args.config, args.checkpoint):
-        if not osp.isfile(path):
-            raise SystemExit(f'{path} not found: pass an existing image, config and checkpoint.')
-    with one_sentence_errors(args.debug):
+    with one_sentence_errors(args.debug):  # a bad image, config or checkpoint: one sentence (--debug: the traceback)
+        check_image_files([args.image])
         cfg = load_config(args.config)  # runs the config's custom_imports (import soft_mm allow-lists checkpoints)
+        state_dict = read_model_checkpoint(args.checkpoint)  # before a model is built
         scope = cfg.get('default_scope')
         if scope not in TASKS:
             raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/infer.py handles the scopes '
@@ -139,14 +149,14 @@ def main(argv: list[str] | None = None) -> object:
         if args.amp_dtype and not args.amp:
             raise SystemExit('--amp-dtype needs --amp')
         if not args.amp:
-            return TASKS[scope](args, cfg)
+            return TASKS[scope](args, cfg, state_dict)
         device_type = torch.device(args.device).type
         amp_dtype = enable_test_amp(cfg, args.amp_dtype)
         if device_type == 'cpu':  # also on a GPU machine told --device cpu: CPU autocast is bfloat16 only
             enable_cpu_bf16_ops()
             amp_dtype = 'bfloat16'
         with torch.autocast(device_type, dtype=getattr(torch, amp_dtype)):
-            return TASKS[scope](args, cfg)
+            return TASKS[scope](args, cfg, state_dict)
 
 
 if __name__ == '__main__':

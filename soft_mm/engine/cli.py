@@ -46,6 +46,44 @@ class ConfigError(ValueError):
         super().__init__(message if message.endswith('.') else f'{message}.')
 
 
+class InputFileError(ValueError):
+    """An input file (an image) that cannot be used; ``str(error)`` is one sentence: the file, what is wrong, the fix."""
+
+    def __init__(self, path: str, problem: str, advice: str) -> None:
+        super().__init__(f'{path} {problem}: {advice}.')
+        self.path = path
+
+
+IMAGE_HINT = 'pass an image file that OpenCV reads (PNG, JPEG, BMP, ...), e.g. data/shapes/val/000001.png'
+
+
+def check_image_files(paths: list[str]) -> None:
+    """Raise :class:`InputFileError` for the first path that is missing, a folder, or no image OpenCV can decode
+    (each image is decoded once here, before a model is built)."""
+    import mmcv
+
+    for path in paths:
+        if osp.isdir(path):
+            raise InputFileError(path, 'is a folder, not an image', IMAGE_HINT)
+        if not osp.isfile(path):
+            raise InputFileError(path, 'not found', IMAGE_HINT)
+        try:
+            image = mmcv.imread(path)
+        except Exception as error:  # OpenCV raises for an empty file
+            raise InputFileError(path, f'cannot be decoded as an image ({type(error).__name__})', IMAGE_HINT
+                                 ) from error
+        if image is None:
+            raise InputFileError(path, 'cannot be decoded as an image (empty, truncated or not an image format)',
+                                 IMAGE_HINT)
+
+
+def read_model_checkpoint(path: str) -> dict:
+    """The tensors of a checkpoint a tool will load into a model, read by soft_mm's one checkpoint reader: raises
+    :class:`CheckpointFileError` for a missing, empty, truncated, corrupt or non-checkpoint file, a refused pickle
+    and a file without a state dict, before anything is built. Check the result with :func:`check_state_dict_fits`."""
+    return state_dict_of(read_checkpoint(path), path)
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     """The arguments every runner tool takes: config, --work-dir, --cfg-options, --launcher, --local-rank, --debug."""
     parser = argparse.ArgumentParser(description=description)
@@ -221,7 +259,7 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
 
 def explain(error: BaseException) -> str | None:
     """The one sentence for a user's mistake behind ``error``, or None for an error that deserves its traceback."""
-    if isinstance(error, (ConfigError, CheckpointFileError, InvalidLossError)):
+    if isinstance(error, (ConfigError, CheckpointFileError, InputFileError, InvalidLossError)):
         return str(error)
     path = checkpoint_path_of_traceback(error.__traceback__)
     if path is not None:  # torch.load failed deep inside mmengine (resume, load_from, init_cfg)

@@ -70,7 +70,7 @@ def test_a_checkpoint_is_measured_not_the_initialisation(image, tmp_path, load_t
 
 def test_bad_inputs_stop_with_one_sentence(image, tmp_path, load_tool):
     tool = load_tool('attention_health')
-    with pytest.raises(SystemExit, match=r'missing.png not found: pass an existing config, optional checkpoint'):
+    with pytest.raises(SystemExit, match=r'missing.png not found: pass an image file that OpenCV reads'):
         tool.main([str(ROOT / CONFIGS['detection']), str(tmp_path / 'missing.png')])
     with pytest.raises(SystemExit, match='builds a model without SOFT attention layers'):
         tool.main([str(ROOT / 'configs/peers/retinanet_r18_dense_demo.py'), image])
