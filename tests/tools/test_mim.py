@@ -134,6 +134,30 @@ def test_wheel_ships_configs_tools_and_model_index_for_mim(wheel: Path) -> None:
     assert [name for name in expected if shipped[name] != expected[name]] == []
 
 
+BUILD_SDIST = 'import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))'
+
+
+def test_sdist_builds_a_wheel_with_the_mim_resources(tmp_path: Path) -> None:
+    """`python -m build` builds the wheel from the sdist: MANIFEST.in must put configs, tools and the model index in
+    it, or that wheel would have no soft_mm/.mim. The sdist is built from a clean copy of the checkout's files (a
+    checkout's stale soft_mm.egg-info/SOURCES.txt would otherwise stand in for MANIFEST.in)."""
+    listed = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', '-z'], cwd=ROOT,
+                            capture_output=True, check=True).stdout.decode().split('\0')
+    clean = tmp_path / 'checkout'
+    for name in filter(None, listed):
+        if (ROOT / name).is_file():
+            (clean / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clean / name)
+    sdist = subprocess.run([sys.executable, '-c', BUILD_SDIST, str(tmp_path)], cwd=clean,
+                           capture_output=True, text=True, timeout=600, check=True).stdout.split()[-1]
+    _run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '--disable-pip-version-check',
+          '-q', '-w', str(tmp_path / 'wheel'), str(tmp_path / sdist)], tmp_path, dict(os.environ))
+    [built] = (tmp_path / 'wheel').glob('soft_mm-*.whl')
+    with zipfile.ZipFile(built) as archive:
+        shipped = {name for name in archive.namelist() if name.startswith('soft_mm/.mim/')}
+    assert shipped == set(_shipped_files())
+
+
 def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
     """A fresh venv that sees this interpreter's packages (torch, mmcv, mmdet, ...) with only the wheel installed in
     it; the environment for its processes has no PYTHONPATH (conftest puts the checkout there)."""
