@@ -10,7 +10,8 @@ from torch import nn
 
 from ..ops import soft_attention
 from ..ops.head_conv import head_depthwise_conv
-from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens, in_graph_capture
+from ..ops.capture import exporting
+from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from .settings import AttentionSettings, attention_settings, is_int
 
 
@@ -128,8 +129,8 @@ class SoftAttention(nn.Module):
         b, h, _, d = q.shape
         grid = self.landmark_shape(hw_shape)
         pooled_size = grid if self.landmark_mode == 'avg' else tuple(g * self.landmark_stride for g in grid)
-        if in_graph_capture():
-            # recording a graph (ONNX / torch.export / torch.compile): the pooling always runs (an identity at 224 in
+        if exporting():
+            # exporting a graph (ONNX / torch.export / jit trace): the pooling always runs (an identity at 224 in
             # conv mode), as two matmuls that keep the input size symbolic, so no size is frozen into the graph
             q_map = adaptive_avg_pool2d_matmul(q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2), pooled_size)
             if self.landmark_mode == 'avg':
@@ -163,9 +164,9 @@ class SoftAttention(nn.Module):
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is
             # token-major like the attention output, so the sum and the output projection copy nothing
-            # (recording a graph, the (B*d, heads, H, W) form: the channels-last view makes torch.export guard on
+            # (exporting a graph, the (B*d, heads, H, W) form: the channels-last view makes torch.export guard on
             # the batch size)
-            if in_graph_capture():
+            if exporting():
                 v_map = v.permute(0, 3, 1, 2).reshape(b * self.head_dim, self.num_heads, *hw_shape)
                 local = self.v_conv(v_map).reshape(b, self.head_dim, self.num_heads, n).permute(0, 2, 3, 1)
             else:

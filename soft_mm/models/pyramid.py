@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.pooling import in_graph_capture
+from ..ops.capture import exporting
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU
@@ -68,10 +68,10 @@ class SoftStage(nn.Module):
     def resized_pos_embed(self, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape``.
 
-        The resize is skipped at the 224-input size, except while a graph is recorded (ONNX / torch.export /
-        torch.compile): there it always runs (an exact identity at that size), so the graph keeps H and W symbolic.
+        The resize is skipped at the 224-input size, except while a graph is exported (ONNX / torch.export /
+        jit trace): there it always runs (an exact identity at that size), so the graph keeps H and W symbolic.
         """
-        if not in_graph_capture() and tuple(hw_shape) == (self.pos_grid, self.pos_grid):
+        if not exporting() and tuple(hw_shape) == (self.pos_grid, self.pos_grid):
             return self.pos_embed
         grid = self.pos_embed.reshape(1, self.pos_grid, self.pos_grid, -1).permute(0, 3, 1, 2)
         grid = F.interpolate(grid, size=tuple(hw_shape), mode='bilinear', align_corners=False)
@@ -84,7 +84,7 @@ class SoftStage(nn.Module):
 
     def forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None, norm: nn.Module | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not in_graph_capture():
+        if not exporting():
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.downsample(x)
         b, c, h, w = x.shape
@@ -98,8 +98,8 @@ class SoftStage(nn.Module):
             tokens = norm(tokens)
         prefix_out = tokens[:, :num_prefix] if num_prefix else None
         out_map = tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w)
-        # (recording a graph, NCHW: a channels-last input makes torch.export guard on the batch size)
-        return (out_map.contiguous() if in_graph_capture() else out_map), prefix_out
+        # (exporting a graph, NCHW: a channels-last input makes torch.export guard on the batch size)
+        return (out_map.contiguous() if exporting() else out_map), prefix_out
 
 
 # Block recipe of each attention kind (arch table ``stage_attention``): SOFT stages are post-norm blocks with the

@@ -4,10 +4,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .capture import graph_mode
 from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select_backend
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
-from .pooling import in_graph_capture
 from .precision import Precision, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 from .triton_nystrom import triton_nystrom_products
@@ -45,7 +45,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     ``A = K(landmarks, landmarks)`` is m×m; ``A^+`` is :func:`newton_inverse` of ``A`` (``num_iters``, ``ridge`` and
     ``backward`` are passed on). The product order costs O(N m d + m^2 d) and never forms an N×N or N×m×m tensor.
     The N×m products run in a backend of :mod:`soft_mm.ops.dispatch` (``'reference'``: the plain math, ``K1`` held
-    in full, what recorded graphs get; ``'tiled'``: CPU, eager, above :data:`AUTO_TILING_MIN_TOKENS` tokens, each
+    in full, what exported graphs get; ``'tiled'``: CPU, above :data:`AUTO_TILING_MIN_TOKENS` tokens, each
     block of ``K1`` built, used and dropped in cache and rebuilt in the backward, so no N×m tensor is stored). All
     backends give the same result up to rounding. With every token as a landmark (m = N, well-conditioned A,
     converged inverse) the result is exactly ``S @ v``.
@@ -88,7 +88,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
     policy = precision_policy(q.device.type, out_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
-    chosen = select_backend(q.device.type, out_dtype, policy, q.shape[2], needs_grad, in_graph_capture(), backend)
+    chosen = select_backend(q.device.type, out_dtype, policy, q.shape[2], needs_grad, graph_mode(), backend)
     options = {} if tile_size is None or 'tile_size' not in dict(chosen.options) else {'tile_size': tile_size}
     work_dtype = policy.exponent
     with no_autocast(q.device):
@@ -152,13 +152,13 @@ def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmar
 
 REFERENCE = register_backend(Backend(
     name='reference', priority=0, run=_reference_attention, devices=('cpu', 'cuda', 'mps', 'xpu', 'meta'),
-    double_backward=True, graph_capture=True))
+    double_backward=True, compile=True, export=True))
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
-    dtypes=(torch.float16, torch.bfloat16, torch.float32), check=triton_unsupported_reason))
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), compile=True, check=triton_unsupported_reason))
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
-    options=(('tile_size', DEFAULT_TILE_SIZE),)))
+    compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))
 
 
 def plain_soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, normalize: bool = True, ridge: float = 0.01,

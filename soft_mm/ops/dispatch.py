@@ -2,8 +2,10 @@
 
 :func:`soft_attention` computes the m×m part (landmark kernel, Newton–Schulz inverse) itself and hands the N×m
 products to a backend. Each :class:`Backend` declares the device types, input dtypes and precisions it runs, whether
-it has a backward, a double backward and a graph that stays valid at every size under capture (``torch.compile``,
-``torch.export``, ONNX, ``torch.jit.trace``), and the token count from which automatic selection prefers it. With
+it has a backward and a double backward, whether it runs under ``torch.compile`` (a ``torch.library`` custom op with
+a fake kernel, :mod:`soft_mm.ops.library`, so compiled and eager runs take the same kernels) and under export
+(plain ATen operators valid at every input size: ``torch.export``, ONNX, ``torch.jit.trace``; the mode comes from
+:func:`soft_mm.ops.capture.graph_mode`), and the token count from which automatic selection prefers it. With
 ``backend=None`` the highest-priority backend that fits is taken; a named backend is used if it fits and otherwise
 refused with the reason, and when nothing fits the error lists every backend's reason. A new backend (a fused GPU
 kernel) is one :func:`register_backend` call.
@@ -11,13 +13,13 @@ kernel) is one :func:`register_backend` call.
 Built in:
 
 * ``'reference'`` — the plain PyTorch math, ``K1`` held in full and autograd's backward: every device and dtype,
-  double backward, graph capture. The float64 reference of the tests, and what graphs record.
+  double backward, compile and export. The float64 reference of the tests, and what exported graphs hold.
 * ``'triton'`` — :func:`~soft_mm.ops.triton_nystrom.triton_nystrom_products`: fused kernels that build each block
   of the kernel in registers (no N×m tensor in memory), forward and backward; CUDA (on CPU only when forced under
-  ``TRITON_INTERPRET=1``, for tests), eager only, needs ``triton``.
+  ``TRITON_INTERPRET=1``, for tests), eager and compiled (custom ops), needs ``triton``.
 * ``'tiled'`` — :func:`~soft_mm.ops.tiled.tiled_nystrom_products`: the kernel built per tile of tokens in cache and
   rebuilt in its own backward, nothing N×m stored; CPU only (a Python loop of small kernels per tile and sample is
-  what a GPU must not run), eager only (the loop would freeze the traced size), preferred above
+  what a GPU must not run), eager and compiled (custom ops; not exported: the loop is no ATen graph), preferred above
   :data:`AUTO_TILING_MIN_TOKENS` tokens, where its smaller working set pays; its option is ``tile_size``.
 """
 from __future__ import annotations
@@ -28,6 +30,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .capture import GRAPH_MODES
 from .precision import Precision
 from .tiled import DEFAULT_TILE_SIZE
 
@@ -57,7 +60,8 @@ class Backend:
         mixed_precision: whether it runs the lower-dtype products of a mixed :class:`Precision`.
         backward: whether it has a (first-order) backward.
         double_backward: whether it supports double backward.
-        graph_capture: whether it may run while a graph is recorded (a graph that is valid at every input size).
+        compile: whether it runs under ``torch.compile`` (custom ops with fake kernels, or plain ATen operators).
+        export: whether it runs while a graph is exported (plain ATen operators, valid at every input size).
         min_tokens: automatic selection takes it only for more tokens than this (forcing it ignores the bound).
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
         check: ``check(device_type, forced) -> reason | None``, what the fields cannot say (e.g. a missing package).
@@ -71,13 +75,14 @@ class Backend:
     mixed_precision: bool = True
     backward: bool = True
     double_backward: bool = False
-    graph_capture: bool = False
+    compile: bool = False
+    export: bool = False
     min_tokens: int = 0
     options: tuple[tuple[str, object], ...] = ()
     check: Callable[[str, bool], str | None] | None = None
 
     def unsupported(self, device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int,
-                    needs_grad: bool, capturing: bool, forced: bool) -> str | None:
+                    needs_grad: bool, mode: str, forced: bool) -> str | None:
         """Why this backend cannot take the call, or None if it can."""
         if device_type not in self.devices:
             return f'runs on {"/".join(self.devices)}, not {device_type}'
@@ -91,8 +96,10 @@ class Backend:
             return f'has no mixed-precision products ({precision})'
         if needs_grad and not self.backward:
             return 'has no backward'
-        if capturing and not self.graph_capture:
-            return 'cannot run while a graph is recorded (its graph would freeze the traced size)'
+        if mode == 'export' and not self.export:
+            return 'cannot run while a graph is exported (its kernels are no ATen graph valid at every size)'
+        if mode == 'compile' and not self.compile:
+            return 'cannot run under torch.compile (it is no custom op with a fake kernel)'
         if not forced and num_tokens <= self.min_tokens:
             return f'is chosen automatically only above {self.min_tokens} tokens (got {num_tokens})'
         return None
@@ -103,7 +110,7 @@ class Backend:
         flags = [f'devices {"/".join(self.devices)}', f'dtypes {dtypes}',
                  'mixed-precision products' if self.mixed_precision else 'no mixed precision',
                  'double backward' if self.double_backward else ('backward' if self.backward else 'no backward'),
-                 'graph capture' if self.graph_capture else 'eager only']
+                 'eager' + (', compile' if self.compile else '') + (', export' if self.export else '')]
         if self.min_tokens:
             flags.append(f'automatic above {self.min_tokens} tokens')
         return f'{self.name} (priority {self.priority}): ' + '; '.join(flags)
@@ -126,14 +133,18 @@ def backends() -> list[Backend]:
 
 
 def select_backend(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
-                   capturing: bool, name: str | None = None) -> Backend:
+                   mode: str = 'eager', name: str | None = None) -> Backend:
     """The backend for a call: ``name`` if given and it fits, else the first that fits by priority.
+
+    ``mode`` is :func:`~soft_mm.ops.capture.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``.
 
     Raises:
         ValueError: ``name`` is not a registered backend.
         DispatchError: the named backend, or every backend, cannot take the call (each reason listed).
     """
-    facts = (device_type, dtype, precision, num_tokens, needs_grad, capturing)
+    if mode not in GRAPH_MODES:
+        raise ValueError(f'select_backend: mode must be one of {GRAPH_MODES}, got {mode!r}')
+    facts = (device_type, dtype, precision, num_tokens, needs_grad, mode)
     if name is not None:
         if name not in _BACKENDS:
             raise ValueError(f'soft_attention: backend={name!r} is not one of {sorted(_BACKENDS)} (or None)')

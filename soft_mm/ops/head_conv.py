@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
-__all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv']
+__all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
 
 CUSTOM_BACKWARD_MIN_KERNEL = 7
 
@@ -26,49 +25,68 @@ def _expand(weight: Tensor, head_dim: int) -> Tensor:
 
 
 def _conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
-    """The per-head conv itself (autograd's backward when called outside :class:`_HeadDepthwiseConv`)."""
+    """The per-head conv itself (autograd's backward when called outside the custom op)."""
     return F.conv2d(x, _expand(weight, head_dim), padding=weight.shape[-1] // 2, groups=x.shape[1])
 
 
-class _HeadDepthwiseConv(torch.autograd.Function):
+def _conv_backward(grad_out: Tensor, x: Tensor, weight: Tensor, head_dim: int) -> tuple[Tensor, Tensor]:
+    """``(grad_x, grad_weight)``: the transposed conv for x, and the taps as one more depthwise conv for the filters."""
+    kernel = weight.shape[-1]
+    batch, channels, height, width = x.shape
+    # under autocast the forward ran in low precision while x or the weight stayed float32: one common dtype
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    grad_out = grad_out.to(dtype)
+    # the transposed conv of stride 1: the flipped filter, same padding
+    grad_x = _conv(grad_out, weight.to(dtype).flip(-2, -1), head_dim).to(x.dtype)
+    # every (sample, channel) map correlated with its own output gradient: batch folded into the channels
+    maps = x.to(dtype).contiguous().reshape(1, batch * channels, height, width)
+    filters = grad_out.contiguous().reshape(batch * channels, 1, height, width)
+    taps = F.conv2d(maps, filters, padding=kernel // 2, groups=batch * channels)  # (1, B*C, k, k)
+    grad_weight = taps.reshape(batch, -1, head_dim, kernel, kernel).sum((0, 2)).unsqueeze(1).to(weight.dtype)
+    return grad_x, grad_weight
 
-    @staticmethod
-    def forward(ctx, x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
-        ctx.save_for_backward(x, weight)
-        ctx.head_dim = head_dim
-        return _conv(x, weight, head_dim)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, Tensor | None, None]:
-        x, weight = ctx.saved_tensors
-        head_dim, kernel = ctx.head_dim, weight.shape[-1]
-        batch, channels, height, width = x.shape
-        # under autocast the forward ran in low precision while x or the weight stayed float32: one common dtype
-        dtype = torch.promote_types(x.dtype, weight.dtype)
-        grad_out = grad_out.to(dtype)
-        grad_x = grad_weight = None
-        if ctx.needs_input_grad[0]:  # the transposed conv of stride 1: the flipped filter, same padding
-            grad_x = _conv(grad_out, weight.to(dtype).flip(-2, -1), head_dim).to(x.dtype)
-        if ctx.needs_input_grad[1]:
-            # every (sample, channel) map correlated with its own output gradient: batch folded into the channels
-            maps = x.to(dtype).contiguous().reshape(1, batch * channels, height, width)
-            filters = grad_out.contiguous().reshape(batch * channels, 1, height, width)
-            taps = F.conv2d(maps, filters, padding=kernel // 2, groups=batch * channels)  # (1, B*C, k, k)
-            grad_weight = taps.reshape(batch, -1, head_dim, kernel, kernel).sum((0, 2)).unsqueeze(1).to(weight.dtype)
-        return grad_x, grad_weight, None
+# Custom ops (soft_mm::head_depthwise_conv and its backward), so that torch.compile records one node each and runs
+# these kernels; their fake kernels are the same functions run on fake tensors, which gives the real layouts.
+_head_conv_op = torch.library.custom_op('soft_mm::head_depthwise_conv', _conv, mutates_args=(),
+                                        schema='(Tensor x, Tensor weight, int head_dim) -> Tensor')
+_head_conv_backward_op = torch.library.custom_op(
+    'soft_mm::head_depthwise_conv_backward', _conv_backward, mutates_args=(),
+    schema='(Tensor grad_out, Tensor x, Tensor weight, int head_dim) -> (Tensor, Tensor)')
+_head_conv_op.register_fake(_conv)
+_head_conv_backward_op.register_fake(_conv_backward)
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    x, weight, head_dim = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.head_dim = head_dim
+
+
+def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, None]:
+    return (*_head_conv_backward_op(grad_out, *ctx.saved_tensors, ctx.head_dim), None)
+
+
+_head_conv_op.register_autograd(_backward, setup_context=_setup_context)
+
+
+def uses_custom_backward(device_type: str, kernel: int) -> bool:
+    """Whether :func:`head_depthwise_conv` takes this module's backward: on CPU from k =
+    :data:`CUSTOM_BACKWARD_MIN_KERNEL` (where it was measured to pay); elsewhere PyTorch's own (unmeasured there)."""
+    return device_type == 'cpu' and kernel >= CUSTOM_BACKWARD_MIN_KERNEL
 
 
 def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     """Depthwise conv of ``x (B, h*d, H, W)`` with one filter per head, ``weight (h, 1, k, k)`` (odd k, zero padding
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
-    padding=k // 2, groups=h*d)``. From k = :data:`CUSTOM_BACKWARD_MIN_KERNEL` its backward is the faster one of this
-    module (first order only); smaller filters use autograd's."""
+    padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 7) it is the custom op
+    ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only); otherwise plain
+    autograd."""
     if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
         raise ValueError(f'head_depthwise_conv: weight must be (heads, 1, k, k) with odd k, got {tuple(weight.shape)}')
     if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
         raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
-    if weight.shape[-1] < CUSTOM_BACKWARD_MIN_KERNEL:
+    if not uses_custom_backward(x.device.type, weight.shape[-1]):
         return _conv(x, weight, head_dim)
-    return _HeadDepthwiseConv.apply(x, weight, head_dim)
+    return _head_conv_op(x, weight, head_dim)

@@ -8,13 +8,7 @@ size (divisible or not), which freezes a traced graph at the trace resolution. H
 import torch
 from torch import Tensor
 
-__all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens', 'in_graph_capture']
-
-
-def in_graph_capture() -> bool:
-    """True while ``torch.compile``, ``torch.export``, ``torch.onnx.export`` or ``torch.jit.trace`` records a graph:
-    shape-dependent Python branches must then be avoided, because they would be frozen at the traced sizes."""
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_compiling()
+__all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens']
 
 
 def _pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:

@@ -27,9 +27,9 @@ from collections.abc import Iterator
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
 from .kernel import augment_kernel_cols, augment_kernel_rows
+from .library import products_op
 
 __all__ = ['DEFAULT_TILE_SIZE', 'tiled_nystrom_products']
 
@@ -77,69 +77,68 @@ class _TileKernels:
             yield tile, q_aug, kernel, kernel.to(self.products)
 
 
-class _TiledNystromProducts(torch.autograd.Function):
-    """``K1 @ middle @ K1^T @ v`` over token tiles of 4-d inputs; backward recomputes each kernel tile (first order)."""
+def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size: int, products: torch.dtype,
+             ) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, K1^T v, middle K1^T v)`` over token tiles of 4-d inputs (the kernel of the custom op's forward)."""
+    work = landmarks.dtype
+    context = torch.zeros(*v.shape[:2], landmarks.shape[2], v.shape[3], dtype=work, device=v.device)  # K1^T v
+    mixed = torch.empty_like(context)  # middle K1^T v
+    out = torch.empty_like(v)  # v's memory layout
+    for b in range(q.shape[0]):
+        kernels = _TileKernels(landmarks[b], products)
+        kernel_tiles = []  # held from the first pass to the second only, never saved for the backward
+        for tile, _, _, kernel_p in kernels.tiles(q[b], tile_size):
+            kernel_tiles.append((tile, kernel_p))
+            _bmm_add(context[b], kernel_p.transpose(-2, -1), v[b, :, tile].to(products))
+        torch.bmm(middle[b], context[b], out=mixed[b])
+        mixed_p = mixed[b].to(products)
+        for tile, kernel_p in kernel_tiles:
+            _bmm_into(out[b, :, tile], kernel_p, mixed_p)
+    return out, context, mixed
 
-    @staticmethod
-    def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size: int,
-                products: torch.dtype, out_dtype: torch.dtype) -> Tensor:
-        work = landmarks.dtype
-        context = torch.zeros(*v.shape[:2], landmarks.shape[2], v.shape[3], dtype=work, device=v.device)  # K1^T v
-        mixed = torch.empty_like(context)  # middle K1^T v
-        out = torch.empty_like(v, dtype=out_dtype)  # v's memory layout
-        for b in range(q.shape[0]):
-            kernels = _TileKernels(landmarks[b], products)
-            kernel_tiles = []  # held from the first pass to the second only, never saved for the backward
-            for tile, _, _, kernel_p in kernels.tiles(q[b], tile_size):
-                kernel_tiles.append((tile, kernel_p))
-                _bmm_add(context[b], kernel_p.transpose(-2, -1), v[b, :, tile].to(products))
-            torch.bmm(middle[b], context[b], out=mixed[b])
-            mixed_p = mixed[b].to(products)
-            for tile, kernel_p in kernel_tiles:
-                _bmm_into(out[b, :, tile], kernel_p, mixed_p)
-        ctx.save_for_backward(q, landmarks, v, middle, context, mixed)
-        ctx.tile_size, ctx.products = tile_size, products
-        return out
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, landmarks, v, middle, context, mixed = ctx.saved_tensors
-        tile_size, products, head_dim = ctx.tile_size, ctx.products, q.shape[3]
-        grad_out = grad_out.to(products)
-        grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # the layouts of q and v
-        grad_middle, grad_context = torch.empty_like(middle), torch.empty_like(context)
-        # sum_i grad_s_ij [q_i, -|q_i|^2 / 2, 1]: columns :d and d + 1 give grad l (the middle one is unused)
-        landmark_sums = torch.zeros(*landmarks.shape[:3], head_dim + 2, dtype=landmarks.dtype, device=q.device)
-        for b in range(q.shape[0]):
-            kernels = _TileKernels(landmarks[b], products)
-            # Pass 1: the gradient of `mixed` is K1^T grad_out.
-            grad_mixed = torch.zeros_like(mixed[b])
-            kernel_tiles = []  # (tile, q rows, kernel blocks), rebuilt here and held until pass 2
-            for tile, q_aug, kernel, kernel_p in kernels.tiles(q[b], tile_size):
-                kernel_tiles.append((tile, q_aug, kernel, kernel_p))
-                _bmm_add(grad_mixed, kernel_p.transpose(-2, -1), grad_out[b, :, tile])
-            torch.bmm(grad_mixed, context[b].transpose(-2, -1), out=grad_middle[b])
-            torch.bmm(middle[b].transpose(-2, -1), grad_mixed, out=grad_context[b])
-            # Pass 2: grad K1 = grad_out mixed^T + v grad_context^T; grad v = K1 grad_context; through the exponent
-            # s = -|q - l|^2 / 2 (grad_s = grad_K1 * K1): grad q_i = sum_j grad_s_ij (l_j - q_i), grad l likewise.
-            mixed_t, grad_context_p = mixed[b].transpose(-2, -1).to(products), grad_context[b].to(products)
-            grad_context_t = grad_context_p.transpose(-2, -1)
-            for tile, q_aug, kernel, kernel_p in kernel_tiles:
-                grad_kernel = torch.bmm(grad_out[b, :, tile], mixed_t).to(kernel.dtype)
-                _bmm_add(grad_kernel, v[b, :, tile].to(products), grad_context_t)
-                _bmm_into(grad_v[b, :, tile], kernel_p, grad_context_p)
-                grad_exponent = grad_kernel.mul_(kernel)  # (h, T, m), work dtype
-                # sum_j grad_s_ij l_j - q_i sum_j grad_s_ij, in place when grad q has the work dtype
-                grad_q_tile = grad_q[b, :, tile]
-                work_tile = grad_q_tile if grad_q.dtype == kernel.dtype else None
-                work_tile = torch.bmm(grad_exponent, landmarks[b], out=work_tile)
-                work_tile.addcmul_(q_aug[..., :head_dim], grad_exponent.sum(-1, keepdim=True), value=-1.0)
-                if work_tile is not grad_q_tile:
-                    grad_q_tile.copy_(work_tile)
-                landmark_sums[b].baddbmm_(grad_exponent.transpose(-2, -1), q_aug)
-        grad_landmarks = landmark_sums[..., :head_dim] - landmarks * landmark_sums[..., head_dim + 1:]
-        return grad_q, grad_landmarks, grad_v, grad_middle, None, None, None
+def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
+              mixed: Tensor, tile_size: int, products: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of q, landmarks, v and middle, each kernel tile rebuilt (the custom op's backward kernel)."""
+    head_dim = q.shape[3]
+    grad_out = grad_out.to(products)
+    grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # the layouts of q and v
+    grad_middle, grad_context = torch.empty_like(middle), torch.empty_like(context)
+    # sum_i grad_s_ij [q_i, -|q_i|^2 / 2, 1]: columns :d and d + 1 give grad l (the middle one is unused)
+    landmark_sums = torch.zeros(*landmarks.shape[:3], head_dim + 2, dtype=landmarks.dtype, device=q.device)
+    for b in range(q.shape[0]):
+        kernels = _TileKernels(landmarks[b], products)
+        # Pass 1: the gradient of `mixed` is K1^T grad_out.
+        grad_mixed = torch.zeros_like(mixed[b])
+        kernel_tiles = []  # (tile, q rows, kernel blocks), rebuilt here and held until pass 2
+        for tile, q_aug, kernel, kernel_p in kernels.tiles(q[b], tile_size):
+            kernel_tiles.append((tile, q_aug, kernel, kernel_p))
+            _bmm_add(grad_mixed, kernel_p.transpose(-2, -1), grad_out[b, :, tile])
+        torch.bmm(grad_mixed, context[b].transpose(-2, -1), out=grad_middle[b])
+        torch.bmm(middle[b].transpose(-2, -1), grad_mixed, out=grad_context[b])
+        # Pass 2: grad K1 = grad_out mixed^T + v grad_context^T; grad v = K1 grad_context; through the exponent
+        # s = -|q - l|^2 / 2 (grad_s = grad_K1 * K1): grad q_i = sum_j grad_s_ij (l_j - q_i), grad l likewise.
+        mixed_t, grad_context_p = mixed[b].transpose(-2, -1).to(products), grad_context[b].to(products)
+        grad_context_t = grad_context_p.transpose(-2, -1)
+        for tile, q_aug, kernel, kernel_p in kernel_tiles:
+            grad_kernel = torch.bmm(grad_out[b, :, tile], mixed_t).to(kernel.dtype)
+            _bmm_add(grad_kernel, v[b, :, tile].to(products), grad_context_t)
+            _bmm_into(grad_v[b, :, tile], kernel_p, grad_context_p)
+            grad_exponent = grad_kernel.mul_(kernel)  # (h, T, m), work dtype
+            # sum_j grad_s_ij l_j - q_i sum_j grad_s_ij, in place when grad q has the work dtype
+            grad_q_tile = grad_q[b, :, tile]
+            work_tile = grad_q_tile if grad_q.dtype == kernel.dtype else None
+            work_tile = torch.bmm(grad_exponent, landmarks[b], out=work_tile)
+            work_tile.addcmul_(q_aug[..., :head_dim], grad_exponent.sum(-1, keepdim=True), value=-1.0)
+            if work_tile is not grad_q_tile:
+                grad_q_tile.copy_(work_tile)
+            landmark_sums[b].baddbmm_(grad_exponent.transpose(-2, -1), q_aug)
+    grad_landmarks = landmark_sums[..., :head_dim] - landmarks * landmark_sums[..., head_dim + 1:]
+    return grad_q, grad_landmarks, grad_v, grad_middle
+
+
+# one custom op pair (soft_mm::tiled_nystrom_products and its backward): torch.compile sees one node
+_tiled_products = products_op('tiled_nystrom_products', _forward, _backward, 'int tile_size, ScalarType products')
 
 
 def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
@@ -183,7 +182,6 @@ def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tens
     if products == landmarks.dtype and not q.dtype == v.dtype == products:
         raise ValueError(f'tiled_nystrom_products: without mixed precision q and v must be in the work dtype '
                          f'{products}, got {q.dtype} and {v.dtype}')
-    args = (tile_size, products, v.dtype)
     if q.ndim == 3:
-        return _TiledNystromProducts.apply(q[None], landmarks[None], v[None], middle[None], *args)[0]
-    return _TiledNystromProducts.apply(q, landmarks, v, middle, *args)
+        return _tiled_products(q[None], landmarks[None], v[None], middle[None], tile_size, products)[0]
+    return _tiled_products(q, landmarks, v, middle, tile_size, products)

@@ -29,7 +29,8 @@ import os
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
+
+from .library import products_op
 
 __all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
 
@@ -116,44 +117,45 @@ class _Launch:
         return parts.sum(1)[:, :self.m, :self.dv].reshape(self.batch, self.heads, self.m, self.dv)
 
 
-class _TritonNystromProducts(torch.autograd.Function):
+def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel."""
+    lm = landmarks.contiguous()
+    launch = _Launch(q, lm, v)
+    context = launch.kt_x(q, lm, v, low)  # K1^T v
+    mixed = middle.float() @ context
+    out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
+    launch.kernels.k_times[launch.grid](q, lm, _padded(mixed, launch.mp, launch.dvp), out, *launch.sizes(),
+                                        *_strides(q), *_strides(out), **launch.meta(low))
+    return out.to(v.dtype), context, mixed
 
-    @staticmethod
-    def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool) -> Tensor:
-        lm = landmarks.contiguous()
-        launch = _Launch(q, lm, v)
-        context = launch.kt_x(q, lm, v, low)  # K1^T v
-        mixed = middle.float() @ context
-        out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
-        launch.kernels.k_times[launch.grid](q, lm, _padded(mixed, launch.mp, launch.dvp), out, *launch.sizes(),
-                                            *_strides(q), *_strides(out), **launch.meta(low))
-        ctx.save_for_backward(q, lm, v, middle, context, mixed)
-        ctx.low = low
-        return out.to(v.dtype)
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_out: Tensor) -> tuple[Tensor | None, ...]:
-        q, lm, v, middle, context, mixed = ctx.saved_tensors
-        launch = _Launch(q, lm, v)
-        grad_out = grad_out.to(v.dtype)
-        grad_mixed = launch.kt_x(q, lm, grad_out, ctx.low)  # K1^T grad_out
-        grad_middle = grad_mixed @ context.transpose(-2, -1)
-        grad_context = middle.float().transpose(-2, -1) @ grad_mixed
-        grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
-        grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
-        groups = launch.batch * launch.heads
-        lsum = q.new_empty(groups, launch.nblk, launch.mp, launch.dp, dtype=torch.float32)
-        lcnt = q.new_empty(groups, launch.nblk, launch.mp, dtype=torch.float32)
-        launch.kernels.backward[launch.grid](
-            q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
-            grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
-            **launch.meta(ctx.low))
-        batch, heads, m, d = lm.shape
-        sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
-        counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)
-        grad_landmarks = (sums - lm * counts).to(lm.dtype)
-        return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle.to(middle.dtype), None
+def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
+              mixed: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
+    lm = landmarks.contiguous()
+    launch = _Launch(q, lm, v)
+    grad_out = grad_out.to(v.dtype)
+    grad_mixed = launch.kt_x(q, lm, grad_out, low)  # K1^T grad_out
+    grad_middle = grad_mixed @ context.transpose(-2, -1)
+    grad_context = middle.float().transpose(-2, -1) @ grad_mixed
+    grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
+    grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
+    groups = launch.batch * launch.heads
+    lsum = q.new_empty(groups, launch.nblk, launch.mp, launch.dp, dtype=torch.float32)
+    lcnt = q.new_empty(groups, launch.nblk, launch.mp, dtype=torch.float32)
+    launch.kernels.backward[launch.grid](
+        q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
+        grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
+        **launch.meta(low))
+    batch, heads, m, d = lm.shape
+    sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
+    counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)
+    grad_landmarks = (sums - lm * counts).to(lm.dtype)
+    return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle.to(middle.dtype)
+
+
+# one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
+_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'bool low')
 
 
 def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
@@ -174,4 +176,4 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
     low = products == torch.bfloat16
     if low:
         v = v.to(products)
-    return _TritonNystromProducts.apply(q, landmarks, v, middle, low)
+    return _triton_products(q, landmarks, v, middle, low)

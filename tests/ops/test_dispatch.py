@@ -13,27 +13,30 @@ FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
 
 
-def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=True, capturing=False, name=None):
-    return select_backend(device, dtype, precision, tokens, grad, capturing, name).name
+def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=True, mode='eager', name=None):
+    return select_backend(device, dtype, precision, tokens, grad, mode, name).name
 
 
 def test_built_in_backends_declare_their_support():
     declared = {b.name: b for b in backends()}
     assert [b.name for b in backends()][:3] == ['triton', 'tiled', 'reference']  # priority order
     reference, tiled, triton = declared['reference'], declared['tiled'], declared['triton']
-    assert triton.devices == ('cuda', 'cpu') and not triton.graph_capture and triton.backward
+    assert triton.devices == ('cuda', 'cpu') and triton.compile and not triton.export and triton.backward
     assert torch.float64 not in triton.dtypes
-    assert reference.graph_capture and reference.double_backward and 'cuda' in reference.devices
-    assert not tiled.graph_capture and not tiled.double_backward and tiled.devices == ('cpu',)
+    assert reference.compile and reference.export and reference.double_backward and 'cuda' in reference.devices
+    assert tiled.compile and not tiled.export and not tiled.double_backward and tiled.devices == ('cpu',)
     assert tiled.min_tokens == AUTO_TILING_MIN_TOKENS and dict(tiled.options) == {'tile_size': 4096}
-    assert 'eager only' in tiled.describe() and 'graph capture' in reference.describe()
+    assert 'eager, compile;' in tiled.describe() and 'eager, compile, export' in reference.describe()
 
 
 def test_automatic_choice():
     assert pick(tokens=AUTO_TILING_MIN_TOKENS) == 'reference'
     assert pick(tokens=AUTO_TILING_MIN_TOKENS + 1) == 'tiled'
     assert pick(tokens=AUTO_TILING_MIN_TOKENS + 1, precision=BF16_PRODUCTS, dtype=torch.bfloat16) == 'tiled'
-    assert pick(tokens=10 ** 6, capturing=True) == 'reference'  # a recorded graph never gets the tile loop
+    assert pick(tokens=10 ** 6, mode='export') == 'reference'  # an exported graph never gets the tile loop
+    assert pick(tokens=10 ** 6, mode='compile') == 'tiled'  # a compiled one runs the eager kernels (custom ops)
+    with pytest.raises(ValueError, match=r"mode must be one of \('eager', 'compile', 'export'\), got 'traced'"):
+        pick(mode='traced')
     # a GPU never gets the CPU tile loop: the fused Triton kernels, or without triton the reference math
     assert pick(device='cuda', tokens=10 ** 6) == ('triton' if triton_available() else 'reference')
     assert pick(device='cuda', tokens=10 ** 6, dtype=torch.float64) == 'reference'

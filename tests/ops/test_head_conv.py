@@ -61,3 +61,25 @@ def test_autocast_bfloat16_gives_gradients_in_the_leaves_dtypes():
     # autocast's own backward runs in bfloat16, this one in float32: equal to bfloat16 precision
     scale = ref_weight.grad.abs().max().item()
     torch.testing.assert_close(weight.grad, ref_weight.grad, rtol=2e-2, atol=2e-2 * scale)
+
+
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_custom_op_passes_opcheck(channels_last):
+    # the fake kernels give the real kernels' shapes, dtypes and memory layouts (channels-last maps stay so)
+    gen = torch.Generator().manual_seed(1)
+    x = torch.randn(2, 6, 9, 7, generator=gen, dtype=torch.float64)
+    if channels_last:
+        x = x.contiguous(memory_format=torch.channels_last)
+    weight = torch.randn(3, 1, 7, 7, generator=gen, dtype=torch.float64)
+    results = torch.library.opcheck(torch.ops.soft_mm.head_depthwise_conv.default,
+                                    (x.requires_grad_(), weight.requires_grad_(), 2))
+    assert set(results.values()) == {'SUCCESS'}, results
+
+
+def test_the_custom_backward_is_taken_on_cpu_from_its_measured_kernel_size():
+    from soft_mm.ops.head_conv import uses_custom_backward
+    assert [uses_custom_backward('cpu', k) for k in (3, 5, 7, 9)] == [False, False, True, True]
+    assert not uses_custom_backward('cuda', 9)  # measured on CPU only
+    x = torch.randn(1, 4, 9, 9, requires_grad=True)
+    names = {k: head_depthwise_conv(x, torch.randn(2, 1, k, k), 2).grad_fn.name() for k in (5, 9)}
+    assert 'soft_mm' not in names[5] and 'soft_mm' in names[9], names

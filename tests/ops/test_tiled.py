@@ -156,11 +156,11 @@ def test_automatic_tiling_and_tracing_take_the_expected_path(monkeypatch):
     traced = torch.jit.trace(lambda q, lm, v: soft_attention(q, lm, v, tile_size=8), attention_inputs(),
                              check_trace=False)
     assert calls == [AUTO_TILING_MIN_TOKENS + 1]
-    assert 'TiledNystrom' not in str(traced.graph) and 'NewtonInverse' in str(traced.graph)
+    assert 'tiled_nystrom' not in str(traced.graph) and 'NewtonInverse' in str(traced.graph)
     other_size = attention_inputs(num_tokens=30)
     torch.testing.assert_close(traced(*other_size), soft_attention(*other_size, backend='tiled', tile_size=8),
                                rtol=1e-12, atol=0)
-    with pytest.raises(DispatchError, match="backend 'tiled' cannot run while a graph is recorded"):
+    with pytest.raises(DispatchError, match="backend 'tiled' cannot run while a graph is exported"):
         torch.jit.trace(lambda q, lm, v: soft_attention(q, lm, v, backend='tiled'), attention_inputs(),
                         check_trace=False)
 

@@ -82,16 +82,13 @@ def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_lan
         assert fast_error <= 0.5 * plain_error, (fast_errors, plain_errors)
 
 
-def test_is_never_chosen_automatically_on_cpu():
+def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
     import soft_mm.ops.triton_nystrom as triton_module
     calls = []
-    original = triton_module._TritonNystromProducts.apply
+    original = triton_module._triton_products
+    monkeypatch.setattr(triton_module, '_triton_products', lambda *a: calls.append(1) or original(*a))
     tensors, _ = inputs(40, 5)
-    try:
-        triton_module._TritonNystromProducts.apply = lambda *a: calls.append(1) or original(*a)
-        soft_attention(*(t.float() for t in tensors))
-        assert calls == []
-        soft_attention(*(t.float() for t in tensors), backend='triton')
-        assert calls == [1]
-    finally:
-        triton_module._TritonNystromProducts.apply = original
+    soft_attention(*(t.float() for t in tensors))
+    assert calls == []
+    soft_attention(*(t.float() for t in tensors), backend='triton')
+    assert calls == [1]

@@ -1,5 +1,6 @@
 """tools/benchmark_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs, from one whole graph per
-input size recorded on the graph-capture path of the model (``soft_mm.ops.pooling.in_graph_capture()`` True)."""
+input size that runs the eager code of the model (``soft_mm.ops.capture.exporting()`` False) and the eager kernels,
+the hand-written ones as custom-op nodes."""
 from __future__ import annotations
 
 import sys
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from soft_mm.models import SOFT
-from soft_mm.ops import pooling
+from soft_mm.ops import capture
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL_ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
@@ -42,7 +43,7 @@ class RecordingBackend:
         return self.inner(graph, example_inputs)
 
 
-# What ``in_graph_capture()`` returned to soft_mm's modules while dynamo traced them, noted at trace time only: a list
+# What ``exporting()`` returned to soft_mm's modules while dynamo traced them, noted at trace time only: a list
 # mutated by the traced code itself would be guarded on, and every call would recompile.
 TRACED_FLAGS: list[bool] = []
 
@@ -57,10 +58,10 @@ def _note_traced_false(ctx) -> None:
 
 @pytest.fixture
 def capture_flags(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Every value ``in_graph_capture()`` returned to soft_mm's modules while a graph was being traced."""
+    """Every value ``exporting()`` returned to soft_mm's modules while a graph was being traced."""
     from torch._dynamo.comptime import comptime  # runs its function while dynamo traces, nothing at run time
 
-    original = pooling.in_graph_capture
+    original = capture.exporting
 
     def noting() -> bool:
         flag = original()
@@ -68,23 +69,23 @@ def capture_flags(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
         return flag
 
     users = [module for name, module in list(sys.modules.items())
-             if name.startswith('soft_mm') and getattr(module, 'in_graph_capture', None) is original]
-    assert len(users) >= 3  # the pooling module itself, the attention op and the model's layers
+             if name.startswith('soft_mm') and getattr(module, 'exporting', None) is original]
+    assert len(users) >= 3  # the capture module itself (graph_mode, the op's dispatch) and the model's layers
     for module in users:
-        monkeypatch.setattr(module, 'in_graph_capture', noting)
+        monkeypatch.setattr(module, 'exporting', noting)
     TRACED_FLAGS.clear()
     return TRACED_FLAGS
 
 
 def assert_whole_graphs(rows: list[dict], backend: RecordingBackend, flags: list[bool]) -> None:
     """Each size was compiled by ``backend`` (no fallback) into one graph of the whole forward, traced with
-    ``in_graph_capture()`` True wherever the model asked."""
+    ``exporting()`` False wherever the model asked: a compiled model runs the code of the eager one."""
     assert [row['backend'] for row in rows] == [backend] * len(rows)
     assert len(backend.graphs) == len(rows), 'one graph per input size: no graph break, no recompilation'
     for graph in backend.graphs:
         (output,) = [node for node in graph.graph.nodes if node.op == 'output']
         assert len(output.args[0]) == 4, 'the four stage maps come out of the graph'
-    assert flags and all(flags), 'every shape-dependent branch took the graph-capture path while traced'
+    assert flags and not any(flags), 'every shape-dependent branch took the eager path while compiled'
 
 
 def test_compiled_graph_matches_eager(tool: ModuleType, capture_flags: list[bool]) -> None:
@@ -95,6 +96,17 @@ def test_compiled_graph_matches_eager(tool: ModuleType, capture_flags: list[bool
     assert_whole_graphs(rows, backend, capture_flags)
     for row in rows:
         assert row['max_abs_diff'] < ATOL
+
+
+def test_compiled_model_runs_the_tiled_kernel_as_one_node(tool: ModuleType, capture_flags: list[bool]) -> None:
+    # 400x368 input: 100x92 = 9200 stage-1 tokens, above AUTO_TILING_MIN_TOKENS, so eager runs the tiled backend, and
+    # so must the compiled model: its custom op is one node of the graph (no Python tile loop traced into it)
+    backend = RecordingBackend('aot_eager')
+    rows = tool.compare(_model(), [(400, 368)], backend=backend, repeats=1)
+    assert_whole_graphs(rows, backend, capture_flags)
+    targets = [node.target for node in backend.graphs[0].graph.nodes if node.op == 'call_function']
+    assert targets.count(torch.ops.soft_mm.tiled_nystrom_products.default) == 1  # stage 1's one SOFT block
+    assert rows[0]['max_abs_diff'] < ATOL
 
 
 def test_unusable_backend_falls_back(tool: ModuleType, capsys: pytest.CaptureFixture) -> None:

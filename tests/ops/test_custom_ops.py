@@ -1,0 +1,126 @@
+"""The SOFT op's hand-written kernels as ``torch.library`` custom ops (soft_mm.ops.library): the fake kernels agree
+with the real ones (``torch.library.opcheck``: schema, shapes, dtypes, memory layouts, autograd registration, a
+dynamic-shape AOT trace), ``torch.compile`` records each as one node and gives the eager outputs and gradients, and
+export keeps plain ATen operators."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from soft_mm.ops import soft_attention
+from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
+from soft_mm.ops.tiled import _tiled_products
+from soft_mm.ops.triton_nystrom import _triton_products, triton_available
+
+
+def token_major_inputs(dtype=torch.float64, batch=2, heads=3, num_tokens=45, head_dim=8, num_landmarks=5, seed=0):
+    """q and v as the attention layer makes them (head-split views of token-major projections), float32 or float64
+    landmarks and middle matrix."""
+    gen = torch.Generator().manual_seed(seed)
+    q = 0.4 * torch.randn(batch, num_tokens, heads, head_dim, generator=gen, dtype=torch.float64).transpose(1, 2)
+    v = torch.randn(batch, num_tokens, heads, head_dim, generator=gen, dtype=torch.float64).transpose(1, 2)
+    landmarks = q[:, :, :num_landmarks].clone() + 0.05
+    middle = torch.randn(batch, heads, num_landmarks, num_landmarks, generator=gen, dtype=torch.float64)
+    work = torch.promote_types(dtype, torch.float32)
+    return q.to(dtype), landmarks.to(work), v.to(dtype), middle.to(work)
+
+
+def requiring_grad(tensors):
+    return tuple(t.detach().clone().requires_grad_() for t in tensors)
+
+
+@pytest.mark.parametrize('dtype, products', [(torch.float64, torch.float64), (torch.float32, torch.float32),
+                                             (torch.bfloat16, torch.bfloat16)])
+def test_tiled_op_passes_opcheck(dtype, products):
+    # 45 tokens in tiles of 16: two full tiles and a tail; bfloat16 q and v with float32 landmarks: mixed precision
+    results = torch.library.opcheck(_tiled_products.forward_op, (*requiring_grad(token_major_inputs(dtype)), 16,
+                                                                 products))
+    assert set(results.values()) == {'SUCCESS'}, results
+
+
+@pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+@pytest.mark.parametrize('low', [False, True])
+def test_triton_op_passes_opcheck(monkeypatch, low):
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    q, landmarks, v, middle = token_major_inputs(torch.float32, num_tokens=70)
+    if low:
+        v = v.to(torch.bfloat16)
+    results = torch.library.opcheck(_triton_products.forward_op, (*requiring_grad((q, landmarks, v, middle)), low))
+    assert set(results.values()) == {'SUCCESS'}, results
+
+
+class RecordingBackend:
+    """A ``torch.compile`` backend that keeps every graph dynamo hands it, then runs it with aot_eager."""
+
+    def __init__(self) -> None:
+        self.graphs: list[torch.fx.GraphModule] = []
+
+    def __call__(self, graph, example_inputs):
+        self.graphs.append(graph)
+        return torch._dynamo.lookup_backend('aot_eager')(graph, example_inputs)
+
+    def targets(self) -> list:
+        return [node.target for graph in self.graphs for node in graph.graph.nodes if node.op == 'call_function']
+
+
+def outputs_and_grads(fn, tensors, grad_out):
+    leaves = requiring_grad(tensors)
+    out = fn(*leaves)
+    return (out.detach(), *torch.autograd.grad(out, leaves, grad_out))
+
+
+def test_compiled_soft_attention_runs_the_tiled_op_as_one_node_with_the_eager_results():
+    torch._dynamo.reset()
+    q, landmarks, v, _ = token_major_inputs(num_tokens=AUTO_TILING_MIN_TOKENS + 1, head_dim=4)
+    grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=v.dtype)
+
+    def attention(q, landmarks, v):
+        return soft_attention(q, landmarks, v, normalize=True, ridge=0.01)
+
+    recorder = RecordingBackend()
+    compiled = torch.compile(attention, backend=recorder, fullgraph=True)
+    eager = outputs_and_grads(attention, (q, landmarks, v), grad_out)
+    graph = outputs_and_grads(compiled, (q, landmarks, v), grad_out)
+    assert len(recorder.graphs) == 1
+    assert recorder.targets().count(torch.ops.soft_mm.tiled_nystrom_products.default) == 1
+    for a, b in zip(graph, eager):  # the same kernels in float64: equal to rounding
+        torch.testing.assert_close(a, b, rtol=1e-12, atol=1e-12)
+
+
+def test_one_dynamic_graph_serves_other_token_counts():
+    # the fake kernel works on symbolic sizes: a dynamic graph compiled at one size runs at another unchanged
+    torch._dynamo.reset()
+    recorder = RecordingBackend()
+    compiled = torch.compile(lambda *t: _tiled_products(*t, 16, torch.float64), backend=recorder, dynamic=True,
+                             fullgraph=True)
+    for num_tokens in (45, 77):
+        tensors = token_major_inputs(num_tokens=num_tokens)
+        torch.testing.assert_close(compiled(*tensors), _tiled_products(*tensors, 16, torch.float64), rtol=0, atol=0)
+    assert len(recorder.graphs) == 1
+
+
+def test_export_keeps_plain_aten_operators():
+    q, landmarks, v, _ = token_major_inputs(num_tokens=AUTO_TILING_MIN_TOKENS + 1, head_dim=4)
+
+    class Attention(torch.nn.Module):
+        def forward(self, q, landmarks, v):
+            return soft_attention(q, landmarks, v, normalize=True, ridge=0.01)
+
+    program = torch.export.export(Attention(), (q, landmarks, v))
+    assert 'soft_mm' not in str(program.graph)  # the reference math, not the tiled custom op
+    torch.testing.assert_close(program.module()(q, landmarks, v), Attention()(q, landmarks, v), rtol=1e-9, atol=1e-12)
+
+    class Forced(torch.nn.Module):
+        def forward(self, q, landmarks, v):
+            return soft_attention(q, landmarks, v, backend='tiled')
+
+    with pytest.raises(DispatchError, match="backend 'tiled' cannot run while a graph is exported"):
+        torch.export.export(Forced(), (q, landmarks, v))
+
+
+def test_double_backward_through_the_custom_op_is_refused():
+    q, landmarks, v, middle = requiring_grad(token_major_inputs())
+    out = _tiled_products(q, landmarks, v, middle, 16, torch.float64)
+    (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
+    with pytest.raises(RuntimeError):
+        grad_q.sum().backward()
