@@ -141,13 +141,13 @@ def main(argv: list[str] | None = None) -> object:
     with one_sentence_errors(args.debug):  # a bad image, config or checkpoint: one sentence (--debug: the traceback)
         check_image_files([args.image])
         cfg = load_config(args.config)  # runs the config's custom_imports (import soft_mm allow-lists checkpoints)
-        state_dict = read_model_checkpoint(args.checkpoint)  # before a model is built
         scope = cfg.get('default_scope')
         if scope not in TASKS:
             raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/infer.py handles the scopes '
                              f'{", ".join(TASKS)} (detection, segmentation, classification).')
         if args.amp_dtype and not args.amp:
             raise SystemExit('--amp-dtype needs --amp')
+        state_dict = read_model_checkpoint(args.checkpoint)  # before a model is built
         if not args.amp:
             return TASKS[scope](args, cfg, state_dict)
         device_type = torch.device(args.device).type
