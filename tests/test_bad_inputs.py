@@ -271,3 +271,69 @@ def test_infer_process_one_line_and_debug(tmp_path):
                      check=False)
     assert debug.returncode == 1 and 'Traceback (most recent call last)' in debug.stderr
     assert 'InputFileError' in debug.stderr
+
+
+# --- data folders and annotation files named by a config ------------------------------------------------------------
+
+def _coco_like(tmp_path: Path, **dataset):
+    """An mmengine Config with a COCO train dataset under ``tmp_path/coco`` and a val evaluator's annotation file."""
+    from mmengine.config import Config
+
+    root = f'{tmp_path}/coco/'
+    return Config({'train_dataloader': {'dataset': {'type': 'CocoDataset', 'data_root': root, **dataset}},
+                   'val_dataloader': {'dataset': {'type': 'CocoDataset', 'data_root': root}},
+                   'val_evaluator': {'type': 'CocoMetric', 'ann_file': f'{root}annotations/val.json'}})
+
+
+def test_data_checks_name_the_path_the_config_key_and_the_fix(tmp_path):
+    pytest.importorskip('mmdet')
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+
+    from soft_mm.utils.config_checks import DataFileError, MissingPathError, check_data_paths
+
+    register_all_modules()
+    root = tmp_path / 'coco'
+    cfg = _coco_like(tmp_path, ann_file='annotations/train.json', data_prefix={'img': 'train2017/'})
+    with pytest.raises(MissingPathError, match=rf'^{root}/ not found: put the dataset there in the layout the README '
+                                               r'describes, point the config at it with --cfg-options '
+                                               r'train_dataloader\.dataset\.data_root=DIR, or train a demo config '
+                                               r'\(configs/\*_demo\.py\), which generates its own data \(tools/'
+                                               r'make_demo_data\.py writes the demo data ahead\)\.$'):
+        check_data_paths(cfg, ('train',))
+    (root / 'annotations/train.json').mkdir(parents=True)
+    with pytest.raises(DataFileError, match=r'annotations/train.json is a folder, not an annotation file: .*'
+                                            r'--cfg-options train_dataloader\.dataset\.ann_file=FILE'):
+        check_data_paths(cfg, ('train',))
+    (root / 'annotations/train.json').rmdir()
+    for content, problem in ((b'', 'is empty'), (b'{"images": [{"id": 1}, {"id"', 'is not a complete JSON file'),
+                             (b'images,annotations\n', 'is not a complete JSON file')):
+        (root / 'annotations/train.json').write_bytes(content)
+        with pytest.raises(DataFileError, match=rf'^{root}/annotations/train.json {problem}.*: download or generate '
+                                                r'it again'):
+            check_data_paths(cfg, ('train',))
+    (root / 'annotations/train.json').write_text('{"images": [], "annotations": [], "categories": []}\n')
+    with pytest.raises(MissingPathError, match=rf'^{root}/train2017/ not found: .*--cfg-options '
+                                               r'train_dataloader\.dataset\.data_prefix\.img=DIR'):
+        check_data_paths(cfg, ('train',))
+    (root / 'train2017').mkdir()
+    check_data_paths(cfg, ('train',))  # complete: no error
+    (root / 'annotations/val.json').write_text('{"images": [')
+    with pytest.raises(DataFileError, match=r'val.json is not a complete JSON file .*download or generate it again'):
+        check_data_paths(cfg, ('val',))
+    # inside a dataset wrapper the key names the wrapped dataset
+    wrapped = Config({'train_dataloader': {'dataset': {'type': 'RepeatDataset', 'times': 2, 'dataset': {
+        'type': 'CocoDataset', 'data_root': str(tmp_path / 'nowhere')}}}})
+    with pytest.raises(MissingPathError, match=r'--cfg-options train_dataloader\.dataset\.dataset\.data_root=DIR'):
+        check_data_paths(wrapped, ('train',))
+
+
+def test_train_tool_names_a_missing_image_folder(tmp_path, monkeypatch, load_tool):
+    pytest.importorskip('mmdet')
+    monkeypatch.chdir(tmp_path)
+    for name in ('annotations/instances_train2017.json', 'annotations/instances_val2017.json'):
+        (tmp_path / 'data/coco' / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / 'data/coco' / name).write_text('{}')
+    with pytest.raises(SystemExit, match=r'^data/coco/train2017/ not found: .*--cfg-options '
+                                         r'train_dataloader\.dataset\.data_prefix\.img=DIR'):
+        load_tool('train').main([str(ROOT / 'configs/retinanet_soft_tiny_coco.py')])

@@ -12,33 +12,80 @@ from mmengine.config import Config
 
 DATASET_HINT = ('put the dataset there in the layout the README describes, point the config at it with --cfg-options, '
                 'or train a demo config (configs/*_demo.py), which generates its own data')
+DEMO_DATA_HINT = 'tools/make_demo_data.py writes the demo data ahead'
+ANNOTATION_HINT = 'download or generate it again (a COCO annotation file is one JSON object)'
+
 PRETRAINED_HINT = ('create it with tools/convert_official_checkpoint.py from the authors\' ImageNet weights (see the '
                    'README), or train from scratch with --cfg-options model.backbone.init_cfg=None')
 LOAD_FROM_HINT = 'pass the path of an existing checkpoint (or remove load_from)'
 
 
-class MissingPathError(SystemExit):
-    """A ``SystemExit`` whose message is the one sentence printed to the user (exit status 1)."""
+class DataFileError(SystemExit):
+    """A ``SystemExit`` whose message is the one sentence printed to the user (exit status 1): the path, what is wrong
+    with it and what to do."""
+
+    def __init__(self, path: str, problem: str, hint: str) -> None:
+        super().__init__(f'{path} {problem}: {hint}.')
+        self.path = path
+
+
+class MissingPathError(DataFileError):
+    """A path the config names that is not there."""
 
     def __init__(self, path: str, hint: str) -> None:
-        super().__init__(f'{path} not found: {hint}.')
-        self.path = path
+        super().__init__(path, 'not found', hint)
+
+
+def _dataset_hint(option: str) -> str:
+    """:data:`DATASET_HINT` with the ``--cfg-options`` entry that points the config elsewhere."""
+    return DATASET_HINT.replace('--cfg-options', f'--cfg-options {option}', 1) + f' ({DEMO_DATA_HINT})'
+
+
+def _json_problem(path: str) -> str | None:
+    """What is wrong with a JSON annotation file that cannot be whole, judged from its two ends (a COCO file of
+    hundreds of MB is not parsed twice), or None."""
+    size = osp.getsize(path)
+    if size == 0:
+        return 'is empty'
+    with open(path, 'rb') as file:
+        head = file.read(64).lstrip()
+        file.seek(max(0, size - 64))
+        tail = file.read().rstrip()
+    if head[:1] not in (b'{', b'[') or tail[-1:] not in (b'}', b']'):
+        return 'is not a complete JSON file (truncated, or not JSON)'
+    return None
 
 
 def _is_remote(path: str) -> bool:
     return '://' in path  # http(s)://, s3://, torchvision://, open-mmlab://, ...
 
 
-def _leaf_datasets(dataset_cfg) -> Iterator[dict]:
-    """The dataset configs inside wrappers such as ConcatDataset / RepeatDataset / ClassBalancedDataset."""
+def _leaf_datasets(dataset_cfg, key: str) -> Iterator[tuple[str, dict]]:
+    """``(config key, dataset config)`` of the datasets inside wrappers such as ConcatDataset / RepeatDataset /
+    ClassBalancedDataset (``key`` is the wrapper's, e.g. ``train_dataloader.dataset``)."""
     if not isinstance(dataset_cfg, dict):
         return
-    inner = dataset_cfg.get('datasets', dataset_cfg.get('dataset'))
-    if inner is None:
-        yield dataset_cfg
+    if 'datasets' in dataset_cfg:
+        inner = dataset_cfg['datasets']
+        children = [(f'{key}.datasets.{i}', child) for i, child in enumerate(inner)] if isinstance(
+            inner, (list, tuple)) else [(f'{key}.datasets', inner)]
+    elif 'dataset' in dataset_cfg:
+        children = [(f'{key}.dataset', dataset_cfg['dataset'])]
     else:
-        for child in inner if isinstance(inner, (list, tuple)) else [inner]:
-            yield from _leaf_datasets(child)
+        yield key, dataset_cfg
+        return
+    for child_key, child in children:
+        yield from _leaf_datasets(child, child_key)
+
+
+def _prefix_folders(data_prefix) -> Iterator[tuple[str, str]]:
+    """``(key under data_prefix, folder)`` of a dataset's ``data_prefix`` (a folder or a dict of folders)."""
+    if isinstance(data_prefix, str):
+        yield '', data_prefix
+    elif isinstance(data_prefix, dict):
+        for name, folder in data_prefix.items():
+            if isinstance(folder, str):
+                yield f'.{name}', folder
 
 
 def _generates_missing_data(dataset_cfg: dict, scope: str | None) -> bool:
@@ -64,34 +111,50 @@ def _pretrained_checkpoints(node) -> Iterator[str]:
             yield from _pretrained_checkpoints(value)
 
 
+def _check_annotation_file(path: str, option: str) -> None:
+    if not osp.isfile(path):
+        raise (DataFileError(path, 'is a folder, not an annotation file', _dataset_hint(option))
+               if osp.isdir(path) else MissingPathError(path, _dataset_hint(option)))
+    problem = _json_problem(path) if path.endswith('.json') else None
+    if problem:
+        raise DataFileError(path, problem, ANNOTATION_HINT)
+
+
 def check_data_paths(cfg: Config, phases: tuple[str, ...]) -> None:
-    """Raise :class:`MissingPathError` for the first missing ``data_root`` / ``ann_file`` / evaluator ``ann_file``.
+    """Raise :class:`DataFileError` (:class:`MissingPathError` for a missing path) for the first bad ``data_root``,
+    ``data_prefix`` folder, ``ann_file`` or evaluator ``ann_file``; the sentence names the path, what is wrong and the
+    ``--cfg-options`` entry that points the config elsewhere.
 
     ``phases`` are loop names ('train', 'val', 'test'); datasets whose class sets ``generates_missing_data`` (the
-    synthetic demo data) are skipped together with their phase's evaluator.
+    synthetic demo data) are skipped together with their phase's evaluator. A JSON annotation file is checked at both
+    ends (empty, truncated, not JSON), not parsed.
     """
     scope = cfg.get('default_scope')
     for phase in phases:
         loader = cfg.get(f'{phase}_dataloader')
         if not loader:
             continue
-        datasets = list(_leaf_datasets(loader.get('dataset')))
-        if any(_generates_missing_data(d, scope) for d in datasets):
+        datasets = list(_leaf_datasets(loader.get('dataset'), f'{phase}_dataloader.dataset'))
+        if any(_generates_missing_data(d, scope) for _, d in datasets):
             continue
-        for dataset in datasets:
+        for key, dataset in datasets:
             data_root = dataset.get('data_root') or ''
             if data_root and not _is_remote(data_root) and not osp.isdir(data_root):
-                raise MissingPathError(data_root, DATASET_HINT)
+                raise MissingPathError(data_root, _dataset_hint(f'{key}.data_root=DIR'))
             ann_file = dataset.get('ann_file') or ''
             if ann_file and not _is_remote(ann_file):
-                ann_path = ann_file if osp.isabs(ann_file) else osp.join(data_root, ann_file)
-                if not osp.isfile(ann_path):
-                    raise MissingPathError(ann_path, DATASET_HINT)
+                _check_annotation_file(ann_file if osp.isabs(ann_file) else osp.join(data_root, ann_file),
+                                       f'{key}.ann_file=FILE')
+            for name, folder in _prefix_folders(dataset.get('data_prefix')):
+                path = folder if osp.isabs(folder) else osp.join(data_root, folder)
+                if folder and not _is_remote(path) and not osp.isdir(path):
+                    raise MissingPathError(path, _dataset_hint(f'{key}.data_prefix{name}=DIR'))
         evaluators = cfg.get(f'{phase}_evaluator') or []
-        for evaluator in evaluators if isinstance(evaluators, (list, tuple)) else [evaluators]:
+        listed = isinstance(evaluators, (list, tuple))
+        for i, evaluator in enumerate(evaluators if listed else [evaluators]):
             ann_file = evaluator.get('ann_file') if isinstance(evaluator, dict) else None
-            if ann_file and not _is_remote(ann_file) and not osp.isfile(ann_file):
-                raise MissingPathError(ann_file, DATASET_HINT)
+            if ann_file and not _is_remote(ann_file):
+                _check_annotation_file(ann_file, f'{phase}_evaluator{f".{i}" if listed else ""}.ann_file=FILE')
 
 
 def check_checkpoint_paths(cfg: Config, pretrained: bool = True) -> None:

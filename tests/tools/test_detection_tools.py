@@ -64,13 +64,16 @@ def test_missing_dataset_stops_with_one_sentence(tmp_path):
     assert 'Traceback' not in proc.stderr
     assert proc.stderr.strip().splitlines()[-1] == (
         'data/coco/ not found: put the dataset there in the layout the README describes, point the config at it with '
-        '--cfg-options, or train a demo config (configs/*_demo.py), which generates its own data.')
+        '--cfg-options train_dataloader.dataset.data_root=DIR, or train a demo config (configs/*_demo.py), which '
+        'generates its own data (tools/make_demo_data.py writes the demo data ahead).')
 
 
 def _fake_coco(folder):
     for name in ('annotations/instances_train2017.json', 'annotations/instances_val2017.json'):
         (folder / 'data/coco' / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / 'data/coco' / name).write_text('{}')
+    for images in ('train2017', 'val2017'):  # the data_prefix folders
+        (folder / 'data/coco' / images).mkdir(exist_ok=True)
 
 
 def test_missing_annotation_and_checkpoint_stop_with_one_sentence(tmp_path, monkeypatch, load_tool):
