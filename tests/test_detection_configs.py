@@ -8,6 +8,8 @@ from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 
+from soft_mm.models.arch import out_channels
+
 CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 # published parameters (millions) of the full COCO models (80 classes), soft-spec §3
 PUBLISHED_PARAMS_M = {
@@ -28,7 +30,7 @@ def test_published_recipe(method, arch):
     backbone = cfg.model.backbone
     assert (backbone.type, backbone.arch, backbone.soft_norm) == ('SOFT', arch, True)
     assert backbone.init_cfg == dict(type='Pretrained', checkpoint=f'checkpoints/soft_norm_{arch}_in1k.pth')
-    assert cfg.model.neck.in_channels == ([64, 128, 288, 512] if arch == 'medium' else [64, 128, 320, 512])
+    assert cfg.model.neck.in_channels == out_channels(arch)  # the variant record's
     assert dict(cfg.optim_wrapper.optimizer) == dict(type='AdamW', lr=1e-4, weight_decay=1e-4)
     assert cfg.train_cfg.max_epochs == 12
     assert [s.milestones for s in cfg.param_scheduler if s.type == 'MultiStepLR'] == [[8, 11]]

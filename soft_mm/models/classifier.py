@@ -1,15 +1,24 @@
 """``SoftVisionTransformer``: the ImageNet classifier, with timm entrypoints ``soft_{tiny..huge}`` and
-``soft_norm_{tiny..huge}``."""
+``soft_norm_{tiny..huge}`` (generated from the variant record, :data:`~soft_mm.models.arch.VARIANTS`).
+
+Pretrained weights the timm way: no weights are hosted, so ``pretrained=True`` needs a file, either
+``pretrained_cfg_overlay=dict(file=path)`` or ``checkpoint_path=path`` (timm's ``create_model``). The file may be
+the authors' release (fudan-zvg/SOFT layout; converted on load by the pretrained filter,
+:func:`~soft_mm.converters.official.checkpoint_filter_fn`) or a soft_mm checkpoint (a converted file or a saved
+state dict; older layouts are migrated by ``SoftPyramid._load_from_state_dict``). timm reads a file's
+``state_dict_ema`` when it has one, and with ``pretrained=True`` adapts the head to ``num_classes`` and the stem to
+``in_chans``.
+"""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
-from timm.models import build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
-from .arch import ARCH_SETTINGS, variant_name
+from .arch import VARIANTS, Variant
 from .pyramid import SoftPyramid
 from .settings import attention_settings
 
@@ -146,72 +155,49 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
                 first_conv='stages.0.downsample.0.conv', classifier='head', license='mit', **kwargs)
 
 
-default_cfgs = generate_default_cfgs({f'{variant_name(arch, soft_norm)}.in1k': _cfg()
-                                      for soft_norm in (False, True) for arch in ARCH_SETTINGS})
+default_cfgs = generate_default_cfgs({f'{name}.in1k': _cfg() for name in VARIANTS})
 
 
-def _create(arch: str, soft_norm: bool, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
+def _filter_pretrained(state_dict: dict[str, torch.Tensor], model: SoftVisionTransformer) -> dict[str, torch.Tensor]:
+    from ..converters.official import checkpoint_filter_fn  # (the converter imports this module)
+
+    return checkpoint_filter_fn(state_dict, model)
+
+
+def _weight_source_given(kwargs: dict[str, Any]) -> bool:
+    """Whether ``pretrained_cfg`` / ``pretrained_cfg_overlay`` name weights (no SOFT weights are hosted)."""
+    for cfg in (kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay')):
+        cfg = cfg.to_dict() if isinstance(cfg, PretrainedCfg) else cfg
+        if isinstance(cfg, Mapping) and any(cfg.get(k) for k in ('file', 'state_dict', 'url', 'hf_hub_id')):
+            return True
+    return False
+
+
+def _create(variant: Variant, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
+    if pretrained and not _weight_source_given(kwargs):
+        raise ValueError(f"pretrained=True: no {variant.name} weights are hosted; pass the file, the authors' release "
+                         "or a soft_mm checkpoint, as pretrained_cfg_overlay=dict(file=path) (or use pretrained=False "
+                         'with checkpoint_path=path)')
     out_indices = kwargs.pop('out_indices', 4)
-    return build_model_with_cfg(SoftVisionTransformer, variant_name(arch, soft_norm), pretrained, arch=arch,
-                                soft_norm=soft_norm, feature_cfg=dict(feature_cls='getter', out_indices=out_indices),
-                                **kwargs)
+    return build_model_with_cfg(SoftVisionTransformer, variant.name, pretrained, arch=variant.arch,
+                                soft_norm=variant.soft_norm, pretrained_filter_fn=_filter_pretrained,
+                                feature_cfg=dict(feature_cls='getter', out_indices=out_indices), **kwargs)
 
 
-@register_model
-def soft_tiny(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Tiny ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('tiny', False, pretrained, **kwargs)
+def _entrypoint(variant: Variant) -> Any:
+    """The timm entrypoint of one variant; timm registers it under its ``__name__``."""
+
+    def create(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+        return _create(variant, pretrained, **kwargs)
+
+    create.__name__ = create.__qualname__ = variant.name
+    create.__module__ = __name__
+    create.__doc__ = (f'{variant.title} ImageNet classifier: {variant.num_params:,} parameters (1000 classes), '
+                      f'published {variant.gflops} GFLOPs at 224x224 and top-1 {variant.top1}.')
+    return create
 
 
-@register_model
-def soft_small(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Small ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('small', False, pretrained, **kwargs)
-
-
-@register_model
-def soft_medium(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Medium ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('medium', False, pretrained, **kwargs)
-
-
-@register_model
-def soft_large(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Large ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('large', False, pretrained, **kwargs)
-
-
-@register_model
-def soft_huge(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Huge ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('huge', False, pretrained, **kwargs)
-
-
-@register_model
-def soft_norm_tiny(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Norm-Tiny ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('tiny', True, pretrained, **kwargs)
-
-
-@register_model
-def soft_norm_small(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Norm-Small ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('small', True, pretrained, **kwargs)
-
-
-@register_model
-def soft_norm_medium(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Norm-Medium ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('medium', True, pretrained, **kwargs)
-
-
-@register_model
-def soft_norm_large(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Norm-Large ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('large', True, pretrained, **kwargs)
-
-
-@register_model
-def soft_norm_huge(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-    """SOFT-Norm-Huge ImageNet classifier (figures: ``PUBLISHED``)."""
-    return _create('huge', True, pretrained, **kwargs)
+# soft_tiny, ..., soft_norm_huge: module attributes (importable by name) and timm models
+for _variant in VARIANTS.values():
+    globals()[_variant.name] = register_model(_entrypoint(_variant))
+del _variant

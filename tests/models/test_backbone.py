@@ -11,8 +11,9 @@ from torch import nn
 
 from soft_mm.models import SOFT, SoftAttention, SoftVisionTransformer
 from soft_mm.models import pyramid as pyramid_module
+from soft_mm.models.arch import VARIANTS
 
-TINY_DIMS = (64, 128, 320, 512)
+TINY_DIMS = VARIANTS['soft_tiny'].out_channels
 # A narrow custom arch (same strides, landmark strides and kernels as the published ones) for the tests of settings,
 # where the width of the published models only costs time.
 NARROW_ARCH = {'embed_dims': (16, 32, 48, 64), 'num_heads': (1, 2, 2, 2), 'depths': (1, 2, 2, 2)}
