@@ -34,8 +34,9 @@ class SOFT(SoftPyramid, BaseModule):
             (``landmark_mode``, ``landmark_grid``, ``newton_iters``, ``newton_ridge``, ``newton_backward``); the
             defaults are the authors'.
         init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
-            checkpoint of a classifier or a detector (add ``prefix='backbone.'``) — missing and unexpected keys are
-            logged.
+            checkpoint of a classifier or a detector (add ``prefix='backbone.'``), or the authors' release file as
+            it is (its ``state_dict``, renamed on load for this arch by ``SoftPyramid._load_from_state_dict``) —
+            missing and unexpected keys are logged.
     """
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,

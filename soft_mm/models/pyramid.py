@@ -8,6 +8,20 @@ ImageNet checkpoint loads into the backbone with only the classifier's ``cls_tok
     stages.{i}.pos_embed    (1, (56 / 2^i)^2, C_i): learned for 224 input, resized to any H x W
     stages.{i}.blocks.{j}   SOFT post-norm blocks or softmax pre-norm blocks (arch table ``stage_attention``)
     norm                    LayerNorm on the stage-4 tokens
+
+The layout carries a version (``SoftPyramid._version``, stored by ``state_dict()`` in its metadata, as mmpretrain's
+Swin does); ``_load_from_state_dict`` migrates older layouts on load. The layouts so far:
+
+- the authors' (fudan-zvg/SOFT: ``patch_embed{1..4}``, ``block{1..4}``, ``pos_embed4`` with the cls slot): the layout
+  the published weights come in, written before soft_mm existed, so without a soft_mm version. Recognised by its key
+  names under the module's prefix and renamed by the converter's key map
+  (:func:`~soft_mm.converters.official.migrate_official_keys`) with this model's own arch — so ``load_state_dict``,
+  timm's ``create_model(..., checkpoint_path=...)`` and mmengine's ``init_cfg=dict(type='Pretrained', ...)`` read
+  the authors' files as they are;
+- version 1: the layout above (torch's default module version, so every soft_mm checkpoint saved so far says 1;
+  a state dict without metadata, e.g. after timm's ``clean_state_dict``, is taken as version 1 too).
+
+A state dict of a newer version than the code is refused with a message that says so.
 """
 from __future__ import annotations
 
@@ -132,6 +146,9 @@ class SoftPyramid(nn.Module):
             the queries start small against the Gaussian kernel's bandwidth, so the kernel starts near all-ones.
     """
 
+    # The state-dict layout version (see the module docstring); bump it with a migration in _load_from_state_dict.
+    _version = 1
+
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  drop_path_rate: float = 0.1, with_cp: bool = False, attention: AttentionSettings = AUTHORS_SETTINGS,
                  soft_block_norm: str = 'post', qk_init_std: float = 0.02, **base_kwargs: Any) -> None:
@@ -172,6 +189,21 @@ class SoftPyramid(nn.Module):
             stages.append(SoftStage(downsample, dim, PRETRAIN_IMG_SIZE // 4 // 2 ** i, blocks, with_cp=with_cp))
         self.stages = nn.ModuleList(stages)
         self.norm = nn.LayerNorm(self.embed_dims[-1], eps=1e-6)
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        """Migrate the keys under ``prefix`` to the current layout (in place, before the children read them)."""
+        version = local_metadata.get('version')
+        if version is not None and version > self._version:
+            raise ValueError(f'the state dict under {prefix or "the top level"!r} has the SOFT layout version '
+                             f'{version}, newer than this soft_mm reads ({self._version}): update soft_mm')
+        from ..converters.official import is_official_layout, migrate_official_keys  # (the converter imports models)
+
+        if is_official_layout(state_dict, prefix):
+            unexpected_keys.extend(migrate_official_keys(state_dict, self.arch_settings, prefix))
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
 
     @property
     def with_cp(self) -> bool:

@@ -10,7 +10,7 @@ import torch
 
 from soft_mm.converters import convert_official_state_dict
 from soft_mm.converters.official import infer_arch
-from soft_mm.models import AUTHORS_SETTINGS, SoftVisionTransformer, resolve_arch
+from soft_mm.models import AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
 
 # SOFT stages 1-2, softmax stages 3-4; head dim 16 everywhere (the softmax heads follow the SOFT head dim).
 TWO_SOFTMAX_STAGES = {'embed_dims': (32, 64, 96, 128), 'num_heads': (2, 4, 6, 8), 'depths': (1, 2, 2, 1),
@@ -108,6 +108,20 @@ def test_softmax_head_count_comes_from_the_arch():
         assert (wrong(images) - model(images)).abs().max() > 1e-6
 
 
+def test_model_loads_the_authors_layout_with_its_own_head_counts():
+    """load_state_dict migrates the authors' layout with the model's arch: the stage-4 heads need no guess."""
+    model, official = authors_state_dict(WIDE_STAGE4_HEADS)
+    target = SoftVisionTransformer(WIDE_STAGE4_HEADS, num_classes=10, **AUTHORS_SETTINGS.as_dict()).double()
+    target.load_state_dict(official, strict=True)
+    for key, tensor in model.state_dict().items():
+        torch.testing.assert_close(target.state_dict()[key], tensor, rtol=0, atol=0, msg=key)
+    backbone = SOFT(TWO_SOFTMAX_STAGES, **AUTHORS_SETTINGS.as_dict()).double()
+    _, two_softmax = authors_state_dict(TWO_SOFTMAX_STAGES)
+    result = backbone.load_state_dict(two_softmax, strict=False)
+    assert result.missing_keys == [] and sorted(result.unexpected_keys) == [
+        'cls_pos_embed', 'cls_token', 'head.bias', 'head.weight']
+
+
 def test_arch_that_does_not_fit_is_named():
     _, official = authors_state_dict(TWO_SOFTMAX_STAGES)
     with pytest.raises(ValueError, match=r"stage_attention \('soft', 'soft', 'softmax', 'softmax'\) \(arch: \('soft', "
@@ -116,6 +130,8 @@ def test_arch_that_does_not_fit_is_named():
             'soft', 'soft', 'soft', 'softmax'), 'landmark_strides': (4, 2, 2), 'v_conv_kernels': (5, 3, 3)})
     with pytest.raises(ValueError, match=r"layout of arch='tiny': embed_dims"):
         convert_official_state_dict(official, arch='tiny')
+    with pytest.raises(ValueError, match='depths'):
+        SoftVisionTransformer({**TWO_SOFTMAX_STAGES, 'depths': (1, 1, 2, 1)}).load_state_dict(official)
 
 
 def test_block_of_unknown_kind_fails_clearly(official_tiny):
