@@ -20,6 +20,10 @@ the stages' downsampling layers). Forward+backward is measured up to ``--train-m
 took longer than ``--max-case-s`` is not run at larger sizes (noted). Growth ratios compare the largest size with
 800x1344.
 
+``--dtype float32 bfloat16`` runs both dtypes in one run (the rounds interleaved across models and dtypes) and then
+also prints the SOFT-Norm-Small targets (:data:`TARGETS`: its speed against Swin-T and ConvNeXt-T, against its own
+float32 forward, and its share of the GEMM rate) with each measured figure, the target and whether it is met.
+
 Writes ``backbone_benchmark.md``, ``backbone_benchmark.png`` and ``backbone_benchmark.json`` to ``--out``.
 """
 from __future__ import annotations
@@ -49,6 +53,9 @@ MMDET_MODELS: dict[str, dict[str, Any]] = {
 }
 SOFT_MODELS = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
                'soft_norm_small': ('small', True)}
+# the same backbones without the fused first-linear-and-GELU of their MLPs (soft_mm.ops.fused), for an A/B
+UNFUSED_SUFFIX = '_unfused'
+SOFT_MODELS.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_MODELS.items())})
 # timm models with features_only=True (the four stride-4..32 maps a detector's neck takes)
 TIMM_MODELS = {'convnext_t': 'convnext_tiny', 'efficientvit_b2': 'efficientvit_b2'}
 MODELS = (*SOFT_MODELS, *MMDET_MODELS, *TIMM_MODELS)
@@ -57,13 +64,30 @@ GEMM_SIZE = 4096
 DEFAULT_MODELS = ('soft_norm_small', 'swin_t', 'pvt_s')
 BASE_SIZE = (800, 1344)
 DEFAULT_SIZES = ('512x512', '800x1344', '1152x1920', '1600x2688')
+LARGE_SIZE = (1600, 2688)
+# SOFT-Norm-Small's targets: (dtype, size, measure, against, at least). Measures: 'fwd' / 'fwd_bwd' (the other
+# model's time over SOFT's, or SOFT's float32 forward over its own forward for against='own float32'), 'gemm' (% of
+# the GEMM rate in that dtype), 'memory' (the other model's forward+backward peak over SOFT's: above 1 = SOFT lower).
+TARGET_MODEL = 'soft_norm_small'
+TARGETS = (
+    ('bfloat16', BASE_SIZE, 'fwd', 'swin_t', 1.5), ('bfloat16', BASE_SIZE, 'fwd', 'convnext_t', 1.25),
+    ('bfloat16', BASE_SIZE, 'fwd', 'own float32', 1.8), ('bfloat16', BASE_SIZE, 'gemm', None, 60),
+    ('float32', BASE_SIZE, 'fwd', 'swin_t', 1.4), ('float32', BASE_SIZE, 'gemm', None, 85),
+    ('float32', LARGE_SIZE, 'fwd', 'swin_t', 1.2), ('bfloat16', LARGE_SIZE, 'fwd', 'swin_t', 1.2),
+    ('bfloat16', BASE_SIZE, 'fwd_bwd', 'swin_t', 1.3), ('bfloat16', BASE_SIZE, 'memory', 'swin_t', 1.0),
+)
 
 
 def build_model(name: str) -> nn.Module:
     if name in SOFT_MODELS:
         from soft_mm.models import SOFT
+        from soft_mm.models.blocks import GeluMlp
         arch, soft_norm = SOFT_MODELS[name]
-        return SOFT(arch=arch, soft_norm=soft_norm, drop_path_rate=0.0)
+        model = SOFT(arch=arch, soft_norm=soft_norm, drop_path_rate=0.0)
+        for module in model.modules():
+            if isinstance(module, GeluMlp):
+                module.fuse = not name.endswith(UNFUSED_SUFFIX)
+        return model
     if name in TIMM_MODELS:
         import timm
         return timm.create_model(TIMM_MODELS[name], pretrained=False, features_only=True)  # no stochastic depth by default
@@ -175,7 +199,7 @@ def markdown(rows: list[dict[str, Any]], models: list[str], sizes: list[tuple[in
              'fwd+bwd peak MiB |', '|---|---|---|---|---|---|---|---|---|']
     for r in rows:
         achieved = 2 * r['gmacs'] / r['fwd_s'] if r.get('gmacs') else None
-        share = 100 * achieved / r['gemm_gflops'] if achieved else None
+        share = gemm_share(r)
         lines.append(f"| {r['model']} | {r['hw'][0]}x{r['hw'][1]} | {r['params'] / 1e6:.1f}M | "
                      f"{_fmt(r.get('gmacs'), '.1f')} | {_fmt(r.get('fwd_s'))} | {_fmt(achieved, '.0f')} | "
                      f"{_fmt(share, '.0f')} | {_fmt(r.get('fwd_bwd_s'))} | {_fmt(r.get('fwd_bwd_peak_mib'), '.0f')} |")
@@ -225,6 +249,41 @@ def markdown(rows: list[dict[str, Any]], models: list[str], sizes: list[tuple[in
     return '\n'.join(lines) + '\n'
 
 
+def gemm_share(row: dict[str, Any]) -> float | None:
+    """Percent of the GEMM rate the forward achieved (2 x MACs / time), or None without a MAC count."""
+    if not row.get('gmacs') or not row.get('gemm_gflops'):
+        return None
+    return 100 * 2 * row['gmacs'] / row['fwd_s'] / row['gemm_gflops']
+
+
+def target_rows(rows: list[dict[str, Any]]) -> list[tuple[str, float | None, float]]:
+    """``(what, measured figure or None, target)`` for each of :data:`TARGETS` (None: a case it needs was not run)."""
+    by_key = {(r['model'], r['dtype'], tuple(r['hw'])): r for r in rows}
+    out = []
+    for dtype, hw, measure, against, least in TARGETS:
+        soft = by_key.get((TARGET_MODEL, dtype, hw), {})
+        size = f'{hw[0]}x{hw[1]}'
+        if measure == 'gemm':
+            out.append((f'{dtype} {size} forward, % of the {dtype} GEMM rate', gemm_share(soft) if soft else None,
+                        least))
+            continue
+        key = {'fwd': 'fwd_s', 'fwd_bwd': 'fwd_bwd_s', 'memory': 'fwd_bwd_peak_mib'}[measure]
+        other = by_key.get((TARGET_MODEL, 'float32', hw) if against == 'own float32' else (against, dtype, hw), {})
+        what = {'fwd': 'forward', 'fwd_bwd': 'forward+backward', 'memory': 'forward+backward peak memory'}[measure]
+        figure = other[key] / soft[key] if soft.get(key) and other.get(key) else None
+        out.append((f'{dtype} {size} {what}, x {against}', figure, least))
+    return out
+
+
+def targets_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = [f'{TARGET_MODEL} targets (ratios: the other time / its time; memory: the other peak / its peak)', '',
+             '| target | measured | at least | met |', '|---|---|---|---|']
+    for what, figure, least in target_rows(rows):
+        met = '–' if figure is None else ('yes' if figure >= least else 'no')
+        lines.append(f'| {what} | {_fmt(figure)} | {least:g} | {met} |')
+    return '\n'.join(lines) + '\n'
+
+
 def plot(rows: list[dict[str, Any]], models: list[str], header: str, path: Path) -> None:
     import matplotlib
     matplotlib.use('Agg')
@@ -259,9 +318,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument('--models', nargs='+', choices=MODELS, metavar='MODEL', default=None,
                         help=f'backbones (default: {" ".join(DEFAULT_MODELS)}; choices: {" ".join(MODELS)})')
-    parser.add_argument('--full', action='store_true', help='all eleven backbones')
-    parser.add_argument('--dtype', choices=DTYPES, default='float32',
-                        help='float32, or bfloat16 autocast for forward and forward+backward (default: float32)')
+    parser.add_argument('--full', action='store_true', help='all eleven backbones (not the _unfused A/B variants)')
+    parser.add_argument('--dtype', nargs='+', choices=DTYPES, default=['float32'],
+                        help='float32 and/or bfloat16 autocast for forward and forward+backward; both: one run, '
+                             'interleaved, and the targets table (default: float32)')
     parser.add_argument('--rounds', type=int, default=1,
                         help='runs of every case, interleaved across models (medians over rounds; default 1)')
     parser.add_argument('--sizes', nargs='+', default=list(DEFAULT_SIZES), help='inputs HxW (default: %(default)s)')
@@ -288,7 +348,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f'--repeats must be >= 1, got {args.repeats}')
     if args.rounds < 1:
         parser.error(f'--rounds must be >= 1, got {args.rounds}')
-    args.models = list(MODELS if args.full else args.models or DEFAULT_MODELS)
+    full = [m for m in MODELS if not m.endswith(UNFUSED_SUFFIX)]
+    args.models = list(full if args.full else args.models or DEFAULT_MODELS)
+    args.dtype = list(dict.fromkeys(args.dtype))
     return args
 
 
@@ -298,50 +360,59 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(run_worker(json.loads(args.worker))))
         return 0
     notes, too_slow = [], set()
-    results: dict[tuple[str, tuple[int, int]], list[dict[str, Any]]] = {}
+    results: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
     sizes = sorted(args.hw_sizes, key=lambda s: s[0] * s[1])
-    print(f'device={args.device} threads={torch.get_num_threads()} {args.dtype} batch 1; median of {args.repeats}, '
-          f'{args.rounds} round(s) interleaved across models')
-    print(f"{'backbone':>16} {'input':>10} {'round':>5} {'params':>7} {'GMACs':>7} {'fwd s':>7} {'f+b s':>7} "
-          f"{'f+b MiB':>8}  stages s")
+    print(f'device={args.device} threads={torch.get_num_threads()} {" and ".join(args.dtype)} batch 1; median of '
+          f'{args.repeats}, {args.rounds} round(s) interleaved across models and dtypes')
+    print(f"{'backbone':>16} {'dtype':>8} {'input':>10} {'round':>5} {'params':>7} {'GMACs':>7} {'fwd s':>7} "
+          f"{'f+b s':>7} {'f+b MiB':>8}  stages s")
+    cases = [(model, dtype) for model in args.models for dtype in args.dtype]
     for hw in sizes:
         pixels = hw[0] * hw[1]
         for round_index in range(args.rounds):
-            for model in args.models:
-                if model in too_slow:
+            for model, dtype in cases:
+                if (model, dtype) in too_slow:
                     if round_index == 0:
-                        notes.append(f'{model} at {hw[0]}x{hw[1]} not run: its forward took > {args.max_case_s:g} s '
-                                     'at a smaller size')
+                        notes.append(f'{model} ({dtype}) at {hw[0]}x{hw[1]} not run: its forward took > '
+                                     f'{args.max_case_s:g} s at a smaller size')
                     continue
-                spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats, dtype=args.dtype,
+                spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats, dtype=dtype,
                             train=pixels <= args.train_max_pixels,
                             flops=pixels <= args.flops_max_pixels and round_index == 0)
                 result = run_case(spec, args.glibc_malloc)
+                where = f"{model:>16} {dtype:>8} {f'{hw[0]}x{hw[1]}':>10}"
                 if 'error' in result:
-                    notes.append(f"{model} at {hw[0]}x{hw[1]} (round {round_index + 1}) failed: {result['error']}")
-                    print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} failed: {result['error']}", flush=True)
+                    notes.append(f"{model} ({dtype}) at {hw[0]}x{hw[1]} (round {round_index + 1}) failed: "
+                                 f"{result['error']}")
+                    print(f"{where} failed: {result['error']}", flush=True)
                     continue
-                results.setdefault((model, hw), []).append(result)
+                results.setdefault((model, dtype, hw), []).append(result)
                 stages = ' '.join(f'{t:.3f}' for t in result.get('stage_s', []))
-                print(f"{model:>16} {f'{hw[0]}x{hw[1]}':>10} {round_index + 1:>5} {result['params'] / 1e6:>6.1f}M "
+                print(f"{where} {round_index + 1:>5} {result['params'] / 1e6:>6.1f}M "
                       f"{_fmt(result.get('gmacs'), '.1f'):>7} {result['fwd_s']:>7.2f} "
                       f"{_fmt(result.get('fwd_bwd_s')):>7} {_fmt(result.get('fwd_bwd_peak_mib'), '.0f'):>8}  {stages}",
                       flush=True)
-        for model in args.models:
-            runs = results.get((model, hw), [])
+        for model, dtype in cases:
+            runs = results.get((model, dtype, hw), [])
             if runs and statistics.median(r['fwd_s'] for r in runs) > args.max_case_s:
-                too_slow.add(model)
-    rows = [dict(model=model, hw=list(hw), **merge_rounds(runs)) for hw in sizes for model in args.models
-            if (runs := results.get((model, hw)))]
+                too_slow.add((model, dtype))
+    rows = [dict(model=model, dtype=dtype, hw=list(hw), **merge_rounds(runs)) for dtype in args.dtype
+            for hw in sizes for model in args.models if (runs := results.get((model, dtype, hw)))]
     if args.flops_max_pixels < max(h * w for h, w in sizes):
         notes.append(f'MACs counted up to {args.flops_max_pixels} pixels only (--flops-max-pixels).')
     if args.train_max_pixels < max(h * w for h, w in sizes):
         notes.append(f'forward+backward measured up to {args.train_max_pixels} pixels only (--train-max-pixels).')
-    dtype_text = 'float32' if args.dtype == 'float32' else 'bfloat16 autocast'
-    header = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, {dtype_text}, batch 1, '
-              f'median of {args.repeats} x {args.rounds} round(s) interleaved across models; '
-              f'{bench.glibc_malloc_note(args.glibc_malloc)}')
-    table = markdown(rows, args.models, sizes, header, notes)
+    headers, tables = {}, []
+    for dtype in args.dtype:
+        dtype_text = 'float32' if dtype == 'float32' else 'bfloat16 autocast'
+        headers[dtype] = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, {dtype_text}, batch 1, '
+                          f'median of {args.repeats} x {args.rounds} round(s) interleaved across models'
+                          f'{" and dtypes" if len(args.dtype) > 1 else ""}; {bench.glibc_malloc_note(args.glibc_malloc)}')
+        tables.append(markdown([r for r in rows if r['dtype'] == dtype], args.models, sizes, headers[dtype],
+                               notes if dtype == args.dtype[-1] else []))
+    if TARGET_MODEL in args.models:
+        tables.append(targets_markdown(rows))
+    table = '\n'.join(tables)
     print()
     print(table)
     out = Path(args.out)
@@ -349,7 +420,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / 'backbone_benchmark.md').write_text(table)
     (out / 'backbone_benchmark.json').write_text(json.dumps(
         {'args': {k: v for k, v in vars(args).items() if k != 'worker'}, 'rows': rows, 'notes': notes}, indent=2))
-    plot(rows, args.models, header, out / 'backbone_benchmark.png')
+    plot([r for r in rows if r['dtype'] == args.dtype[0]], args.models, headers[args.dtype[0]],
+         out / 'backbone_benchmark.png')
     print(f'saved {out / "backbone_benchmark.md"}, {out / "backbone_benchmark.png"}, {out / "backbone_benchmark.json"}')
     return 0
 

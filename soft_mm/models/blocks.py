@@ -5,12 +5,29 @@ import torch
 from timm.layers import DropPath, Mlp
 from torch import nn
 
+from ..ops.fused import linear_gelu
+
 
 class TanhGELU(nn.GELU):
     """GELU with the tanh approximation (the SOFT blocks' activation)."""
 
     def __init__(self) -> None:
         super().__init__(approximate='tanh')
+
+
+class GeluMlp(Mlp):
+    """timm's ``Mlp`` (same parameters and state-dict keys) whose first linear layer and GELU run as one fused GEMM
+    in CPU inference (:func:`soft_mm.ops.fused.linear_gelu`); other activations, training and other devices run
+    timm's forward unchanged. ``fuse = False`` (on the class or an instance) turns the fusion off, for A/B
+    benchmarks."""
+
+    fuse = True
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not self.fuse or not isinstance(self.act, nn.GELU):
+            return super().forward(x)
+        x = self.drop1(linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate))
+        return self.drop2(self.fc2(self.norm(x)))
 
 
 class Block(nn.Module):
@@ -28,7 +45,7 @@ class Block(nn.Module):
         self.norm1 = nn.LayerNorm(dim, eps=norm_eps)
         self.attn = attn
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
-        self.mlp = Mlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
+        self.mlp = GeluMlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:

@@ -78,3 +78,54 @@ def test_mmdet_backbones_build(tmp_path):
 def test_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '12y5'], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and '--sizes must be positive' in proc.stderr
+
+
+def test_targets_table_reads_ratios_from_one_run_of_both_dtypes():
+    spec = importlib.util.spec_from_file_location('benchmark_backbone', TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    base, large = list(tool.BASE_SIZE), list(tool.LARGE_SIZE)
+
+    def row(model, dtype, hw, fwd, fwd_bwd=None, peak=None, gmacs=None, gemm=None):
+        return dict(model=model, dtype=dtype, hw=hw, fwd_s=fwd, fwd_bwd_s=fwd_bwd, fwd_bwd_peak_mib=peak,
+                    gmacs=gmacs, gemm_gflops=gemm)
+
+    rows = [row('soft_norm_small', 'bfloat16', base, 0.5, 2.0, 100.0, gmacs=75.0, gemm=400.0),
+            row('swin_t', 'bfloat16', base, 0.8, 2.4, 120.0), row('convnext_t', 'bfloat16', base, 0.6),
+            row('soft_norm_small', 'float32', base, 1.0, gmacs=75.0, gemm=200.0),
+            row('swin_t', 'float32', base, 1.5), row('soft_norm_small', 'float32', large, 4.0),
+            row('swin_t', 'float32', large, 6.0)]
+    figures = {what: (figure, least) for what, figure, least in tool.target_rows(rows)}
+    assert figures['bfloat16 800x1344 forward, x swin_t'] == (0.8 / 0.5, 1.5)
+    assert figures['bfloat16 800x1344 forward, x convnext_t'][0] == pytest.approx(1.2)
+    assert figures['bfloat16 800x1344 forward, x own float32'][0] == pytest.approx(2.0)
+    assert figures['bfloat16 800x1344 forward, % of the bfloat16 GEMM rate'][0] == pytest.approx(75.0)  # 300/400
+    assert figures['float32 800x1344 forward, % of the float32 GEMM rate'][0] == pytest.approx(75.0)  # 150/200
+    assert figures['float32 1600x2688 forward, x swin_t'][0] == pytest.approx(1.5)
+    assert figures['bfloat16 1600x2688 forward, x swin_t'][0] is None  # not run
+    assert figures['bfloat16 800x1344 forward+backward peak memory, x swin_t'][0] == pytest.approx(1.2)
+    table = tool.targets_markdown(rows)
+    assert '| bfloat16 800x1344 forward, x swin_t | 1.60 | 1.5 | yes |' in table
+    assert '| bfloat16 800x1344 forward, x convnext_t | 1.20 | 1.25 | no |' in table
+    assert '| bfloat16 1600x2688 forward, x swin_t | – | 1.2 | – |' in table
+
+
+def test_both_dtypes_in_one_run(tmp_path):
+    proc, data = run_tool(tmp_path, '--models', 'soft_norm_small', '--sizes', '64x96', '--dtype', 'float32',
+                          'bfloat16', '--train-max-pixels', '0', '--flops-max-pixels', '0')
+    assert sorted(r['dtype'] for r in data['rows']) == ['bfloat16', 'float32']
+    order = [line.split()[1] for line in proc.stdout.splitlines() if line.strip().startswith('soft_norm_small')]
+    assert order[:2] == ['float32', 'bfloat16']
+    table = (tmp_path / 'backbone_benchmark.md').read_text()
+    assert 'float32, batch 1' in table and 'bfloat16 autocast, batch 1' in table
+    assert 'soft_norm_small targets' in table
+
+
+def test_unfused_variant_turns_the_mlp_fusion_off():
+    spec = importlib.util.spec_from_file_location('benchmark_backbone', TOOL)
+    tool = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tool)
+    from soft_mm.models.blocks import GeluMlp
+    fused = [m.fuse for m in tool.build_model('soft_norm_tiny').modules() if isinstance(m, GeluMlp)]
+    unfused = [m.fuse for m in tool.build_model('soft_norm_tiny_unfused').modules() if isinstance(m, GeluMlp)]
+    assert len(fused) == len(unfused) == 8 and all(fused) and not any(unfused)  # tiny: 1+2+3+2 blocks
