@@ -35,11 +35,16 @@ SMALL_DATA = [f'{loader}.{key}' for loader in ('train_dataloader', 'val_dataload
                           'persistent_workers=False')]
 
 
-def _mim(args: list[str], cwd: Path) -> str:
-    done = subprocess.run([MIM, *args], cwd=cwd, capture_output=True, text=True, timeout=900, check=False)
+def _run(command: list[str], cwd: Path, env: dict[str, str] | None = None) -> str:
+    """stdout and stderr of the command, which must succeed (the end of its output in the failure otherwise)."""
+    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
     output = done.stdout + done.stderr
     assert done.returncode == 0, output[-3000:]
     return output
+
+
+def _mim(args: list[str], cwd: Path) -> str:
+    return _run([MIM, *args], cwd)
 
 
 @pytest.mark.slow  # three short runs of mmdet's own scripts: about 2-3 minutes on 2 busy cores
@@ -151,7 +156,7 @@ def test_sdist_builds_a_wheel_with_the_mim_resources(tmp_path: Path) -> None:
     sdist = subprocess.run([sys.executable, '-c', BUILD_SDIST, str(tmp_path)], cwd=clean,
                            capture_output=True, text=True, timeout=600, check=True).stdout.split()[-1]
     _run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '--disable-pip-version-check',
-          '-q', '-w', str(tmp_path / 'wheel'), str(tmp_path / sdist)], tmp_path, dict(os.environ))
+          '-q', '-w', str(tmp_path / 'wheel'), str(tmp_path / sdist)], tmp_path)
     [built] = (tmp_path / 'wheel').glob('soft_mm-*.whl')
     with zipfile.ZipFile(built) as archive:
         shipped = {name for name in archive.namelist() if name.startswith('soft_mm/.mim/')}
@@ -174,13 +179,6 @@ def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
     _run([str(python), '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '-q', str(wheel)],
          tmp_path, env)
     return python, env
-
-
-def _run(command: list[str], cwd: Path, env: dict[str, str]) -> str:
-    done = subprocess.run(command, cwd=cwd, env=env, capture_output=True, text=True, timeout=900, check=False)
-    output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
-    return output
 
 
 def _metafile_names() -> list[str]:
