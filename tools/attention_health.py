@@ -21,10 +21,15 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import DefaultScope
 
-from soft_mm.engine.cli import check_image_files, load_config, one_sentence_errors, read_model_checkpoint
+from soft_mm.engine.cli import (
+    check_image_files,
+    check_model_checkpoint,
+    load_config,
+    one_sentence_errors,
+    read_model_checkpoint,
+)
 from soft_mm.models.health import LandmarkRecorder, LayerHealth, attention_health, format_health_table
 from soft_mm.ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
-from soft_mm.utils import check_state_dict_fits
 
 CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.ckpt', '.bin')
 
@@ -135,8 +140,7 @@ def main(argv: list[str] | None = None) -> list[LayerHealth]:
         with DefaultScope.overwrite_default_scope(scope):  # the pipelines' transforms resolve in the config's scope
             model, run = RUNNERS[scope](cfg, args.checkpoint, args.images, args.device)
             if state_dict is not None:  # another model's checkpoint would be measured as random weights
-                check_state_dict_fits(model, state_dict, args.checkpoint, 'the model of this config',
-                                      'pass a checkpoint trained with this config')
+                check_model_checkpoint(model, state_dict, args.checkpoint)
             if not LandmarkRecorder(model).layers:
                 raise SystemExit(f'{args.config} builds a model without SOFT attention layers: attention health is '
                                  "measured on SOFT backbones (type='SOFT') only.")

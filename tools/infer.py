@@ -20,16 +20,16 @@ import torch
 from mmengine.config import Config
 
 from soft_mm.engine import enable_cpu_bf16_ops
-from soft_mm.engine.cli import check_image_files, load_config, one_sentence_errors, read_model_checkpoint
-from soft_mm.utils import check_state_dict_fits, enable_test_amp
+from soft_mm.engine.cli import (
+    check_image_files,
+    check_model_checkpoint,
+    load_config,
+    one_sentence_errors,
+    read_model_checkpoint,
+)
+from soft_mm.utils import enable_test_amp
 
 State = dict[str, torch.Tensor]
-
-
-def check_fits(model: torch.nn.Module, state_dict: State, checkpoint: str) -> None:
-    """Stop when the checkpoint is another model's (mmengine would load it with a warning and draw random results)."""
-    check_state_dict_fits(model, state_dict, checkpoint, 'the model of this config',
-                          'pass a checkpoint trained with this config')
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -57,7 +57,7 @@ def infer_detection(args: argparse.Namespace, cfg: Config, state_dict: State) ->
     from mmdet.registry import VISUALIZERS
 
     model = init_detector(cfg, args.checkpoint, device=args.device)
-    check_fits(model, state_dict, args.checkpoint)
+    check_model_checkpoint(model, state_dict, args.checkpoint)
     result = inference_detector(model, args.image)
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
     visualizer.dataset_meta = model.dataset_meta
@@ -82,7 +82,7 @@ def infer_segmentation(args: argparse.Namespace, cfg: Config, state_dict: State)
     if not 0.0 <= args.opacity <= 1.0:
         raise ValueError(f'--opacity must be in [0, 1], got {args.opacity}')
     model = init_model(cfg, args.checkpoint, device=args.device)
-    check_fits(model, state_dict, args.checkpoint)
+    check_model_checkpoint(model, state_dict, args.checkpoint)
     result = inference_model(model, args.image)
     meta = dict(model.dataset_meta)
     if not meta.get('palette'):  # a checkpoint that names its classes only: one fixed random colour per class
@@ -119,7 +119,7 @@ def infer_classification(args: argparse.Namespace, cfg: Config, state_dict: Stat
     if args.topk < 1:
         raise ValueError(f'--topk must be a positive int, got {args.topk}')
     inferencer = ImageClassificationInferencer(cfg, pretrained=args.checkpoint, device=args.device)
-    check_fits(inferencer.model, state_dict, args.checkpoint)
+    check_model_checkpoint(inferencer.model, state_dict, args.checkpoint)
     # the checkpoint's dataset_meta (written by training) names the classes; else the config's dataset class does
     classes = inferencer.classes or _dataset_classes(cfg)
     scores = torch.as_tensor(inferencer(args.image)[0]['pred_scores'])

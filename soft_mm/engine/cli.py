@@ -84,6 +84,13 @@ def read_model_checkpoint(path: str) -> dict:
     return state_dict_of(read_checkpoint(path), path)
 
 
+def check_model_checkpoint(model: nn.Module, state_dict: dict, path: str) -> None:
+    """Stop when the checkpoint given to a tool is another model's: mmengine would load it with a logged warning and
+    the tool would go on with random weights (:func:`check_state_dict_fits`)."""
+    check_state_dict_fits(model, state_dict, path, 'the model of this config',
+                          'pass a checkpoint trained with this config')
+
+
 def base_parser(description: str) -> argparse.ArgumentParser:
     """The arguments every runner tool takes: config, --work-dir, --cfg-options, --launcher, --local-rank, --debug."""
     parser = argparse.ArgumentParser(description=description)
