@@ -337,3 +337,12 @@ def test_train_tool_names_a_missing_image_folder(tmp_path, monkeypatch, load_too
     with pytest.raises(SystemExit, match=r'^data/coco/train2017/ not found: .*--cfg-options '
                                          r'train_dataloader\.dataset\.data_prefix\.img=DIR'):
         load_tool('train').main([str(ROOT / 'configs/retinanet_soft_tiny_coco.py')])
+
+
+def test_test_tool_names_a_folder_given_as_the_checkpoint(tmp_path, monkeypatch, load_tool):
+    pytest.importorskip('mmdet')
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / 'epoch_4.pth').mkdir()  # e.g. a work dir's name typed for its checkpoint
+    with pytest.raises(SystemExit, match=r'^epoch_4.pth is a folder, not a checkpoint file: pass the path of an '
+                                         r'existing checkpoint \(or remove load_from\)\.$'):
+        load_tool('test').main([RETINANET_DEMO, 'epoch_4.pth'])

@@ -158,14 +158,22 @@ def check_data_paths(cfg: Config, phases: tuple[str, ...]) -> None:
 
 
 def check_checkpoint_paths(cfg: Config, pretrained: bool = True) -> None:
-    """Raise :class:`MissingPathError` for a missing local ``load_from`` or ``Pretrained`` checkpoint of the model.
+    """Raise :class:`MissingPathError` for a missing local ``load_from`` or ``Pretrained`` checkpoint of the model
+    (:class:`DataFileError` for a folder given as one).
 
     ``pretrained=False`` skips the model's ``init_cfg`` checkpoints (testing loads trained weights and does not
     initialise the model).
     """
     for checkpoint in _pretrained_checkpoints(cfg.get('model')) if pretrained else ():
-        if not _is_remote(checkpoint) and not osp.isfile(checkpoint):
-            raise MissingPathError(checkpoint, PRETRAINED_HINT)
+        if not _is_remote(checkpoint):
+            _check_checkpoint_file(checkpoint, PRETRAINED_HINT)
     load_from = cfg.get('load_from')
-    if load_from and not _is_remote(load_from) and not osp.isfile(load_from):
-        raise MissingPathError(load_from, LOAD_FROM_HINT)
+    if load_from and not _is_remote(load_from):
+        _check_checkpoint_file(load_from, LOAD_FROM_HINT)
+
+
+def _check_checkpoint_file(path: str, hint: str) -> None:
+    if osp.isdir(path):
+        raise DataFileError(path, 'is a folder, not a checkpoint file', hint)
+    if not osp.isfile(path):
+        raise MissingPathError(path, hint)
