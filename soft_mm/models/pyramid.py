@@ -199,7 +199,12 @@ class SoftPyramid(nn.Module):
             raise ValueError(f'the state dict under {prefix or "the top level"!r} has the SOFT layout version '
                              f'{version}, newer than this soft_mm reads ({self._version}): update soft_mm')
         from ..converters.official import is_official_layout, migrate_official_keys  # (the converter imports models)
+        from ..utils.checkpoint import allow_mmengine_checkpoint_globals
 
+        # timm reads checkpoints inside torch.serialization.safe_globals([argparse.Namespace]), whose exit removes
+        # Namespace from the allow-list soft_mm registers, so a later mmengine load of an mmengine checkpoint in the
+        # same process would fail: register it again (idempotent)
+        allow_mmengine_checkpoint_globals()
         if is_official_layout(state_dict, prefix):
             unexpected_keys.extend(migrate_official_keys(state_dict, self.arch_settings, prefix))
         super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
