@@ -15,6 +15,8 @@ one is rounded twice, so they may differ by one bfloat16 step.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -27,8 +29,9 @@ FUSED_DTYPES = (torch.float32, torch.bfloat16)
 GELU_APPROXIMATIONS = ('none', 'tanh')
 
 
+@functools.cache
 def fused_linear_gelu_available() -> bool:
-    """Whether this PyTorch build has oneDNN's fused linear (``torch.ops.mkldnn._linear_pointwise``)."""
+    """Whether this PyTorch build has oneDNN's fused linear (``torch.ops.mkldnn._linear_pointwise``); asked once."""
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from compile_recording import RecordingBackend
 
 from soft_mm.ops import soft_attention
 from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
@@ -47,20 +48,6 @@ def test_triton_op_passes_opcheck(monkeypatch, low):
         v = v.to(torch.bfloat16)
     results = torch.library.opcheck(_triton_products.forward_op, (*requiring_grad((q, landmarks, v, middle)), low))
     assert set(results.values()) == {'SUCCESS'}, results
-
-
-class RecordingBackend:
-    """A ``torch.compile`` backend that keeps every graph dynamo hands it, then runs it with aot_eager."""
-
-    def __init__(self) -> None:
-        self.graphs: list[torch.fx.GraphModule] = []
-
-    def __call__(self, graph, example_inputs):
-        self.graphs.append(graph)
-        return torch._dynamo.lookup_backend('aot_eager')(graph, example_inputs)
-
-    def targets(self) -> list:
-        return [node.target for graph in self.graphs for node in graph.graph.nodes if node.op == 'call_function']
 
 
 def outputs_and_grads(fn, tensors, grad_out):
