@@ -1,6 +1,6 @@
 """Pure tensor math of SOFT (imports only torch): Gaussian kernel, Newton–Schulz inverse, SOFT attention."""
 from .attention import soft_attention
 from .kernel import gaussian_kernel
-from .newton import NewtonInverse, exact_inverse, newton_inverse, newton_inverse_macs
+from .newton import NEWTON_OP, exact_inverse, newton_inverse, newton_inverse_macs
 
-__all__ = ['NewtonInverse', 'exact_inverse', 'gaussian_kernel', 'newton_inverse', 'newton_inverse_macs', 'soft_attention']
+__all__ = ['NEWTON_OP', 'exact_inverse', 'gaussian_kernel', 'newton_inverse', 'newton_inverse_macs', 'soft_attention']

@@ -4,11 +4,11 @@ import numbers
 
 import torch
 from torch import Tensor
-from torch.autograd.function import once_differentiable
 
+from .capture import exporting
 from .precision import compute_dtype, no_autocast
 
-__all__ = ['BACKWARD_MODES', 'NewtonInverse', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs',
+__all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs',
            'newton_schulz_start', 'newton_schulz_step']
 
 BACKWARD_MODES = ('implicit', 'unrolled')
@@ -72,29 +72,40 @@ def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
     return v
 
 
-class NewtonInverse(torch.autograd.Function):
-    """Newton–Schulz forward; backward of the exact inverse at the final iterate, ``-V^T grad_V V^T``.
+def _implicit_forward(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
+    """The real kernel of ``soft_mm::newton_inverse``: the iteration, contiguous (a fresh tensor, never ``mat``)."""
+    return _newton_schulz(mat, num_iters, ridge).contiguous()
 
-    A JIT trace records it as one opaque ``prim::PythonOp.NewtonInverse`` node whose scalar arguments are
-    ``(num_iters, ridge)``; FLOP counters use :func:`newton_inverse_macs` for it.
-    """
 
-    @staticmethod
-    def forward(ctx, mat: Tensor, num_iters: int, ridge: float) -> Tensor:
-        with torch.no_grad():
-            v = _newton_schulz(mat, num_iters, ridge)
-        ctx.save_for_backward(v)
-        return v
+def _implicit_backward(grad_v: Tensor, v: Tensor) -> Tensor:
+    """The real kernel of ``soft_mm::newton_inverse_backward``: the exact inverse's gradient ``-V^T grad_V V^T`` at
+    the final iterate (``d(mat + ridge I)/d(mat) = I``, so the gradient w.r.t. P is the gradient w.r.t. mat)."""
+    with no_autocast(v.device):
+        v_t = v.transpose(-2, -1)
+        return (-(v_t @ grad_v.to(v.dtype) @ v_t)).contiguous()
 
-    @staticmethod
-    @once_differentiable
-    def backward(ctx, grad_v: Tensor) -> tuple[Tensor, None, None]:
-        (v,) = ctx.saved_tensors
-        with no_autocast(v.device):
-            v_t = v.transpose(-2, -1)
-            grad_mat = -(v_t @ grad_v.to(v.dtype) @ v_t)
-        # d(mat + ridge I)/d(mat) = I, so the gradient w.r.t. P is the gradient w.r.t. mat.
-        return grad_mat, None, None
+
+# The implicit-backward inverse as a custom op (soft_mm::newton_inverse, its backward soft_mm::newton_inverse_backward,
+# first order only): torch.compile records one node and runs this kernel, as eager does. The fake kernels give the
+# real layouts (contiguous outputs).
+_newton_op = torch.library.custom_op('soft_mm::newton_inverse', _implicit_forward, mutates_args=(),
+                                     schema='(Tensor mat, int num_iters, float ridge) -> Tensor')
+_newton_backward_op = torch.library.custom_op('soft_mm::newton_inverse_backward', _implicit_backward,
+                                              mutates_args=(), schema='(Tensor grad_v, Tensor v) -> Tensor')
+_newton_op.register_fake(lambda mat, num_iters, ridge: mat.new_empty(mat.shape))
+_newton_backward_op.register_fake(lambda grad_v, v: v.new_empty(v.shape))
+
+
+def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+    ctx.save_for_backward(output)
+
+
+def _backward(ctx, grad_v: Tensor) -> tuple[Tensor, None, None]:
+    return _newton_backward_op(grad_v, *ctx.saved_tensors), None, None
+
+
+_newton_op.register_autograd(_backward, setup_context=_setup_context)
+NEWTON_OP = _newton_op  # the op, for callers that look for it in a graph or a dispatch trace
 
 
 def newton_inverse_macs(shape: tuple[int, ...], num_iters: int) -> int:
@@ -138,9 +149,11 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
     Backward: ``'implicit'`` does not backpropagate through the iterations; it treats the final iterate ``V`` as the
     exact inverse and returns ``grad_mat = -V^T grad_V V^T`` (memory: one M×M matrix instead of one per iteration).
     This equals the gradient of the unrolled iteration only once it has converged: at 20 iterations on a
-    well-conditioned matrix they agree to ~1e-9 in float64, at 5 iterations they differ by O(1). The implicit backward
-    is first-order only (double backward raises). ``'unrolled'`` is plain
-    autograd through the iterations (including alpha), the exact derivative of the truncated iteration.
+    well-conditioned matrix they agree to ~1e-9 in float64, at 5 iterations they differ by O(1). It is the custom op
+    ``soft_mm::newton_inverse`` (:data:`NEWTON_OP`; one node under ``torch.compile``), first order only (a double
+    backward raises). ``'unrolled'`` is plain autograd through the iterations (including alpha), the exact derivative
+    of the truncated iteration. A graph being exported (:func:`~soft_mm.ops.capture.exporting`: ONNX, torch.export,
+    jit trace) holds the iterations as plain matmuls whatever ``backward`` says, the same forward.
 
     Args:
         mat: ``(..., M, M)`` floating-point matrices.
@@ -159,8 +172,8 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
         raise ValueError(f'newton_inverse: backward must be one of {BACKWARD_MODES}, got {backward!r}')
     with no_autocast(mat.device):
         work = mat.to(compute_dtype(mat.dtype))
-        if backward == 'implicit':
-            inverse = NewtonInverse.apply(work, int(num_iters), ridge)
+        if backward == 'implicit' and not exporting():
+            inverse = _newton_op(work, int(num_iters), ridge)
         else:
             inverse = _newton_schulz(work, int(num_iters), ridge)
     return inverse.to(mat.dtype)

@@ -1,7 +1,6 @@
 """Parameters and multiply-accumulates of any model (mmengine's ``FlopAnalyzer``, which counts one multiply-add as one
-"flop"), with handles for the ops a JIT trace cannot see into: ``scaled_dot_product_attention`` and soft_mm's
-Newton–Schulz inverse (an autograd Function, recorded as one opaque node). Used by ``tools/get_flops.py`` and
-``tools/benchmark_backbone.py``."""
+"flop"), with a handle for ``scaled_dot_product_attention``, which a JIT trace cannot see into, and soft_mm's
+Newton–Schulz inverse shown as its own operator. Used by ``tools/get_flops.py`` and ``tools/benchmark_backbone.py``."""
 from __future__ import annotations
 
 import math
@@ -12,15 +11,16 @@ import torch
 from mmengine.analysis import FlopAnalyzer, parameter_count
 from mmengine.analysis.jit_handles import get_shape
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from ..ops import NewtonInverse, newton_inverse_macs
+from ..ops import NEWTON_OP, newton_inverse_macs
 
-__all__ = ['NEWTON_OP', 'OPAQUE_PREFIX', 'SDPA_OP', 'analyze', 'newton_flop_jit', 'sdpa_flop_jit']
+__all__ = ['OPAQUE_PREFIX', 'SDPA_OP', 'analyze', 'newton_macs', 'sdpa_flop_jit']
 
 SDPA_OP = 'aten::scaled_dot_product_attention'
 OPAQUE_PREFIX = 'prim::PythonOp.'  # how a JIT trace records a torch.autograd.Function
-# The implicit-backward Newton-Schulz inverse is a torch.autograd.Function: the trace sees one PythonOp named after it.
-NEWTON_OP = OPAQUE_PREFIX + NewtonInverse.__name__
+
+
 def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
     """``softmax(q k^T) v`` with q (..., N, d), k (..., S, d), v (..., S, d_v): N S d + N S d_v MACs."""
     q_shape, k_shape, v_shape = (get_shape(v) for v in inputs[:3])
@@ -28,24 +28,46 @@ def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
     return Counter({'scaled_dot_product_attention': rows * k_shape[-2] * (q_shape[-1] + v_shape[-1])})
 
 
-def newton_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
-    """Newton-Schulz on (..., m, m): ``soft_mm.ops.newton_inverse_macs`` of the traced shape and iteration count."""
-    iters = [a for a in outputs[0].node().scalar_args() if isinstance(a, int) and not isinstance(a, bool)]
-    if len(iters) != 1:
-        raise RuntimeError(f'cannot read num_iters from the Newton-Schulz op (scalar args '
-                           f'{outputs[0].node().scalar_args()})')
-    return Counter({'newton_inverse': newton_inverse_macs(tuple(get_shape(inputs[0])), iters[0])})
+class _NewtonCalls(TorchDispatchMode):
+    """Adds up :func:`~soft_mm.ops.newton_inverse_macs` of every ``soft_mm::newton_inverse`` call it sees."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.macs = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is NEWTON_OP._opoverload:
+            self.macs += newton_inverse_macs(tuple(args[0].shape), args[1])
+        return func(*args, **(kwargs or {}))
+
+
+def newton_macs(model: nn.Module, inputs: tuple) -> int:
+    """MACs of the implicit-backward Newton–Schulz inverses (``soft_mm::newton_inverse``) in one eager
+    ``model(*inputs)`` (no grad). An exported or traced graph holds them as plain matmuls, which the trace counts
+    under ``matmul``; this tells how many of those are the iterations'."""
+    with torch.no_grad(), _NewtonCalls() as calls:
+        model(*inputs)
+    return calls.macs
 
 
 def analyze(model: nn.Module, inputs: tuple) -> dict[str, Any]:
     """Params and FLOPs of ``model(*inputs)``: total, by operator, and the operators left uncounted."""
-    analyzer = FlopAnalyzer(model, inputs).set_op_handle(**{SDPA_OP: sdpa_flop_jit, NEWTON_OP: newton_flop_jit})
+    analyzer = FlopAnalyzer(model, inputs).set_op_handle(**{SDPA_OP: sdpa_flop_jit})
     analyzer.unsupported_ops_warnings(False).uncalled_modules_warnings(False)
     with torch.no_grad():
         total = analyzer.total()
     skipped = analyzer.unsupported_ops()
-    missed = sorted(op for op in skipped if op.startswith(OPAQUE_PREFIX) or op == SDPA_OP)
-    if missed:  # opaque (autograd Function) or matmul-heavy ops the counter cannot see: the total would be silently low
+    missed = sorted(op for op in skipped if op.startswith(OPAQUE_PREFIX) or op.startswith('soft_mm::')
+                    or op == SDPA_OP)
+    if missed:  # opaque (autograd Function, custom op) or matmul-heavy ops the counter cannot see: silently low
         raise RuntimeError(f'FLOP counter has no handle for {missed}; add one in soft_mm/utils/flops.py')
-    return {'params': parameter_count(model)[''], 'flops': total, 'by_operator': dict(analyzer.by_operator()),
+    by_operator = dict(analyzer.by_operator())
+    newton = newton_macs(model, inputs)
+    if newton:  # the trace counted the iterations as matmuls: show them as their own operator
+        if by_operator.get('matmul', 0) < newton:
+            raise RuntimeError(f'the trace counted {by_operator.get("matmul", 0)} matmul MACs, fewer than the '
+                               f'{newton} of the Newton-Schulz iterations alone')
+        by_operator['matmul'] -= newton
+        by_operator['newton_inverse'] = newton
+    return {'params': parameter_count(model)[''], 'flops': total, 'by_operator': by_operator,
             'skipped': sorted(skipped)}

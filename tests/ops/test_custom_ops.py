@@ -8,7 +8,7 @@ import pytest
 import torch
 from compile_recording import RecordingBackend
 
-from soft_mm.ops import soft_attention
+from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
 from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
 from soft_mm.ops.tiled import _tiled_products
 from soft_mm.ops.triton_nystrom import _triton_products, triton_available
@@ -48,6 +48,29 @@ def test_triton_op_passes_opcheck(monkeypatch, low):
         v = v.to(torch.bfloat16)
     results = torch.library.opcheck(_triton_products.forward_op, (*requiring_grad((q, landmarks, v, middle)), low))
     assert set(results.values()) == {'SUCCESS'}, results
+
+
+@pytest.mark.parametrize('dtype', [torch.float64, torch.float32])
+def test_newton_op_passes_opcheck(dtype):
+    # a batch of landmark kernels (symmetric, unit diagonal): the op's input after the ridge-free start
+    points = torch.randn(2, 3, 6, 4, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    kernel = torch.exp(-0.5 * torch.cdist(points, points).square()).to(dtype).requires_grad_()
+    results = torch.library.opcheck(NEWTON_OP, (kernel, 20, 0.01))
+    assert set(results.values()) == {'SUCCESS'}, results
+
+
+def test_compiled_newton_inverse_is_one_node_with_the_eager_results():
+    torch._dynamo.reset()
+    points = torch.randn(2, 5, 3, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    kernel = torch.exp(-0.5 * torch.cdist(points, points).square())
+    grad_out = torch.randn(kernel.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    recorder = RecordingBackend()
+    compiled = torch.compile(lambda m: newton_inverse(m, 20, 0.01), backend=recorder, fullgraph=True)
+    graph = outputs_and_grads(compiled, (kernel,), grad_out)
+    eager = outputs_and_grads(lambda m: newton_inverse(m, 20, 0.01), (kernel,), grad_out)
+    assert recorder.targets().count(torch.ops.soft_mm.newton_inverse.default) == 1
+    for a, b in zip(graph, eager):  # the same kernel: equal
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def outputs_and_grads(fn, tensors, grad_out):

@@ -271,7 +271,7 @@ def test_implicit_and_unrolled_gradients_agree_only_after_convergence():
 def test_implicit_backward_refuses_double_backward():
     mat = separated_kernel(4).requires_grad_()
     (grad,) = torch.autograd.grad(newton_inverse(mat).square().sum(), mat, create_graph=True)
-    with pytest.raises(RuntimeError, match='once_differentiable'):
+    with pytest.raises(RuntimeError, match='newton_inverse_backward.* no autograd formula'):
         grad.sum().backward()
 
 
