@@ -102,10 +102,13 @@ class SoftStage(nn.Module):
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.downsample(x)
         b, c, h, w = x.shape
-        tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w))  # (B, N, C), contiguous
+        # (B, N, C), contiguous. The tokens keep the downsampling's dtype: under autocast the residual stream then
+        # stays in the low dtype the conv wrote (as for Swin and ConvNeXt), instead of a float32 position embedding
+        # promoting it and every linear casting its input back (a copy per linear, and slower mixed-dtype adds)
+        tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w)).to(x.dtype)
         num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
         if num_prefix:
-            tokens = torch.cat([prefix_tokens.expand(b, -1, -1), tokens], dim=1)
+            tokens = torch.cat([prefix_tokens.expand(b, -1, -1).to(tokens.dtype), tokens], dim=1)
         for block in self.blocks:
             tokens = self._run_block(block, tokens, (h, w))
         if norm is not None:

@@ -89,6 +89,30 @@ def test_maps_are_contiguous_nchw_for_raw_buffer_ops():
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
 
 
+def test_bfloat16_autocast_keeps_the_residual_stream_in_bfloat16():
+    """Under CPU bfloat16 autocast every block reads and writes bfloat16 tokens, as Swin's and ConvNeXt's do: a
+    float32 position embedding must not promote the stream (every linear would then cast its input back, and the
+    adds mix dtypes). The classifier's prefix token joins the stream in its dtype too."""
+    dtypes = []
+
+    def record(module, args, output):
+        dtypes.append((args[0].dtype, output.dtype))
+
+    for model, size in ((make_narrow(), (61, 83)), (SoftVisionTransformer(NARROW_ARCH, num_classes=3), (224, 224))):
+        model.eval()
+        dtypes.clear()
+        hooks = [m.register_forward_hook(record) for m in model.modules() if type(m).__name__ == 'Block']
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            out = model(torch.randn(1, 3, *size))
+        for hook in hooks:
+            hook.remove()
+        assert len(dtypes) == sum(NARROW_ARCH['depths'])
+        assert set(dtypes) == {(torch.bfloat16, torch.bfloat16)}
+        assert all(o.dtype == torch.bfloat16 for o in (out if isinstance(out, (list, tuple)) else [out]))
+    with torch.no_grad():  # float32 unchanged: the cast is a no-op
+        assert all(o.dtype == torch.float32 for o in make_narrow().eval()(torch.randn(1, 3, 61, 83)))
+
+
 @pytest.mark.parametrize('hw', [(32, 32), (8, 8), (1, 1)])
 def test_maps_smaller_than_a_landmark_window(hw):
     # 32x32: stage-1 map 8x8, smaller than the 8 * 7 window the conv landmarks assume; 8x8: stage-1 map 2x2.
