@@ -3,18 +3,22 @@
     python tools/benchmark_compile.py                                  # SOFT-Tiny, 1x3x224x224 and 1x3x512x512, CPU
     python tools/benchmark_compile.py --arch small --sizes 800x1333 --dynamic --repeats 5
 
+    python tools/benchmark_compile.py --arch small --soft-norm --sizes 800x1344 --dtype bfloat16 --freezing
+
 Prints one row per input size: eager time, compiled time (median of ``--repeats`` after warm-up), their ratio, the
 one-off compile time and ``max |compiled - eager|`` over the four outputs. ``--backend inductor`` (the default) needs a
 C++ compiler on CPU; when it cannot compile, the tool says so and falls back to ``aot_eager`` (same graph capture,
-no code generation), so the outputs are still compared. Timings are noisy on a shared machine: compare ratios of one
-run.
+no code generation), so the outputs are still compared. ``--dtype bfloat16`` runs eager and compiled forwards under
+bfloat16 autocast; ``--freezing`` sets inductor's ``freezing`` (weights folded into the graph as constants, for
+inference). Timings are noisy on a shared machine: compare ratios of one run.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import torch
 from torch import nn
@@ -34,18 +38,29 @@ def _median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
+@contextlib.contextmanager
+def inference(dtype: torch.dtype = torch.float32, device_type: str = 'cpu') -> Iterator[None]:
+    """No grad, and autocast to ``dtype`` unless it is float32."""
+    with torch.no_grad(), torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+        yield
+
+
 def compile_backbone(model: nn.Module, sample: torch.Tensor, backend: str = 'inductor', dynamic: bool | None = None,
+                     dtype: torch.dtype = torch.float32, freezing: bool = False,
                      ) -> tuple[Callable[[torch.Tensor], tuple[torch.Tensor, ...]], str, float]:
-    """``torch.compile(model)`` run once on ``sample``; falls back to :data:`FALLBACK_BACKEND` if ``backend`` fails.
+    """``torch.compile(model)`` run once on ``sample`` (under :func:`inference` in ``dtype``; ``freezing``: inductor's
+    weight freezing); falls back to :data:`FALLBACK_BACKEND` if ``backend`` fails.
 
     Returns the compiled callable, the backend used and the seconds the first (compiling) call took.
     """
+    import torch._inductor.config as inductor_config
+    inductor_config.freezing = freezing
     for name in dict.fromkeys([backend, FALLBACK_BACKEND]):
         torch._dynamo.reset()
         start = time.perf_counter()
         try:
             compiled = torch.compile(model, backend=name, dynamic=dynamic)
-            with torch.no_grad():
+            with inference(dtype, sample.device.type):
                 compiled(sample)
         except Exception as error:  # any backend failure: report it and fall back
             if name == FALLBACK_BACKEND:
@@ -58,26 +73,28 @@ def compile_backbone(model: nn.Module, sample: torch.Tensor, backend: str = 'ind
 
 
 def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = 'inductor', repeats: int = 3,
-            batch: int = 1, dynamic: bool | None = None, seed: int = 0) -> list[dict]:
-    """One row per ``(height, width)``: eager and compiled seconds, compile seconds, max abs output difference."""
+            batch: int = 1, dynamic: bool | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
+            freezing: bool = False) -> list[dict]:
+    """One row per ``(height, width)``: eager and compiled seconds, compile seconds, max abs output difference
+    (both forwards under :func:`inference` in ``dtype``)."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     compiled, used = None, backend
     for height, width in sizes:
         x = torch.randn(batch, model.in_channels, height, width, generator=generator)
         if compiled is None or not dynamic:
-            compiled, used, compile_s = compile_backbone(model, x, backend, dynamic)
+            compiled, used, compile_s = compile_backbone(model, x, backend, dynamic, dtype, freezing)
         else:
             start = time.perf_counter()
-            with torch.no_grad():
+            with inference(dtype, x.device.type):
                 compiled(x)
             compile_s = time.perf_counter() - start
-        with torch.no_grad():
+        with inference(dtype, x.device.type):
             eager_out = model(x)
             compiled_out = compiled(x)
             eager_s = _median_time(lambda x=x: model(x), repeats)
             compiled_s = _median_time(lambda x=x, fn=compiled: fn(x), repeats)
-        diff = max(float((a - b).abs().max()) for a, b in zip(eager_out, compiled_out))
+        diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(eager_out, compiled_out))
         rows.append({'size': (height, width), 'backend': used, 'eager_s': eager_s, 'compiled_s': compiled_s,
                      'compile_s': compile_s, 'max_abs_diff': diff})
     return rows
@@ -93,14 +110,20 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument('--dynamic', action='store_true', help='one dynamic-shape graph for all sizes')
     parser.add_argument('--repeats', type=int, default=3)
     parser.add_argument('--threads', type=int, help='torch.set_num_threads')
+    parser.add_argument('--dtype', choices=('float32', 'bfloat16'), default='float32',
+                        help='float32, or bfloat16 autocast for both the eager and the compiled forward')
+    parser.add_argument('--freezing', action='store_true',
+                        help="inductor's freezing: the weights become constants of the graph (inference only)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = SOFT(args.arch, soft_norm=args.soft_norm).eval()
-    rows = compare(model, args.sizes, args.backend, args.repeats, args.batch, args.dynamic or None)
+    rows = compare(model, args.sizes, args.backend, args.repeats, args.batch, args.dynamic or None,
+                   dtype=getattr(torch, args.dtype), freezing=args.freezing)
     print(f'SOFT-{args.arch}{" (SOFT-Norm)" if args.soft_norm else ""}, batch {args.batch}, '
-          f'{torch.get_num_threads()} threads')
+          f'{torch.get_num_threads()} threads, {args.dtype if args.dtype == "float32" else "bfloat16 autocast"}'
+          f'{", inductor freezing" if args.freezing else ""}')
     print(f'{"size":>11} {"backend":>10} {"eager ms":>9} {"compiled ms":>12} {"speed-up":>9} {"compile s":>10} '
           f'{"max |diff|":>11}')
     for row in rows:

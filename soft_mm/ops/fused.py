@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from .capture import graph_mode
+from .precision import autocast_dtype
 
 __all__ = ['FUSED_DTYPES', 'fused_linear_gelu_available', 'linear_gelu']
 
@@ -38,8 +39,8 @@ def fused_linear_gelu_available() -> bool:
 def _compute_dtype(x: Tensor) -> torch.dtype | None:
     """The dtype the linear runs in (the CPU autocast dtype when it is on), or None if the fused kernel cannot take
     it."""
-    if torch.is_autocast_enabled('cpu'):
-        dtype = torch.get_autocast_dtype('cpu')
+    dtype = autocast_dtype('cpu')
+    if dtype is not None:
         return dtype if dtype == torch.bfloat16 else None
     return x.dtype if x.dtype in FUSED_DTYPES else None
 

@@ -15,6 +15,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .precision import autocast_cast
+
 __all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
 
 CUSTOM_BACKWARD_MIN_KERNEL = 7
@@ -80,8 +82,8 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     """Depthwise conv of ``x (B, h*d, H, W)`` with one filter per head, ``weight (h, 1, k, k)`` (odd k, zero padding
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
     padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 7) it is the custom op
-    ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only); otherwise plain
-    autograd."""
+    ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only), its operands cast
+    as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd."""
     if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
         raise ValueError(f'head_depthwise_conv: weight must be (heads, 1, k, k) with odd k, got {tuple(weight.shape)}')
     if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
@@ -89,4 +91,4 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
     if not uses_custom_backward(x.device.type, weight.shape[-1]):
         return _conv(x, weight, head_dim)
-    return _head_conv_op(x, weight, head_dim)
+    return _head_conv_op(*autocast_cast(x, weight), head_dim)

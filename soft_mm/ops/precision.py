@@ -27,7 +27,8 @@ from contextlib import AbstractContextManager
 
 import torch
 
-__all__ = ['PRECISIONS', 'Precision', 'compute_dtype', 'no_autocast', 'precision_policy']
+__all__ = ['PRECISIONS', 'Precision', 'autocast_cast', 'autocast_dtype', 'compute_dtype', 'no_autocast',
+           'precision_policy']
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -43,7 +44,7 @@ def no_autocast(device: torch.device) -> AbstractContextManager:
     return torch.autocast(device_type=device.type, enabled=False)
 
 
-def _autocast_dtype(device_type: str) -> torch.dtype | None:
+def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The autocast dtype active for ``device_type``, or None when autocast is off there."""
     is_available = getattr(torch.amp, 'is_autocast_available', None)
     if is_available is not None and not is_available(device_type):
@@ -51,6 +52,20 @@ def _autocast_dtype(device_type: str) -> torch.dtype | None:
     if not torch.is_autocast_enabled(device_type):
         return None
     return torch.get_autocast_dtype(device_type)
+
+
+def autocast_cast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """``tensors`` cast to the autocast dtype of their device when autocast is on there, as autocast casts a conv's
+    or a matmul's operands (unchanged otherwise).
+
+    A ``torch.library`` custom op is not autocast-aware: its fake kernel (what ``torch.compile`` traces) runs with
+    autocast off, so a float32 weight meets bfloat16 activations there even though the eager kernel, run under the
+    caller's autocast, would have cast it. Casting at the op's entry gives both the same operands.
+    """
+    dtype = autocast_dtype(tensors[0].device.type)
+    if dtype is None:
+        return tensors
+    return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -102,6 +117,6 @@ def precision_policy(device_type: str, input_dtype: torch.dtype, precision: str 
         return _FULL[torch.float64]
     if precision == 'highest':
         return _FULL[torch.float32]
-    if precision == 'bfloat16' or input_dtype == torch.bfloat16 or _autocast_dtype(device_type) == torch.bfloat16:
+    if precision == 'bfloat16' or input_dtype == torch.bfloat16 or autocast_dtype(device_type) == torch.bfloat16:
         return _BF16_PRODUCTS
     return _FULL[torch.float32]

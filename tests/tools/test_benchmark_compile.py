@@ -96,6 +96,16 @@ def test_compiled_model_runs_the_tiled_kernel_as_one_node(tool: ModuleType, capt
     assert rows[0]['max_abs_diff'] < ATOL
 
 
+def test_compiled_model_under_bfloat16_autocast_matches_eager(tool: ModuleType, capture_flags: list[bool]) -> None:
+    # the custom ops' fake kernels run without autocast: the value conv's op (stage 1, k = 9) must get operands in
+    # one dtype at its entry, or tracing fails on a float32 weight against bfloat16 activations
+    backend = RecordingBackend('aot_eager')
+    rows = tool.compare(_model(), SIZES[:1], backend=backend, repeats=1, dtype=torch.bfloat16)
+    assert_whole_graphs(rows, backend, capture_flags)
+    assert backend.targets().count(torch.ops.soft_mm.head_depthwise_conv.default) == 1
+    assert rows[0]['max_abs_diff'] < 0.1  # bfloat16 outputs of magnitude ~5 (2^-8 relative), both the same kernels
+
+
 def test_unusable_backend_falls_back(tool: ModuleType, capsys: pytest.CaptureFixture) -> None:
     rows = tool.compare(_model(), SIZES[:1], backend='no_such_backend', repeats=1)
     assert rows[0]['backend'] == tool.FALLBACK_BACKEND
