@@ -1,6 +1,7 @@
 """Run a trained model on one image; what it does follows the config's ``default_scope``:
 
     python tools/infer.py IMAGE CONFIG CHECKPOINT [--out OUT.png] [--score-thr 0.3] [--topk 5] [--device cpu] [--amp]
+        [--compile]
 
 - ``mmdet``: draws the detections with mmdet's visualizer into OUT (default ``<image>_det.png``) and prints one line
   per drawn detection (class, score, box);
@@ -27,7 +28,8 @@ from soft_mm.engine.cli import (
     one_sentence_errors,
     read_model_checkpoint,
 )
-from soft_mm.utils import enable_test_amp
+from soft_mm.utils import compile_backbone_for_inference, enable_test_amp
+from soft_mm.utils.launch import COMPILE_BACKENDS
 
 State = dict[str, torch.Tensor]
 
@@ -47,6 +49,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='run the model under autocast: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
     parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
                         help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
+    parser.add_argument('--compile', nargs='?', const='inductor', default=None, choices=COMPILE_BACKENDS,
+                        metavar='BACKEND', help='compile the backbone with torch.compile for inference (default backend inductor, weights frozen into the graph; pays under --amp on CPU: see README); the first forward compiles')
     parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
     return parser.parse_args(argv)
 
@@ -58,6 +62,8 @@ def infer_detection(args: argparse.Namespace, cfg: Config, state_dict: State) ->
 
     model = init_detector(cfg, args.checkpoint, device=args.device)
     check_model_checkpoint(model, state_dict, args.checkpoint)
+    if args.compile:
+        compile_backbone_for_inference(model, args.compile)
     result = inference_detector(model, args.image)
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
     visualizer.dataset_meta = model.dataset_meta
@@ -83,6 +89,8 @@ def infer_segmentation(args: argparse.Namespace, cfg: Config, state_dict: State)
         raise ValueError(f'--opacity must be in [0, 1], got {args.opacity}')
     model = init_model(cfg, args.checkpoint, device=args.device)
     check_model_checkpoint(model, state_dict, args.checkpoint)
+    if args.compile:
+        compile_backbone_for_inference(model, args.compile)
     result = inference_model(model, args.image)
     meta = dict(model.dataset_meta)
     if not meta.get('palette'):  # a checkpoint that names its classes only: one fixed random colour per class
@@ -120,6 +128,8 @@ def infer_classification(args: argparse.Namespace, cfg: Config, state_dict: Stat
         raise ValueError(f'--topk must be a positive int, got {args.topk}')
     inferencer = ImageClassificationInferencer(cfg, pretrained=args.checkpoint, device=args.device)
     check_model_checkpoint(inferencer.model, state_dict, args.checkpoint)
+    if args.compile:
+        compile_backbone_for_inference(inferencer.model, args.compile)
     # the checkpoint's dataset_meta (written by training) names the classes; else the config's dataset class does
     classes = inferencer.classes or _dataset_classes(cfg)
     scores = torch.as_tensor(inferencer(args.image)[0]['pred_scores'])

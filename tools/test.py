@@ -1,6 +1,7 @@
 """Evaluate a checkpoint of any mmengine config (mmdet, mmseg) on its test split, on GPUs or CPUs.
 
-    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--amp] [--show-dir DIR] [--cfg-options ...]
+    python tools/test.py CONFIG CHECKPOINT [--work-dir DIR] [--out results.pkl] [--amp] [--compile] [--show-dir DIR]
+        [--cfg-options ...]
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [same options]
 
 A bad config, dataset or checkpoint stops with one sentence (``--debug``: the traceback). Shared pieces:
@@ -25,7 +26,8 @@ from soft_mm.engine.cli import (
 from soft_mm.engine.cli import (
     parse_args as parse_with,
 )
-from soft_mm.utils import check_checkpoint_paths, check_data_paths, enable_test_amp
+from soft_mm.utils import check_checkpoint_paths, check_data_paths, compile_backbone_for_inference, enable_test_amp
+from soft_mm.utils.launch import COMPILE_BACKENDS
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -36,6 +38,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='evaluate in mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
     parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
                         help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
+    parser.add_argument('--compile', nargs='?', const='inductor', default=None, choices=COMPILE_BACKENDS,
+                        metavar='BACKEND', help='compile the backbone with torch.compile for inference (default backend inductor, weights frozen into the graph; pays under --amp on CPU: see README); the first forward compiles')
     parser.add_argument('--show-dir', help='draw the predictions on every test image into WORK_DIR/TIMESTAMP/SHOW_DIR')
     return parse_with(parser, argv)
 
@@ -70,6 +74,8 @@ def main(argv: list[str] | None = None) -> None:
         check_checkpoint_paths(cfg, pretrained=False)
         runner = build_runner(cfg, args.launcher)
         check_checkpoint_files(runner, cfg, train=False)
+        if args.compile:
+            compile_backbone_for_inference(runner.model, args.compile)
         if args.out:
             runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
         runner.test()
