@@ -4,6 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from .capture import exporting
+
 __all__ = ['augment_kernel_cols', 'augment_kernel_rows', 'gaussian_kernel']
 
 
@@ -36,7 +38,9 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
     # -|x_i - y_j|^2 / 2 as one matmul of augmented rows: two element-wise passes over the (N, M) result instead of
     # the five of adding the norms, scaling, clamping and exponentiating separately
     exponent = augment_kernel_rows(x) @ augment_kernel_cols(y).transpose(-2, -1)
-    return exponent.clamp_max(0.0).exp()
+    if exponent.requires_grad or exporting():
+        return exponent.clamp_max(0.0).exp()
+    return exponent.clamp_max_(0.0).exp_()  # no autograd record to keep: the same values in the matmul's buffer
 
 
 
