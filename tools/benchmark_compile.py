@@ -2,20 +2,22 @@
 
     python tools/benchmark_compile.py                                  # SOFT-Tiny, 1x3x224x224 and 1x3x512x512, CPU
     python tools/benchmark_compile.py --arch small --sizes 800x1333 --dynamic --repeats 5
-
     python tools/benchmark_compile.py --arch small --soft-norm --sizes 800x1344 --dtype bfloat16 --freezing
 
-Prints one row per input size: eager time, compiled time (median of ``--repeats`` after warm-up), their ratio, the
-one-off compile time and ``max |compiled - eager|`` over the four outputs. ``--backend inductor`` (the default) needs a
-C++ compiler on CPU; when it cannot compile, the tool says so and falls back to ``aot_eager`` (same graph capture,
-no code generation), so the outputs are still compared. ``--dtype bfloat16`` runs eager and compiled forwards under
-bfloat16 autocast; ``--freezing`` sets inductor's ``freezing`` (weights folded into the graph as constants, for
-inference). Timings are noisy on a shared machine: compare ratios of one run.
+Prints one row per input size: eager time, compiled time (medians of ``--repeats`` interleaved rounds after
+warm-up), their ratio, the one-off compile time, ``max |compiled - eager|`` over the four outputs, and the error of
+each against the model run in float64 (``max |out - exact| / max |exact|``, the largest over the four maps).
+``--backend inductor`` (the default) needs a C++ compiler on CPU; when it cannot compile, the tool says so and falls
+back to ``aot_eager`` (same graph capture, no code generation), so the outputs are still compared. ``--dtype
+bfloat16`` runs eager and compiled forwards under bfloat16 autocast; ``--freezing`` sets inductor's ``freezing``
+(weights folded into the graph as constants, for inference). Timings are noisy on a shared machine: compare ratios
+of one run.
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
+import copy
 import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -29,13 +31,16 @@ from soft_mm.utils.bench import size_arg
 FALLBACK_BACKEND = 'aot_eager'
 
 
-def _median_time(fn: Callable[[], object], repeats: int) -> float:
-    times = []
+def _median_times(fns: Sequence[Callable[[], object]], repeats: int) -> list[float]:
+    """Median seconds of each of ``fns`` over ``repeats`` rounds, the calls interleaved (eager, compiled, eager, ...)
+    so that drift on a shared machine hits both alike."""
+    times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for fn, record in zip(fns, times):
+            start = time.perf_counter()
+            fn()
+            record.append(time.perf_counter() - start)
+    return [statistics.median(record) for record in times]
 
 
 @contextlib.contextmanager
@@ -74,9 +79,10 @@ def compile_backbone(model: nn.Module, sample: torch.Tensor, backend: str = 'ind
 
 def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = 'inductor', repeats: int = 3,
             batch: int = 1, dynamic: bool | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
-            freezing: bool = False) -> list[dict]:
+            freezing: bool = False, float64_errors: bool = False) -> list[dict]:
     """One row per ``(height, width)``: eager and compiled seconds, compile seconds, max abs output difference
-    (both forwards under :func:`inference` in ``dtype``)."""
+    (both forwards under :func:`inference` in ``dtype``); with ``float64_errors`` also the error of each against the
+    model run in float64 (:func:`relative_error`)."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     compiled, used = None, backend
@@ -92,12 +98,21 @@ def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = '
         with inference(dtype, x.device.type):
             eager_out = model(x)
             compiled_out = compiled(x)
-            eager_s = _median_time(lambda x=x: model(x), repeats)
-            compiled_s = _median_time(lambda x=x, fn=compiled: fn(x), repeats)
+            eager_s, compiled_s = _median_times([lambda x=x: model(x), lambda x=x, fn=compiled: fn(x)], repeats)
         diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(eager_out, compiled_out))
-        rows.append({'size': (height, width), 'backend': used, 'eager_s': eager_s, 'compiled_s': compiled_s,
-                     'compile_s': compile_s, 'max_abs_diff': diff})
+        row = {'size': (height, width), 'backend': used, 'eager_s': eager_s, 'compiled_s': compiled_s,
+               'compile_s': compile_s, 'max_abs_diff': diff}
+        if float64_errors:
+            with torch.no_grad():
+                exact = copy.deepcopy(model).double()(x.double())
+            row['eager_error'], row['compiled_error'] = (relative_error(out, exact) for out in (eager_out, compiled_out))
+        rows.append(row)
     return rows
+
+
+def relative_error(outs: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> float:
+    """The largest ``max |out - exact| / max |exact|`` over the output maps."""
+    return max(float((o.double() - e).abs().max() / e.abs().max()) for o, e in zip(outs, exact))
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
@@ -120,16 +135,17 @@ def main(argv: list[str] | None = None) -> list[dict]:
     torch.manual_seed(0)
     model = SOFT(args.arch, soft_norm=args.soft_norm).eval()
     rows = compare(model, args.sizes, args.backend, args.repeats, args.batch, args.dynamic or None,
-                   dtype=getattr(torch, args.dtype), freezing=args.freezing)
+                   dtype=getattr(torch, args.dtype), freezing=args.freezing, float64_errors=True)
     print(f'SOFT-{args.arch}{" (SOFT-Norm)" if args.soft_norm else ""}, batch {args.batch}, '
           f'{torch.get_num_threads()} threads, {args.dtype if args.dtype == "float32" else "bfloat16 autocast"}'
           f'{", inductor freezing" if args.freezing else ""}')
     print(f'{"size":>11} {"backend":>10} {"eager ms":>9} {"compiled ms":>12} {"speed-up":>9} {"compile s":>10} '
-          f'{"max |diff|":>11}')
+          f'{"max |diff|":>11} {"eager err":>10} {"compiled err":>12}')
     for row in rows:
         size = 'x'.join(map(str, row['size']))
         print(f'{size:>11} {row["backend"]:>10} {row["eager_s"] * 1e3:9.1f} {row["compiled_s"] * 1e3:12.1f} '
-              f'{row["eager_s"] / row["compiled_s"]:8.2f}x {row["compile_s"]:10.1f} {row["max_abs_diff"]:11.2e}')
+              f'{row["eager_s"] / row["compiled_s"]:8.2f}x {row["compile_s"]:10.1f} {row["max_abs_diff"]:11.2e} '
+              f'{row["eager_error"]:10.2e} {row["compiled_error"]:12.2e}')
     return rows
 
 
