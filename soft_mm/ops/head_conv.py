@@ -35,7 +35,8 @@ def _conv_backward(grad_out: Tensor, x: Tensor, weight: Tensor, head_dim: int) -
     """``(grad_x, grad_weight)``: the transposed conv for x, and the taps as one more depthwise conv for the filters."""
     kernel = weight.shape[-1]
     batch, channels, height, width = x.shape
-    # under autocast the forward ran in low precision while x or the weight stayed float32: one common dtype
+    # one common dtype (the op's entry already cast both to the autocast dtype, as autocast casts a conv's operands,
+    # so under autocast this backward runs in bfloat16 as autocast's own conv backward does)
     dtype = torch.promote_types(x.dtype, weight.dtype)
     grad_out = grad_out.to(dtype)
     # the transposed conv of stride 1: the flipped filter, same padding

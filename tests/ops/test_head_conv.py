@@ -58,7 +58,8 @@ def test_autocast_bfloat16_gives_gradients_in_the_leaves_dtypes():
         expected = F.conv2d(ref_x, ref_weight.repeat_interleave(2, 0), padding=4, groups=4)
     expected.float().square().sum().backward()
     torch.testing.assert_close(out.float(), expected.float())
-    # autocast's own backward runs in bfloat16, this one in float32: equal to bfloat16 precision
+    # both backwards run in bfloat16 (the op's operands are cast at entry, as autocast casts the conv's), with the
+    # sums in another order: equal to bfloat16 precision
     scale = ref_weight.grad.abs().max().item()
     torch.testing.assert_close(weight.grad, ref_weight.grad, rtol=2e-2, atol=2e-2 * scale)
 
