@@ -105,7 +105,8 @@ def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = '
         if float64_errors:
             with torch.no_grad():
                 exact = copy.deepcopy(model).double()(x.double())
-            row['eager_error'], row['compiled_error'] = (relative_error(out, exact) for out in (eager_out, compiled_out))
+            row['eager_error'] = relative_error(eager_out, exact)
+            row['compiled_error'] = relative_error(compiled_out, exact)
         rows.append(row)
     return rows
 

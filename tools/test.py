@@ -39,7 +39,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
                         help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
     parser.add_argument('--compile', nargs='?', const='inductor', default=None, choices=COMPILE_BACKENDS,
-                        metavar='BACKEND', help='compile the backbone with torch.compile for inference (default backend inductor, weights frozen into the graph; pays under --amp on CPU: see README); the first forward compiles')
+                        metavar='BACKEND',
+                        help='compile the backbone with torch.compile for inference (default backend inductor, '
+                             'weights frozen into the graph; pays under --amp on CPU, see README); the first forward '
+                             'compiles')
     parser.add_argument('--show-dir', help='draw the predictions on every test image into WORK_DIR/TIMESTAMP/SHOW_DIR')
     return parse_with(parser, argv)
 

@@ -10,4 +10,5 @@ from .launch import adapt_config_to_device, compile_backbone_for_inference, enab
 
 __all__ = ['CheckpointFileError', 'MissingPathError', 'adapt_config_to_device', 'allow_mmengine_checkpoint_globals',
            'atomic_save', 'atomic_write_text', 'check_checkpoint_paths', 'check_data_paths', 'check_state_dict_fits',
-           'compile_backbone_for_inference', 'enable_amp', 'enable_test_amp', 'mmengine_checkpoint_globals', 'read_checkpoint']
+           'compile_backbone_for_inference', 'enable_amp', 'enable_test_amp', 'mmengine_checkpoint_globals',
+           'read_checkpoint']

@@ -85,8 +85,9 @@ def compile_backbone_for_inference(model: torch.nn.Module, backend: str = 'induc
     graph (inductor's ``freezing``): the graph serves only no-grad inference, and the compilation happens at the first
     forward, after the weights are loaded. Measured on the 2-core CPU (``tools/benchmark_compile.py``), SOFT-Norm-Small
     at 800x1344 under bfloat16 autocast: 1.05-1.29x faster than eager in four runs (1.14x and 1.22x with the rounds
-    interleaved) after a compile of about a minute, at the same error against float64; in float32 no faster. Every new input size compiles again (a second size took 150 s even with dynamic shapes), so it pays for
-    inputs of one size (mmseg's sliding-window crops, a fixed-size resize), not for keep-ratio detection inputs.
+    interleaved) after a compile of about a minute, at the same error against float64; in float32 no faster. Every
+    new input size compiles again (a second size took 150 s even with dynamic shapes), so it pays for inputs of one
+    size (mmseg's sliding-window crops, a fixed-size resize), not for keep-ratio detection inputs.
     """
     if backend not in COMPILE_BACKENDS:
         raise ValueError(f'--compile takes one of {COMPILE_BACKENDS}, got {backend!r}')
