@@ -24,6 +24,7 @@ import torch
 from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
 from soft_mm.ops.attention import plain_soft_attention
 from soft_mm.ops.dispatch import DispatchError
+from soft_mm.utils.bench import relative_error
 
 
 def make_inputs(num_tokens: int, num_landmarks: int, head_dim: int, heads: int, seed: int = 0):
@@ -78,10 +79,6 @@ def run(fn, inputs, grad_out, backward: bool):
     return out.detach(), grad_q
 
 
-def rel(a, b) -> float:
-    return ((a.double() - b).norm() / b.norm()).item()
-
-
 def bench(num_tokens: int, args) -> list[tuple]:
     inputs, grad_out = make_inputs(num_tokens, args.landmarks, args.head_dim, args.heads)
     ref_out, ref_grad = run(plain_soft_attention, [t.double() for t in inputs], grad_out.double(), True)
@@ -92,7 +89,8 @@ def bench(num_tokens: int, args) -> list[tuple]:
         except DispatchError as err:
             print(f'  {name}: skipped ({err})')
             continue
-        table[name] = dict(fn=fn, out_err=rel(out, ref_out), grad_err=rel(grad_q, ref_grad), fwd=[], fwdbwd=[])
+        table[name] = dict(fn=fn, out_err=relative_error(out, ref_out), grad_err=relative_error(grad_q, ref_grad),
+                           fwd=[], fwdbwd=[])
     for _ in range(args.repeats):  # rounds interleaved across variants
         for row in table.values():
             with torch.no_grad():

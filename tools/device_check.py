@@ -39,7 +39,7 @@ import torch.nn.functional as F
 
 from soft_mm.ops import soft_attention
 from soft_mm.ops.attention import plain_soft_attention
-from soft_mm.utils.bench import PeakMemory, timed
+from soft_mm.utils.bench import PeakMemory, relative_error, timed
 
 FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264), batch=2, heads=2, head_dim=32,
             landmarks=49, image=(800, 1344), repeats=5)
@@ -65,10 +65,6 @@ def outputs_and_grads(fn: Callable, tensors: list[torch.Tensor]) -> list[torch.T
     return [out.detach(), *torch.autograd.grad(out, leaves, grad.to(out.dtype))]
 
 
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def check_correctness(cfg: dict, device: torch.device) -> list[dict]:
     """float32: within 3e-5 of float64 (or 4x the reference backend's float32 error, where the landmark kernel's
     conditioning amplifies rounding); bfloat16: every error at most half the plain bfloat16 math's, both measured
@@ -83,12 +79,13 @@ def check_correctness(cfg: dict, device: torch.device) -> list[dict]:
     for tokens, landmarks in cfg['check_cases']:
         tensors = op_inputs(tokens, landmarks, cfg, device, torch.float64)
         exact = outputs_and_grads(plain_soft_attention, tensors)
-        err32 = max(relative(a, b) for a, b in zip(outputs_and_grads(fused, [t.float() for t in tensors]), exact))
-        ref32 = max(relative(a, b) for a, b in zip(outputs_and_grads(reference32, [t.float() for t in tensors]), exact))
+        as_float = [t.float() for t in tensors]
+        err32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
+        ref32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(reference32, as_float), exact))
         low = [t.bfloat16() for t in tensors]
         exact_low = outputs_and_grads(plain_soft_attention, [t.double() for t in low])
-        err16 = [relative(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
-        plain16 = [relative(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
+        err16 = [relative_error(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
+        plain16 = [relative_error(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
         ok = err32 <= max(3e-5, 4 * ref32) and all(e <= 0.5 * p for e, p in zip(err16, plain16))
         rows.append(dict(tokens=tokens, landmarks=landmarks, float32_error=err32, reference_float32_error=ref32,
                          bf16_errors=err16, plain_bf16_errors=plain16, ok=ok))
