@@ -130,12 +130,15 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     if spec['flops']:
         model.eval()
         result['gmacs'] = analyze(model, (x,))['flops'] / 1e9
-    result['gemm_gflops'] = bench.gemm_gflops(device, dtype, GEMM_SIZE)
+    gemm_size = spec.get('gemm_size', GEMM_SIZE)
+    result['gemm_gflops'] = bench.gemm_gflops(device, dtype, gemm_size)
+    result['gemm_size'] = gemm_size
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     timer = stage_timer(model, device)
     model.eval()
     with torch.no_grad(), autocast:
         outs = model(x)  # warm-up
+    result['out_dtype'] = str(outs[0].dtype).replace('torch.', '')  # what the forward ran in, read back
     grads = [torch.randn_like(o) for o in outs]
     fwd_times, stage_rows = [], []
     for _ in range(spec['repeats']):
@@ -205,7 +208,8 @@ def markdown(rows: list[dict[str, Any]], models: list[str], sizes: list[tuple[in
                      f"{_fmt(share, '.0f')} | {_fmt(r.get('fwd_bwd_s'))} | {_fmt(r.get('fwd_bwd_peak_mib'), '.0f')} |")
     rates = [r['gemm_gflops'] for r in rows if r.get('gemm_gflops')]
     if rates:
-        lines += ['', f'GEMM rate ({GEMM_SIZE}^2 matmul in the same dtype, timed in every case process): median '
+        gemm_size = rows[0].get('gemm_size', GEMM_SIZE)
+        lines += ['', f'GEMM rate ({gemm_size}^2 matmul in the same dtype, timed in every case process): median '
                   f'{statistics.median(rates):.0f} GFLOP/s (range {min(rates):.0f}-{max(rates):.0f}).']
     soft_rows = [r for r in rows if 'stage_s' in r]
     if soft_rows:
@@ -333,6 +337,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--max-case-s', type=float, default=10.0,
                         help='a model whose forward took longer is not run at larger sizes (default 10: PVT-Small '
                              'stops after 2x the pixels, so the default run fits in 10 minutes)')
+    parser.add_argument('--gemm-size', type=int, default=GEMM_SIZE,
+                        help='side of the square matmul that measures the GEMM rate (default %(default)s)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default='work_dirs/benchmark_backbone')
     bench.add_glibc_malloc_argument(parser)
@@ -348,6 +354,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f'--repeats must be >= 1, got {args.repeats}')
     if args.rounds < 1:
         parser.error(f'--rounds must be >= 1, got {args.rounds}')
+    if args.gemm_size < 1:
+        parser.error(f'--gemm-size must be >= 1, got {args.gemm_size}')
     full = [m for m in MODELS if not m.endswith(UNFUSED_SUFFIX)]
     args.models = list(full if args.full else args.models or DEFAULT_MODELS)
     args.dtype = list(dict.fromkeys(args.dtype))
@@ -377,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f'{args.max_case_s:g} s at a smaller size')
                     continue
                 spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats, dtype=dtype,
+                            gemm_size=args.gemm_size,
                             train=pixels <= args.train_max_pixels,
                             flops=pixels <= args.flops_max_pixels and round_index == 0)
                 result = run_case(spec, args.glibc_malloc)

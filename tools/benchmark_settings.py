@@ -41,15 +41,19 @@ def parse_variant(text: str) -> dict[str, Any]:
     return settings
 
 
+def build_variant(text: str, arch: str) -> SOFT:
+    """``SOFT(arch, soft_norm=True, drop_path_rate=0)`` with the variant's settings, initialised with seed 0, in
+    training mode."""
+    torch.manual_seed(0)
+    model = SOFT(arch=arch, soft_norm=True, drop_path_rate=0.0, **parse_variant(text))
+    model.init_weights()
+    return model.train()
+
+
 def time_variants(variants: list[str], arch: str, size: tuple[int, int], batch: int, rounds: int
                   ) -> list[tuple[str, float]]:
     """``(variant, min seconds)`` per variant, rounds interleaved, the first round dropped."""
-    models = {}
-    for text in variants:
-        torch.manual_seed(0)
-        model = SOFT(arch=arch, soft_norm=True, drop_path_rate=0.0, **parse_variant(text))
-        model.init_weights()
-        models[text] = model.train()
+    models = {text: build_variant(text, arch) for text in variants}
     x = torch.randn(batch, 3, *size, generator=torch.Generator().manual_seed(0))
     times: dict[str, list[float]] = {text: [] for text in models}
     for _ in range(rounds + 1):

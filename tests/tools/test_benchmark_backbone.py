@@ -14,7 +14,8 @@ TOOL = ROOT / 'tools' / 'benchmark_backbone.py'
 
 
 def run_tool(tmp_path, *args):
-    proc = subprocess.run([sys.executable, str(TOOL), '--repeats', '1', '--out', str(tmp_path), *args],
+    proc = subprocess.run([sys.executable, str(TOOL), '--repeats', '1', '--gemm-size', '256', '--out', str(tmp_path),
+                           *args],
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads((tmp_path / 'backbone_benchmark.json').read_text())
@@ -35,7 +36,8 @@ def test_tiny_soft_run_writes_table_plot_and_json(tmp_path):
     assert (tmp_path / 'backbone_benchmark.png').stat().st_size > 1000
     table = (tmp_path / 'backbone_benchmark.md').read_text()
     assert 'stage 1 s' in table and 'MACs counted up to' in table and '% of GEMM rate' in table
-    assert 'float32, batch 1' in table
+    assert 'float32, batch 1' in table and 'GEMM rate (256^2 matmul' in table
+    assert small['gemm_size'] == 256 and small['out_dtype'] == large['out_dtype'] == 'float32'
 
 
 def test_bfloat16_rounds_and_timm_models(tmp_path):
@@ -45,6 +47,8 @@ def test_bfloat16_rounds_and_timm_models(tmp_path):
     rows = {r['model']: r for r in data['rows']}
     assert set(rows) == {'soft_tiny', 'efficientvit_b2'} and all(r['rounds'] == 2 for r in rows.values())
     assert rows['efficientvit_b2']['params'] > 10 ** 6 and rows['soft_tiny']['gmacs'] > 0
+    # the worker's forward ran under bfloat16 autocast (read back from the output maps, not the label)
+    assert {r['out_dtype'] for r in rows.values()} == {'bfloat16'}
     # rounds interleave: soft_tiny, efficientvit_b2, soft_tiny, efficientvit_b2
     order = [line.split()[0] for line in proc.stdout.splitlines() if line.strip().startswith(('soft_', 'efficient'))]
     assert order[:4] == ['soft_tiny', 'efficientvit_b2', 'soft_tiny', 'efficientvit_b2']
@@ -113,7 +117,8 @@ def test_targets_table_reads_ratios_from_one_run_of_both_dtypes():
 def test_both_dtypes_in_one_run(tmp_path):
     proc, data = run_tool(tmp_path, '--models', 'soft_norm_small', '--sizes', '64x96', '--dtype', 'float32',
                           'bfloat16', '--train-max-pixels', '0', '--flops-max-pixels', '0')
-    assert sorted(r['dtype'] for r in data['rows']) == ['bfloat16', 'float32']
+    assert sorted((r['dtype'], r['out_dtype']) for r in data['rows']) == [('bfloat16', 'bfloat16'),
+                                                                        ('float32', 'float32')]
     order = [line.split()[1] for line in proc.stdout.splitlines() if line.strip().startswith('soft_norm_small')]
     assert order[:2] == ['float32', 'bfloat16']
     table = (tmp_path / 'backbone_benchmark.md').read_text()
