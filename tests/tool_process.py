@@ -3,6 +3,7 @@ every child's PYTHONPATH)."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -12,12 +13,13 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 
 def run_tool(args: list[str], cwd: Path, timeout: float = 900, check: bool = True,
              env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """``python tools/...`` (``bash`` when ``args[0]`` ends in .sh; ``args[0]`` relative to the repository root) in
-    ``cwd``. With ``check`` a non-zero exit fails the test with the ends of stdout and stderr."""
+    """``python tools/...`` (``bash`` when ``args[0]`` ends in .sh, with ``PYTHON`` set to this interpreter for the
+    launch scripts' ``${PYTHON:-python}``; ``args[0]`` relative to the repository root) in ``cwd``. With ``check``
+    a non-zero exit fails the test with the ends of stdout and stderr."""
     script = str(REPO_ROOT / args[0])
     command = ['bash', script, *args[1:]] if script.endswith('.sh') else [sys.executable, script, *args[1:]]
-    proc = subprocess.run(command, check=False, cwd=cwd, env=dict(os.environ, **(env or {})), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = subprocess.run(command, check=False, cwd=cwd, env=dict(os.environ, PYTHON=sys.executable, **(env or {})),
+                          capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f'{" ".join(args)} exited {proc.returncode}\n--- stdout\n{proc.stdout[-6000:]}\n'
                              f'--- stderr\n{proc.stderr[-6000:]}')
@@ -28,3 +30,8 @@ def tool_output(args: list[str], cwd: Path, timeout: float = 900) -> str:
     """:func:`run_tool` that must succeed; its stdout and stderr together."""
     proc = run_tool(args, cwd, timeout)
     return proc.stdout + proc.stderr
+
+
+def logged_metrics(output: str) -> dict[str, float]:
+    """The last value of every ``coco/...`` metric printed by mmengine's logger."""
+    return {key: float(value) for key, value in re.findall(r'(coco/\w+): (-?[\d.]+)', output)}

@@ -29,7 +29,7 @@ from soft_mm.engine.cli import (
     read_model_checkpoint,
 )
 from soft_mm.utils import compile_backbone_for_inference, enable_test_amp
-from soft_mm.utils.launch import COMPILE_BACKENDS
+from soft_mm.utils.launch import COMPILE_BACKENDS, compiled_graphs_note
 
 State = dict[str, torch.Tensor]
 
@@ -162,14 +162,18 @@ def main(argv: list[str] | None = None) -> object:
             raise SystemExit('--amp-dtype needs --amp')
         state_dict = read_model_checkpoint(args.checkpoint)  # before a model is built
         if not args.amp:
-            return TASKS[scope](args, cfg, state_dict)
-        device_type = torch.device(args.device).type
-        amp_dtype = enable_test_amp(cfg, args.amp_dtype)
-        if device_type == 'cpu':  # also on a GPU machine told --device cpu: CPU autocast is bfloat16 only
-            enable_cpu_bf16_ops()
-            amp_dtype = 'bfloat16'
-        with torch.autocast(device_type, dtype=getattr(torch, amp_dtype)):
-            return TASKS[scope](args, cfg, state_dict)
+            result = TASKS[scope](args, cfg, state_dict)
+        else:
+            device_type = torch.device(args.device).type
+            amp_dtype = enable_test_amp(cfg, args.amp_dtype)
+            if device_type == 'cpu':  # also on a GPU machine told --device cpu: CPU autocast is bfloat16 only
+                enable_cpu_bf16_ops()
+                amp_dtype = 'bfloat16'
+            with torch.autocast(device_type, dtype=getattr(torch, amp_dtype)):
+                result = TASKS[scope](args, cfg, state_dict)
+        if args.compile:
+            print(compiled_graphs_note(args.compile), flush=True)
+        return result
 
 
 if __name__ == '__main__':

@@ -27,7 +27,7 @@ from soft_mm.engine.cli import (
     parse_args as parse_with,
 )
 from soft_mm.utils import check_checkpoint_paths, check_data_paths, compile_backbone_for_inference, enable_test_amp
-from soft_mm.utils.launch import COMPILE_BACKENDS
+from soft_mm.utils.launch import COMPILE_BACKENDS, compiled_graphs_note
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -82,6 +82,8 @@ def main(argv: list[str] | None = None) -> None:
         if args.out:
             runner.test_evaluator.metrics.append(DumpResults(out_file_path=args.out))
         runner.test()
+        if args.compile:
+            print(compiled_graphs_note(args.compile), flush=True)
 
 
 if __name__ == '__main__':

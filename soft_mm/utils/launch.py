@@ -100,6 +100,14 @@ def compile_backbone_for_inference(model: torch.nn.Module, backend: str = 'induc
     return backbone
 
 
+def compiled_graphs_note(backend: str) -> str:
+    """One line for a tool's log after a compiled run: how many graphs torch.compile (dynamo) captured in this
+    process. An uncompiled run captures none, so the line tells whether the compiled module really ran."""
+    from torch._dynamo.utils import counters
+
+    return f'torch.compile ({backend}): {counters["stats"]["unique_graphs"]} graph(s) captured'
+
+
 def _replace_sync_bn(node) -> None:
     """Turn every ``type='SyncBN'`` in a config tree into ``'BN'`` in place."""
     if isinstance(node, dict):

@@ -14,18 +14,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from tool_process import run_tool
+from tool_process import logged_metrics, run_tool
 
 pytest.importorskip('mmdet')
 
 ROOT = Path(__file__).resolve().parents[2]
 RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 MASK_RCNN_DEMO = str(ROOT / 'configs/mask_rcnn_soft_tiny_demo.py')
-
-
-def logged_metrics(output: str) -> dict[str, float]:
-    """The last value of every ``coco/...`` metric printed by mmengine's logger."""
-    return {key: float(value) for key, value in re.findall(r'(coco/\w+): (-?[\d.]+)', output)}
 
 
 def scalars(work_dir: Path) -> list[dict]:
@@ -55,7 +50,6 @@ MASK_RCNN_FIRST_EPOCH_MIN_MAP = {'bbox': 0.08, 'segm': 0.08}
 # score_thr=0: after one epoch on 16 images the detector may score every box below the config's 0.05, and CocoMetric
 # then reports "the whole dataset is empty" instead of the metrics these short runs check for.
 SCORE_EVERY_BOX = 'model.test_cfg.rcnn.score_thr=0.0'
-TINY_RUN = ['--cfg-options', 'train_cfg.max_epochs=1', 'default_hooks.logger.interval=1', SCORE_EVERY_BOX]
 
 
 def test_missing_dataset_stops_with_one_sentence(tmp_path):
@@ -134,43 +128,40 @@ def test_amp_and_cpu_adaptation_of_the_config(monkeypatch, load_tool):
 
 
 @pytest.mark.slow
-def test_mask_rcnn_demo_train_resume_test(tiny_demo_dir):
-    """A short Mask R-CNN run with evaluation, ``--resume`` from its checkpoint, and tools/test.py on the result."""
-    work_dir = tiny_demo_dir / 'work_mask_rcnn'
-    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(work_dir), *TINY_RUN], tiny_demo_dir)
-    metrics = logged_metrics(proc.stdout + proc.stderr)
-    for key in ('coco/bbox_mAP', 'coco/bbox_mAP_50', 'coco/segm_mAP', 'coco/segm_mAP_50'):
-        assert key in metrics and math.isfinite(metrics[key]) and metrics[key] >= 0, key
-    assert (work_dir / 'epoch_1.pth').is_file()
-    losses = [r['loss'] for r in scalars(work_dir) if 'loss' in r]
-    assert losses and all(math.isfinite(v) for v in losses)
-
-    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(work_dir), '--resume',
-                     '--cfg-options', 'train_cfg.max_epochs=2', SCORE_EVERY_BOX], tiny_demo_dir)
-    output = proc.stdout + proc.stderr
-    assert 'resumed epoch: 1' in output and 'Epoch(train) [2]' in output and 'Epoch(train) [1]' not in output
-    assert (work_dir / 'epoch_2.pth').is_file()
-
-    results = tiny_demo_dir / 'results.pkl'
-    proc = run_tool(['tools/test.py', MASK_RCNN_DEMO, str(work_dir / 'epoch_2.pth'), '--work-dir', str(work_dir),
-                     '--out', str(results), '--show-dir', 'shown', '--cfg-options', SCORE_EVERY_BOX], tiny_demo_dir)
-    metrics = logged_metrics(proc.stdout + proc.stderr)
-    assert math.isfinite(metrics['coco/bbox_mAP']) and math.isfinite(metrics['coco/segm_mAP'])
-    with open(results, 'rb') as f:
-        assert len(pickle.load(f)) == 8
-    assert len(list(work_dir.glob('*/shown/*.png'))) == 8
-
-
-@pytest.mark.slow
-def test_mask_rcnn_demo_learns(tmp_path):
+def test_mask_rcnn_demo_learns_resumes_and_tests(tmp_path):
     """The Mask R-CNN demo from an empty folder, stopped after the first of its 4 epochs (the learning-rate schedule is
-    the demo's up to there; the whole demo takes 4 times as long): boxes and masks above chance."""
-    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(tmp_path / 'work'), '--cfg-options',
+    the demo's up to there; the whole demo takes 4 times as long): boxes and masks above chance. Then ``--resume``
+    from its checkpoint for one more epoch and tools/test.py on the result, on the first 16 train / 8 val images
+    (``dataset.indices``: 2 iterations, 8 pictures)."""
+    work_dir = tmp_path / 'work'
+    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(work_dir), '--cfg-options',
                      'train_cfg.max_epochs=1', 'train_cfg.val_interval=1'], tmp_path)
     metrics = logged_metrics(proc.stdout + proc.stderr)
     print(f'Mask R-CNN demo, 1 of 4 epochs: {metrics}')
     assert metrics['coco/bbox_mAP'] >= MASK_RCNN_FIRST_EPOCH_MIN_MAP['bbox']
     assert metrics['coco/segm_mAP'] >= MASK_RCNN_FIRST_EPOCH_MIN_MAP['segm']
+    for key in ('coco/bbox_mAP_50', 'coco/segm_mAP_50'):
+        assert key in metrics and math.isfinite(metrics[key]) and metrics[key] >= 0, key
+    assert (work_dir / 'epoch_1.pth').is_file()
+    losses = [r['loss'] for r in scalars(work_dir) if 'loss' in r]
+    assert losses and all(math.isfinite(v) for v in losses)
+
+    proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(work_dir), '--resume', '--cfg-options',
+                     'train_cfg.max_epochs=2', 'train_dataloader.dataset.indices=16', 'val_dataloader.dataset.indices=8',
+                     'default_hooks.logger.interval=1', SCORE_EVERY_BOX], tmp_path)
+    output = proc.stdout + proc.stderr
+    assert 'resumed epoch: 1' in output and 'Epoch(train) [2][2/2]' in output and 'Epoch(train) [1]' not in output
+    assert (work_dir / 'epoch_2.pth').is_file()
+
+    results = tmp_path / 'results.pkl'
+    proc = run_tool(['tools/test.py', MASK_RCNN_DEMO, str(work_dir / 'epoch_2.pth'), '--work-dir', str(work_dir),
+                     '--out', str(results), '--show-dir', 'shown', '--cfg-options', 'test_dataloader.dataset.indices=8',
+                     SCORE_EVERY_BOX], tmp_path)
+    metrics = logged_metrics(proc.stdout + proc.stderr)
+    assert math.isfinite(metrics['coco/bbox_mAP']) and math.isfinite(metrics['coco/segm_mAP'])
+    with open(results, 'rb') as f:
+        assert len(pickle.load(f)) == 8
+    assert len(list(work_dir.glob('*/shown/*.png'))) == 8
 
 
 @pytest.mark.slow
@@ -189,47 +180,81 @@ def test_dist_train_two_cpu_processes(tiny_demo_dir):
     assert (work_dir / 'epoch_2.pth').is_file()
 
 
+MAIN_JOB = pytest.mark.xdist_group('retinanet_main_job')  # the tests of the one main-job run (tests/tools/conftest.py)
+
+
 @pytest.mark.slow
-def test_retinanet_demo_main_job_and_inference(tmp_path):
-    """The README's main job from an empty folder: writes the data, trains, evaluates; then draws detections."""
-    work_dir = tmp_path / 'work_retinanet'
-    proc = run_tool(['tools/train.py', RETINANET_DEMO, '--work-dir', str(work_dir)], tmp_path, timeout=1500)
-    assert (tmp_path / 'data/shapes/annotations/instances_val.json').is_file()
-    metrics = logged_metrics(proc.stdout + proc.stderr)
-    print(f'RetinaNet demo: {metrics}')
-    assert metrics['coco/bbox_mAP'] >= RETINANET_DEMO_MIN_MAP
+@MAIN_JOB
+def test_retinanet_demo_main_job_learns(retinanet_main_job):
+    """The README's main job from an empty folder: writes the data, trains, evaluates above the bar."""
+    job = retinanet_main_job
+    assert (job.folder / 'data/shapes/annotations/instances_val.json').is_file()
+    print(f'RetinaNet demo: {job.metrics}')
+    assert job.metrics['coco/bbox_mAP'] >= RETINANET_DEMO_MIN_MAP
 
-    # the same checkpoint evaluated in bfloat16 (CPU autocast, soft_mm's bfloat16-products policy): within 0.01 mAP
-    checkpoint = (work_dir / 'last_checkpoint').read_text().strip()
-    proc = run_tool(['tools/test.py', RETINANET_DEMO, checkpoint, '--amp', '--work-dir', str(tmp_path / 'bf16')],
-                    tmp_path)
-    bf16_metrics = logged_metrics(proc.stdout + proc.stderr)
+
+def predicted_scores(results: Path) -> list[np.ndarray]:
+    """The detection scores of every image in a ``tools/test.py --out`` file, in dataset order."""
+    with open(results, 'rb') as f:
+        return [np.asarray(sample['pred_instances']['scores']) for sample in pickle.load(f)]
+
+
+@pytest.mark.slow
+@MAIN_JOB
+def test_retinanet_demo_checkpoint_in_float32_bfloat16_and_compiled(retinanet_main_job):
+    """tools/test.py on the main job's checkpoint: in float32 the training's own last evaluation; in bfloat16 (CPU
+    autocast, soft_mm's bfloat16-products policy) other scores within 0.01 mAP; with the backbone compiled (aot_eager:
+    dynamo's graph run by the eager kernels, no C++ build) and the checkpoint loaded into it by the runner afterwards,
+    the same mAP (a checkpoint that missed the compiled module scores ~0)."""
+    job = retinanet_main_job
+
+    def evaluate(name: str, *options: str) -> tuple[str, dict[str, float], list[np.ndarray]]:
+        results = job.folder / f'{name}.pkl'
+        proc = run_tool(['tools/test.py', RETINANET_DEMO, str(job.checkpoint), '--work-dir', str(job.folder / name),
+                         '--out', str(results), *options], job.folder)
+        output = proc.stdout + proc.stderr
+        return output, logged_metrics(output), predicted_scores(results)
+
+    _, fp32_metrics, fp32_scores = evaluate('float32')
+    assert len(fp32_scores) == 100  # the demo's val images
+    assert fp32_metrics['coco/bbox_mAP'] == pytest.approx(job.metrics['coco/bbox_mAP'], abs=1e-3)
+
+    _, bf16_metrics, bf16_scores = evaluate('bfloat16', '--amp')
     print(f'RetinaNet demo in bfloat16: {bf16_metrics}')
-    assert abs(bf16_metrics['coco/bbox_mAP'] - metrics['coco/bbox_mAP']) <= 0.01
+    assert abs(bf16_metrics['coco/bbox_mAP'] - fp32_metrics['coco/bbox_mAP']) <= 0.01
+    # it ran in bfloat16: a float32 run repeats the float32 scores bit for bit, bfloat16 products change them
+    assert any(a.shape != b.shape or not np.array_equal(a, b) for a, b in zip(bf16_scores, fp32_scores))
 
-    # with the backbone compiled (aot_eager: dynamo's graph run by the eager kernels, no C++ build) and the checkpoint
-    # loaded into it by the runner afterwards: the same mAP (a checkpoint that missed the compiled module scores ~0)
-    proc = run_tool(['tools/test.py', RETINANET_DEMO, checkpoint, '--compile', 'aot_eager', '--work-dir',
-                     str(tmp_path / 'compiled')], tmp_path)
-    compiled_metrics = logged_metrics(proc.stdout + proc.stderr)
+    output, compiled_metrics, _ = evaluate('compiled', '--compile', 'aot_eager')
     print(f'RetinaNet demo, compiled backbone: {compiled_metrics}')
-    assert abs(compiled_metrics['coco/bbox_mAP'] - metrics['coco/bbox_mAP']) <= 0.002
+    assert abs(compiled_metrics['coco/bbox_mAP'] - fp32_metrics['coco/bbox_mAP']) <= 0.002
+    graphs = re.findall(r'torch\.compile \(aot_eager\): (\d+) graph\(s\) captured', output)
+    assert graphs and int(graphs[-1]) >= 1, 'the compiled backbone ran (dynamo captured its graphs)'
 
-    image = tmp_path / 'data/shapes/val/000001.png'
-    out = tmp_path / 'detections.png'
-    proc = run_tool(['tools/infer.py', str(image), RETINANET_DEMO, checkpoint, '--out', str(out)], tmp_path)
-    lines = proc.stdout.strip().splitlines()
-    detections = lines[lines.index(f'wrote {out}') + 1:]
+
+@pytest.mark.slow
+@MAIN_JOB
+def test_retinanet_demo_infer_draws_detections_in_float32_and_bfloat16(retinanet_main_job):
+    job = retinanet_main_job
+    image = job.folder / 'data/shapes/val/000001.png'
+    out = job.folder / 'detections.png'
+
+    def infer(*options: str) -> list[str]:
+        proc = run_tool(['tools/infer.py', str(image), RETINANET_DEMO, str(job.checkpoint), '--out', str(out),
+                         *options], job.folder)
+        lines = proc.stdout.strip().splitlines()
+        return lines[lines.index(f'wrote {out}') + 1:]
+
+    detections = infer()
     assert detections, 'at least one detection above the score threshold'
     assert all(line.split()[0] in ('circle', 'square', 'triangle') for line in detections)
     drawn, original = cv2.imread(str(out)), cv2.imread(str(image))
     assert drawn.shape == original.shape and np.abs(drawn.astype(int) - original).sum() > 0
-    proc = run_tool(['tools/infer.py', str(image), RETINANET_DEMO, checkpoint, '--out', str(out), '--amp'], tmp_path)
-    lines = proc.stdout.strip().splitlines()
-    bf16_detections = lines[lines.index(f'wrote {out}') + 1:]
-    # the same drawn detections up to one box at the score threshold
+    bf16_detections = infer('--amp')
+    # the same drawn detections up to one box at the score threshold, with the scores or boxes of a bfloat16 forward
     assert bf16_detections and abs(len(bf16_detections) - len(detections)) <= 1
     assert all(line.split()[0] in ('circle', 'square', 'triangle') for line in bf16_detections)
+    assert bf16_detections != detections, 'a float32 forward prints the float32 lines again'
 
 
 def test_make_demo_data_writes_once(tmp_path, load_tool):

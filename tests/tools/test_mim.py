@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # the mim of this interpreter's environment first (where tools/install.sh puts it), else any on PATH
 MIM = shutil.which('mim', path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get('PATH', '')]))
 ON_CI = os.environ.get('CI', '').lower() in ('1', 'true')
+# pip builds in the checkout (build/, soft_mm.egg-info) and `mim install -e` reinstalls soft_mm into site-packages:
+# under pytest-xdist these tests run on one worker, one after another
+pytestmark = pytest.mark.xdist_group('site_packages')
 
 
 @pytest.fixture(autouse=True)
@@ -84,7 +87,7 @@ def _installed_checkout() -> Path | None:
 def test_mim_install_editable(tmp_path: Path) -> None:
     if _installed_checkout() != ROOT.resolve():
         pytest.skip('soft_mm is not installed editable from this checkout; reinstalling it elsewhere would move it')
-    output = _mim(['install', '-e', str(ROOT)], tmp_path)
+    output = _mim(['install', '-e', str(ROOT), '--no-build-isolation'], tmp_path)  # offline: setuptools is here
     assert 'Successfully installed soft_mm' in output
     assert _installed_checkout() == ROOT.resolve()
     # setup.py links soft_mm/.mim/{configs,tools,model-index.yml} to the checkout's own, so edits are seen at once
@@ -139,20 +142,19 @@ def test_wheel_ships_configs_tools_and_model_index_for_mim(wheel: Path) -> None:
     assert [name for name in expected if shipped[name] != expected[name]] == []
 
 
+# what a checkout holds besides its sources (.gitignore's build outputs, data and run outputs, and soft_mm/.mim, the
+# editable install's links): the sdist is built from a copy of the rest, as from an unpacked release, no git needed
+NOT_SOURCE = ('.git', '__pycache__', '*.py[cod]', '*.egg-info', 'build', 'dist', '.pytest_cache', '.ruff_cache',
+              'data', 'checkpoints', 'work_dirs', 'outputs', '*.pth', '*.pt', '.mim')
 BUILD_SDIST = 'import sys; from setuptools import build_meta; print(build_meta.build_sdist(sys.argv[1]))'
 
 
 def test_sdist_builds_a_wheel_with_the_mim_resources(tmp_path: Path) -> None:
     """`python -m build` builds the wheel from the sdist: MANIFEST.in must put configs, tools and the model index in
-    it, or that wheel would have no soft_mm/.mim. The sdist is built from a clean copy of the checkout's files (a
-    checkout's stale soft_mm.egg-info/SOURCES.txt would otherwise stand in for MANIFEST.in)."""
-    listed = subprocess.run(['git', 'ls-files', '--cached', '--others', '--exclude-standard', '-z'], cwd=ROOT,
-                            capture_output=True, check=True).stdout.decode().split('\0')
+    it, or that wheel would have no soft_mm/.mim. The sdist is built from a clean copy of the checkout's source files
+    (a checkout's stale soft_mm.egg-info/SOURCES.txt would otherwise stand in for MANIFEST.in)."""
     clean = tmp_path / 'checkout'
-    for name in filter(None, listed):
-        if (ROOT / name).is_file():
-            (clean / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(ROOT / name, clean / name)
+    shutil.copytree(ROOT, clean, symlinks=True, ignore=shutil.ignore_patterns(*NOT_SOURCE))
     sdist = subprocess.run([sys.executable, '-c', BUILD_SDIST, str(tmp_path)], cwd=clean,
                            capture_output=True, text=True, timeout=600, check=True).stdout.split()[-1]
     _run([sys.executable, '-m', 'pip', 'wheel', '--no-deps', '--no-build-isolation', '--disable-pip-version-check',
