@@ -53,13 +53,31 @@ def write_mim_resources(mim_dir: Path, *, link: bool) -> None:
             shutil.copy2(source, target)
 
 
+def write_checkout_egg_info(distribution) -> None:
+    """Write ``soft_mm.egg-info`` into the checkout, as the legacy ``setup.py develop`` did.
+
+    openmim 0.3.9 finds an installed package at ``<distribution location>/soft_mm``; for a PEP 660 editable install
+    that location is site-packages, which has no ``soft_mm`` folder, unless the checkout's own egg-info comes first on
+    ``sys.path`` (``mim search soft_mm`` run from the checkout). An editable build without build isolation (the
+    installer's) writes its egg-info only into a temporary folder, so it is written here too.
+    """
+    from setuptools.command.egg_info import egg_info
+
+    command = egg_info(distribution)
+    command.egg_base = str(ROOT)
+    command.ensure_finalized()
+    command.run()
+
+
 class BuildPyWithMim(build_py):
-    """build_py, then soft_mm/.mim: copies in the build folder for a wheel, links in the checkout when editable."""
+    """build_py, then soft_mm/.mim: copies in the build folder for a wheel, links in the checkout (and its egg-info)
+    when editable."""
 
     def run(self) -> None:
         super().run()
         if self.editable_mode:
             write_mim_resources(ROOT / PACKAGE / '.mim', link=True)
+            write_checkout_egg_info(self.distribution)
         else:
             write_mim_resources(Path(self.build_lib) / PACKAGE / '.mim', link=False)
 
