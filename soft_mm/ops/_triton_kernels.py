@@ -90,7 +90,7 @@ def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, 
 @triton.jit
 def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsum_ptr, lcnt_ptr,
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
-             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
+             sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
              EMULATE: tl.constexpr):
     q, lm, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
     marks = tl.arange(0, MP)
@@ -103,11 +103,11 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
     gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
     grad_k = pdot(go, tl.trans(mid), LOW, EMULATE) + pdot(v, tl.trans(gctx), LOW, EMULATE)
     grad_v = pdot(k, gctx, LOW, EMULATE)
-    tl.store(gv_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd,
+    tl.store(gv_ptr + b * sgvb + hh * sgvh + rows[:, None] * sgvn + cols[None, :] * sgvd,
              grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
     grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
     grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
-    tl.store(gq_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
+    tl.store(gq_ptr + b * sgqb + hh * sgqh + rows[:, None] * sgqn + dims[None, :] * sgqd,
              grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
     slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
     lsum = tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)

@@ -9,7 +9,9 @@ cancel, so the exponent never runs in a lower dtype), and uses it at once; no N√
 * ``k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
 * ``backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
   ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the block's partial sums of the
-  landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``.
+  landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``. Every tensor is read and written through its own
+  strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout when those are dense,
+  contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
 
 The m√óm middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
 the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
@@ -146,7 +148,7 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     launch.kernels.backward[launch.grid](
         q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
         grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
-        **launch.meta(low))
+        *_strides(grad_q), *_strides(grad_v), **launch.meta(low))
     batch, heads, m, d = lm.shape
     sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
     counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)

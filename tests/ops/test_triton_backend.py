@@ -64,6 +64,23 @@ def test_value_dim_and_head_dim_may_differ_and_strided_views_are_read_in_place()
     assert relative(out, reference) < 3e-5
 
 
+def test_gradients_of_non_dense_views_are_written_in_their_own_layout():
+    # q and v are the first 32 of 48 channels of wider tensors (views with gaps, which empty_like does not copy: the
+    # gradients are contiguous); before, the backward wrote them through q's and v's strides, out of bounds
+    tensors, grad_out = inputs(70, 9)
+    wide = [torch.cat([t, torch.randn(*t.shape[:3], 16, dtype=t.dtype)], -1) for t in (tensors[0], tensors[2])]
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
+    leaves = [w.float().requires_grad_() for w in wide]
+    landmarks = tensors[1].float().requires_grad_()
+    q, v = leaves[0][..., :32], leaves[1][..., :32]
+    assert not q.is_contiguous() and q.stride() == (2 * 70 * 48, 70 * 48, 48, 1)
+    out = soft_attention(q, landmarks, v, ridge=0.01, normalize=True, backend='triton')
+    grad_q, grad_landmarks, grad_v = torch.autograd.grad(out, (q, landmarks, v), grad_out.float())
+    errors = [relative(a, b) for a, b in zip((out, grad_q, grad_landmarks, grad_v), reference)]
+    assert max(errors) < 3e-5, errors
+    assert grad_q.is_contiguous() and grad_v.is_contiguous()
+
+
 @pytest.mark.parametrize('num_tokens, num_landmarks', [(63, 49), (300, 1)])
 @pytest.mark.parametrize('input_dtype, autocast, low_dtype', [(torch.bfloat16, False, torch.bfloat16),
                                                               (torch.float32, True, torch.bfloat16),
