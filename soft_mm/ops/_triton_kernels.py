@@ -90,8 +90,8 @@ def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, 
 @triton.jit
 def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsum_ptr, lcnt_ptr,
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
-             sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
-             EMULATE: tl.constexpr):
+             sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr,
+             DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr, EMULATE: tl.constexpr):
     q, lm, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)

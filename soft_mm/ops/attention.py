@@ -10,6 +10,7 @@ from .kernel import gaussian_kernel
 from .newton import newton_inverse
 from .precision import Precision, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
+from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
 from .triton_nystrom import triton_nystrom_products
 from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
@@ -88,7 +89,8 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     out_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
     policy = precision_policy(q.device.type, out_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
-    chosen = select_backend(q.device.type, out_dtype, policy, q.shape[2], needs_grad, graph_mode(), backend)
+    chosen = select_backend(q.device.type, out_dtype, policy, q.shape[2], needs_grad, graph_mode(), backend,
+                            num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3])
     options = {} if tile_size is None or 'tile_size' not in dict(chosen.options) else {'tile_size': tile_size}
     work_dtype = policy.exponent
     with no_autocast(q.device):
@@ -155,7 +157,8 @@ REFERENCE = register_backend(Backend(
     double_backward=True, compile=True, export=True))
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
-    dtypes=(torch.float16, torch.bfloat16, torch.float32), compile=True, check=triton_unsupported_reason))
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), compile=True, max_landmarks=TRITON_MAX_DIM,
+    max_head_dim=TRITON_MAX_DIM, check=triton_unsupported_reason))
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
     compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))

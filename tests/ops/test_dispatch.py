@@ -71,6 +71,43 @@ def test_no_fitting_backend_lists_every_reason():
     assert 'tiled runs on cpu, not hpu' in message and 'reference runs on cpu/cuda' in message
 
 
+def test_every_reason_of_every_backend_is_listed():
+    with pytest.raises(DispatchError) as info:
+        pick(device='hpu', dtype=torch.float64, mode='export')
+    message = str(info.value)
+    for reason in ('triton runs on cuda/cpu, not hpu, does not take torch.float64 inputs, cannot run while a graph is '
+                   'exported', 'tiled runs on cpu, not hpu, cannot run while a graph is exported',
+                   'is chosen automatically only above 8192 tokens (got 100)', 'reference runs on cpu/cuda/mps'):
+        assert reason in message, message
+
+
+def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkeypatch):
+    sizes = dict(num_landmarks=128, head_dim=128, value_dim=128)
+    expected = 'triton' if triton_available() else 'reference'
+    assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **sizes).name == expected
+    # m = 196 (landmark_grid=14) or a head dim above 128: the Triton kernels' tiles do not fit, the reference runs
+    for too_big in (dict(num_landmarks=196), dict(head_dim=129), dict(value_dim=160)):
+        assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **{**sizes, **too_big}).name == 'reference'
+    triton = {b.name: b for b in backends()}['triton']
+    assert (triton.max_landmarks, triton.max_head_dim) == (128, 128) and 'm <= 128; d, d_v <= 128' in triton.describe()
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr('soft_mm.ops.triton_nystrom.triton_available', lambda: True)
+    with pytest.raises(DispatchError) as info:
+        select_backend('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160,
+                       value_dim=32)
+    assert str(info.value) == (
+        "soft_attention: backend 'triton' runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for "
+        "tests), does not take torch.float64 inputs, takes at most 128 landmarks (got m = 196), takes a head dim d of "
+        "at most 128 (got 160)")
+
+
+def test_soft_attention_passes_its_sizes_to_the_dispatcher(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    q, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 3)
+    with pytest.raises(DispatchError, match=r"takes at most 128 landmarks \(got m = 129\)"):
+        soft_attention(q, torch.randn(1, 1, 129, 4), v, backend='triton')
+
+
 def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
     calls = []
 
