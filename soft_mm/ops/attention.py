@@ -8,7 +8,7 @@ from .capture import graph_mode
 from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select_backend
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
-from .precision import Precision, no_autocast, precision_policy
+from .precision import Precision, ieee_float32_matmuls, ieee_matmul, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
 from .triton_nystrom import triton_nystrom_products
@@ -62,7 +62,9 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     in float64); bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32
     accumulation, and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32 (the
     module :mod:`soft_mm.ops.precision` gives the measurements behind each choice). The result is cast back to the
-    promoted dtype of the inputs, so float16/bfloat16 inputs give finite float16/bfloat16 outputs.
+    promoted dtype of the inputs, so float16/bfloat16 inputs give finite float16/bfloat16 outputs. float32 means IEEE
+    float32: the op's GEMMs, forward and backward, ignore a global ``allow_tf32`` / ``float32_matmul_precision``
+    setting (set back to the caller's after each step; eager calls, the compiled graph's custom ops).
 
     Args:
         q: ``(B, h, N, d)`` scaled queries (= keys: SOFT shares the projection).
@@ -93,7 +95,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
                             num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3])
     options = {} if tile_size is None or 'tile_size' not in dict(chosen.options) else {'tile_size': tile_size}
     work_dtype = policy.exponent
-    with no_autocast(q.device):
+    with no_autocast(q.device), ieee_float32_matmuls():
         landmarks = landmarks.to(work_dtype)
         if not policy.mixed:
             q, v = q.to(work_dtype), v.to(work_dtype)
@@ -143,13 +145,13 @@ def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmar
         k1 = k1.to(precision.products)
         context = (k1.transpose(-2, -1) @ v.to(k1.dtype)).to(precision.accumulate)  # (B, h, m, d_v)
     else:
-        context = k1.transpose(-2, -1) @ v  # (B, h, m, d_v)
+        context = ieee_matmul(k1.transpose(-2, -1), v)  # (B, h, m, d_v)
     if normalize:
         scale = _inv_sqrt_row_sums(kernel_landmarks).unsqueeze(-1).to(kernel_inv.dtype)  # D^-1/2 as (B, h, m, 1)
-        context = scale * (kernel_inv @ (scale * context.to(kernel_inv.dtype)))
+        context = scale * ieee_matmul(kernel_inv, scale * context.to(kernel_inv.dtype))
     else:
-        context = kernel_inv @ context.to(kernel_inv.dtype)
-    return k1 @ context.to(k1.dtype)  # (B, h, N, d_v)
+        context = ieee_matmul(kernel_inv, context.to(kernel_inv.dtype))
+    return ieee_matmul(k1, context.to(k1.dtype))  # (B, h, N, d_v)
 
 
 REFERENCE = register_backend(Backend(
