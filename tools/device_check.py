@@ -12,6 +12,9 @@ checkout offline first, without build isolation (which would fetch setuptools fr
     PYTHONPATH=/path/to/soft_mm python /path/to/soft_mm/tools/device_check.py
     pip install --no-deps --no-build-isolation -e /path/to/soft_mm   # or this, then python tools/device_check.py
 
+(the install needs setuptools >= 77 already installed there, for pyproject's ``license = "MIT"``; checked offline
+with ``--no-index`` against setuptools 81).
+
 The JSON file is rewritten after each part (and after each correctness case), so a crash or a timeout keeps what was
 measured; a case or a part that raises is recorded with its error and the check goes on.
 
