@@ -28,7 +28,9 @@ Parts:
    and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same q, v
    (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to move
    q, v and the output once through memory at the device's measured copy bandwidth;
-3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory.
+3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory;
+4. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
+   and spilled bytes per kernel and dtypes (:mod:`soft_mm.ops.triton_cubins`, the table its test holds at 0 spills).
 """
 from __future__ import annotations
 
@@ -55,6 +57,7 @@ import soft_mm  # noqa: E402
 from soft_mm.ops import soft_attention  # noqa: E402
 from soft_mm.ops.attention import plain_soft_attention  # noqa: E402
 from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
+from soft_mm.ops.triton_cubins import format_table, resource_usage  # noqa: E402
 from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
 from soft_mm.utils.bench import PeakMemory, relative_error, timed  # noqa: E402
 
@@ -228,6 +231,18 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+def compiled_kernels(device: torch.device) -> list[dict]:
+    """Registers and spills of every kernel compiled for sm_80, sm_90 and the device's architecture; prints the
+    table."""
+    archs = {80, 90}
+    if device.type == 'cuda':
+        major, minor = torch.cuda.get_device_capability(device)
+        archs.add(10 * major + minor)
+    rows = resource_usage(tuple(sorted(archs)))
+    print(format_table(rows), flush=True)
+    return rows
+
+
 def error_line(err: BaseException) -> str:
     """``'Type: first line of the message'``, at most 200 characters."""
     lines = str(err).splitlines()
@@ -277,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     report.run_part('op', lambda: bench_op(cfg, device))
     print('3. backbones, bfloat16 autocast', flush=True)
     report.run_part('backbones', lambda: bench_backbones(cfg, device))
+    print('4. the Triton kernels compiled (registers / spilled bytes per thread)', flush=True)
+    report.run_part('cubins', lambda: compiled_kernels(device))
     print(f'wrote {args.out}')
     correctness = report.data.get('correctness', [])
     return 0 if correctness and all(r['ok'] for r in correctness) else 1

@@ -92,20 +92,26 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
              sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr,
              DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr, EMULATE: tl.constexpr):
-    q, lm, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
+    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     dims = tl.arange(0, DP)
     value_mask = row_ok[:, None] & (cols[None, :] < DV)
-    v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
-    go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
-    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+    # the order keeps few tiles alive at once (0 spills, triton_config): grad v first, then grad K1 one product at a
+    # time, then q and the landmarks loaded again rather than kept through it all
     gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
-    grad_k = pdot(go, tl.trans(mid), LOW, EMULATE) + pdot(v, tl.trans(gctx), LOW, EMULATE)
     grad_v = pdot(k, gctx, LOW, EMULATE)
     tl.store(gv_ptr + b * sgvb + hh * sgvh + rows[:, None] * sgvn + cols[None, :] * sgvd,
              grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
+    v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
+    grad_k = pdot(v, tl.trans(gctx), LOW, EMULATE)
+    go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
+    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+    grad_k += pdot(go, tl.trans(mid), LOW, EMULATE)
     grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
+    q = load_f32(q_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
+                 row_ok[:, None] & (dims[None, :] < D))
+    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], (marks[:, None] < M) & (dims[None, :] < D))
     grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
     tl.store(gq_ptr + b * sgqb + hh * sgqh + rows[:, None] * sgqn + dims[None, :] * sgqd,
              grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))

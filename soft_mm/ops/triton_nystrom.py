@@ -33,12 +33,9 @@ import torch
 from torch import Tensor
 
 from .library import products_op
+from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, padded
 
 __all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
-
-BLOCK_N = 64
-MAX_DIM = 128
-
 
 def triton_available() -> bool:
     return importlib.util.find_spec('triton') is not None
@@ -55,10 +52,6 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
     if device_type == 'cpu' and not (forced and _interpreting()):
         return 'runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests)'
     return None
-
-
-def _pad(n: int) -> int:
-    return max(16, 1 << (int(n) - 1).bit_length())
 
 
 _LOADED: dict[str, object] = {}
@@ -95,13 +88,15 @@ def _padded(t: Tensor, rows: int, cols: int) -> Tensor:
 
 
 class _Launch:
-    """Sizes, padded tile sizes and the grid of one call: blocks of BLOCK_N tokens x (sample, head) groups."""
+    """Sizes, padded tile sizes and the grid of one kernel's call: blocks of ``block`` tokens x (sample, head)
+    groups."""
 
-    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor) -> None:
+    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, block: int = BLOCK_N) -> None:
         self.batch, self.heads, self.n, self.d = q.shape
         self.m, self.dv = landmarks.shape[2], v.shape[3]
-        self.mp, self.dp, self.dvp = _pad(self.m), _pad(self.d), _pad(self.dv)
-        self.nblk = -(-self.n // BLOCK_N)
+        self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
+        self.block = block
+        self.nblk = -(-self.n // block)
         self.grid = (self.nblk, self.batch * self.heads)
         self.kernels, self.emulate = _kernels(), _interpreting()
 
@@ -109,7 +104,8 @@ class _Launch:
         return self.heads, self.n, self.m, self.d, self.dv
 
     def meta(self, low: bool) -> dict:
-        return dict(BLOCK=BLOCK_N, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate)
+        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate,
+                    num_warps=NUM_WARPS)
 
     def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: bool) -> Tensor:
         """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-block partial sums, summed here."""
@@ -135,9 +131,9 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
               mixed: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
     lm = landmarks.contiguous()
-    launch = _Launch(q, lm, v)
     grad_out = grad_out.to(v.dtype)
-    grad_mixed = launch.kt_x(q, lm, grad_out, low)  # K1^T grad_out
+    grad_mixed = _Launch(q, lm, v).kt_x(q, lm, grad_out, low)  # K1^T grad_out
+    launch = _Launch(q, lm, v, BLOCK_N_BACKWARD)
     grad_middle = grad_mixed @ context.transpose(-2, -1)
     grad_context = middle.float().transpose(-2, -1) @ grad_mixed
     grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))

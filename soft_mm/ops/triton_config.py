@@ -1,0 +1,21 @@
+"""The launch configuration of the Triton kernels, in one place for the launches (:mod:`.triton_nystrom`) and their
+ahead-of-time compilation (:mod:`.triton_cubins`, which runs without torch). Plain Python: no imports.
+
+The tile sizes and warps hold every kernel at 0 spilled registers at d = 32 on sm_80 and sm_90 in every dtype
+(``python soft_mm/ops/triton_cubins.py`` prints the table; ``tests/ops/test_triton_cubins.py`` holds it): with 4
+warps the backward spilled 7-15 KB per thread on sm_80 (it holds the kernel block, its gradient, q, v, grad_out and
+four m×d tiles at once) and ``k_times`` 88 bytes on sm_90.
+"""
+
+__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_DIM', 'NUM_WARPS', 'padded']
+
+BLOCK_N = 64  # tokens per program of the forward kernels (kt_x, k_times)
+BLOCK_N_BACKWARD = 32  # tokens per program of the backward kernel
+NUM_WARPS = 8  # warps per program, every kernel
+MAX_DIM = 128  # the largest m, d and d_v (tiles of up to MAX_DIM x MAX_DIM in registers)
+KERNEL_BLOCKS = {'kt_x': BLOCK_N, 'k_times': BLOCK_N, 'backward': BLOCK_N_BACKWARD}
+
+
+def padded(n: int) -> int:
+    """A size as a tile dimension: the next power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, 1 << (int(n) - 1).bit_length())
