@@ -22,12 +22,12 @@ Parts:
 
 1. correctness on the device: the Triton backend's outputs and gradients against the float64 reference at
    (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32 (float32 within 3e-5, also with TF32 switched
-   on globally as training scripts do; bfloat16 within half the error of the plain math in bfloat16, the
-   FlashAttention rule); the exit status is 1 if any case fails;
-2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16 and float32, forward
-   and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same q, v
-   (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to move
-   q, v and the output once through memory at the device's measured copy bandwidth;
+   on globally as training scripts do; bfloat16 and float16 within half the error of the plain math in that dtype,
+   the FlashAttention rule); the exit status is 1 if any case fails;
+2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16, float16 and float32,
+   forward and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same
+   q, v (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to
+   move q, v and the output once through memory at the device's measured copy bandwidth;
 3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory;
 4. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
    and spilled bytes per kernel and dtypes (:mod:`soft_mm.ops.triton_cubins`, the table its test holds at 0 spills).
@@ -100,22 +100,26 @@ def check_case(tokens: int, landmarks: int, cfg: dict, device: torch.device) -> 
     with float32_matmul_precision('tf32'):  # as a training script with allow_tf32 = True: the op must not see it
         tf32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
     ref32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(reference32, as_float), exact))
-    low = [t.bfloat16() for t in tensors]
-    exact_low = outputs_and_grads(plain_soft_attention, [t.double() for t in low])
-    err16 = [relative_error(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
-    plain16 = [relative_error(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
-    ok = max(err32, tf32) <= max(3e-5, 4 * ref32) and all(e <= 0.5 * p for e, p in zip(err16, plain16))
-    print(f"  N={tokens:>5} m={landmarks:>2}: float32 {err32:.1e} (TF32 on globally {tf32:.1e}, reference backend "
-          f"{ref32:.1e}); bfloat16 {max(err16):.1e}, at most {max(e / p for e, p in zip(err16, plain16)):.2f}x the "
-          f"plain bfloat16 math's {'ok' if ok else 'FAIL'}", flush=True)
-    return dict(float32_error=err32, float32_error_tf32_on=tf32, reference_float32_error=ref32, bf16_errors=err16,
-                plain_bf16_errors=plain16, ok=ok)
+    row = dict(float32_error=err32, float32_error_tf32_on=tf32, reference_float32_error=ref32)
+    ok = max(err32, tf32) <= max(3e-5, 4 * ref32)
+    line = f'float32 {err32:.1e} (TF32 on globally {tf32:.1e}, reference backend {ref32:.1e})'
+    for name, dtype in (('bf16', torch.bfloat16), ('f16', torch.float16)):
+        low = [t.to(dtype) for t in tensors]
+        exact_low = outputs_and_grads(plain_soft_attention, [t.double() for t in low])
+        errors = [relative_error(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
+        plain = [relative_error(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
+        ok = ok and all(e <= 0.5 * p for e, p in zip(errors, plain))
+        row.update({f'{name}_errors': errors, f'plain_{name}_errors': plain})
+        ratio = max(e / p for e, p in zip(errors, plain))
+        line += f'; {str(dtype).replace("torch.", "")} {max(errors):.1e}, at most {ratio:.2f}x the plain math\'s'
+    print(f"  N={tokens:>5} m={landmarks:>2}: {line} {'ok' if ok else 'FAIL'}", flush=True)
+    return dict(row, ok=ok)
 
 
 def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[dict]:
     """float32: within 3e-5 of float64 (or 4x the reference backend's float32 error, where the landmark kernel's
-    conditioning amplifies rounding); bfloat16: every error at most half the plain bfloat16 math's, both measured
-    against float64 on the same bfloat16-rounded inputs (the FlashAttention rule). A case that raises is recorded
+    conditioning amplifies rounding); bfloat16 and float16: every error at most half the plain math's in that dtype,
+    both measured against float64 on the same rounded inputs (the FlashAttention rule). A case that raises is recorded
     (``ok`` False, its error) and the next one runs; the report is saved after each case."""
     rows = report.part('correctness')
     for tokens, landmarks in cfg['check_cases']:
@@ -162,7 +166,7 @@ def copy_bandwidth(device: torch.device) -> float:
 def bench_op(cfg: dict, device: torch.device) -> list[dict]:
     rows = []
     bandwidth = copy_bandwidth(device)
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for tokens in cfg['op_tokens']:
             q, lm, v, grad = op_inputs(tokens, cfg['landmarks'], cfg, device, dtype)
             moved = 3 * q.numel() * q.element_size()  # q, v and the output, once

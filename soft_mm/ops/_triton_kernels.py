@@ -3,7 +3,7 @@ a kernel is decorated, so this module is re-imported when that setting changes).
 import triton
 import triton.language as tl
 
-__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'pdot', 'round_bf16']
+__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'pdot', 'pow2_above', 'round_bf16']
 
 
 
@@ -26,15 +26,31 @@ def load_f32(ptrs, mask):
 
 
 @triton.jit
+def pow2_above(x):
+    """The smallest power of two >= max |x| over the tile (1 for a zero tile): ``x / it`` lies in [-1, 1]."""
+    top = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    return tl.where(top > 0.0, tl.exp2(tl.ceil(tl.log2(top))), 1.0)
+
+
+@triton.jit
 def pdot(a, b, LOW: tl.constexpr, EMULATE: tl.constexpr):
-    """``a @ b`` of float32 tiles with float32 accumulation; with ``LOW`` the operands are rounded to bfloat16 first
-    (on a GPU a bfloat16 tensor-core product, under the interpreter the same values in float32)."""
-    if LOW:
+    """``a @ b`` of float32 tiles with float32 accumulation, the operands rounded to the products' dtype first:
+    ``LOW`` 0 float32 (IEEE, no TF32), 1 bfloat16, 2 float16 (on a GPU tensor-core products; under the interpreter
+    the same rounded values multiplied in float32). For float16, ``b`` (an m×d factor, which the inverse can make
+    large) is scaled into [-1, 1] by a power of two and the product scaled back, so it stays in float16's range;
+    ``a`` must be representable (the kernel block, in [0, 1], or float16 values)."""
+    if LOW == 1:
         if EMULATE:
             return tl.dot(round_bf16(a), round_bf16(b), input_precision='ieee')
         return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    if LOW == 2:
+        scale = pow2_above(b)
+        a16 = a.to(tl.float16)
+        b16 = (b / scale).to(tl.float16)
+        if EMULATE:
+            return tl.dot(a16.to(tl.float32), b16.to(tl.float32), input_precision='ieee') * scale
+        return tl.dot(a16, b16) * scale
     return tl.dot(a, b, input_precision='ieee')
-
 
 
 @triton.jit

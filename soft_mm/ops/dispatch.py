@@ -37,7 +37,7 @@ from .capture import GRAPH_MODES
 from .precision import Precision
 from .tiled import DEFAULT_TILE_SIZE
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'Backend', 'Call', 'DispatchError', 'backends', 'register_backend',
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'Backend', 'Call', 'DispatchError', 'backends', 'register_backend', 'select',
            'select_backend']
 
 # The tiled backend's automatic threshold: below it the reference's N×m temporaries still fit in cache and the
@@ -89,6 +89,7 @@ class Backend:
         devices: device types it runs on (``torch.device.type``).
         dtypes: input dtypes it accepts.
         mixed_precision: whether it runs the lower-dtype products of a mixed :class:`Precision`.
+        product_dtypes: the dtypes of those products it runs (with float32 accumulation).
         backward: whether it has a (first-order) backward.
         double_backward: whether it supports double backward.
         compile: whether it runs under ``torch.compile`` (custom ops with fake kernels, or plain ATen operators).
@@ -106,6 +107,7 @@ class Backend:
     devices: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     mixed_precision: bool = True
+    product_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     backward: bool = True
     double_backward: bool = False
     compile: bool = False
@@ -129,6 +131,9 @@ class Backend:
             reasons.append(f'does not take {call.dtype} inputs')
         if call.precision.mixed and not self.mixed_precision:
             reasons.append(f'has no mixed-precision products ({call.precision})')
+        elif call.precision.mixed and call.precision.products not in self.product_dtypes:
+            products = str(call.precision.products).replace('torch.', '')
+            reasons.append(f'has no {products} products with float32 accumulation')
         if call.needs_grad and not self.backward:
             reasons.append('has no backward')
         if call.mode == 'export' and not self.export:
@@ -148,8 +153,9 @@ class Backend:
     def describe(self) -> str:
         """One line of its declared support."""
         dtypes = ', '.join(str(d).replace('torch.', '') for d in self.dtypes)
+        products = '/'.join(str(d).replace('torch.', '') for d in self.product_dtypes)
         flags = [f'devices {"/".join(self.devices)}', f'dtypes {dtypes}',
-                 'mixed-precision products' if self.mixed_precision else 'no mixed precision',
+                 f'{products} products' if self.mixed_precision else 'no mixed precision',
                  'double backward' if self.double_backward else ('backward' if self.backward else 'no backward'),
                  'eager' + (', compile' if self.compile else '') + (', export' if self.export else '')]
         if self.max_landmarks is not None:
@@ -177,33 +183,41 @@ def backends() -> list[Backend]:
     return sorted(_BACKENDS.values(), key=lambda b: -b.priority)
 
 
-def select_backend(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
-                   mode: str = 'eager', name: str | None = None, *, num_landmarks: int | None = None,
-                   head_dim: int | None = None, value_dim: int | None = None) -> Backend:
-    """The backend for a call: ``name`` if given and it fits, else the first that fits by priority.
+def select(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
+           mode: str = 'eager', name: str | None = None, *, num_landmarks: int | None = None,
+           head_dim: int | None = None, value_dim: int | None = None) -> tuple[Backend, Precision]:
+    """The backend for a call and the precision it runs: ``name`` if given and it fits, else the first that fits by
+    priority; each policy of ``precision.chain()`` in turn (e.g. float16 products, else float32 where no backend that
+    fits stores its sums in float32).
 
     ``mode`` is :func:`~soft_mm.ops.capture.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``. The sizes m,
     d and d_v are checked against each backend's limits when given (a backend above its limits is passed over).
 
     Raises:
         ValueError: ``name`` is not a registered backend.
-        DispatchError: the named backend, or every backend, cannot take the call (every reason of each listed).
+        DispatchError: the named backend, or every backend, cannot take the call (every reason of each listed, for
+            the preferred policy).
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f'select_backend: mode must be one of {GRAPH_MODES}, got {mode!r}')
-    call = Call(device_type, dtype, precision, num_tokens, needs_grad, mode, num_landmarks, head_dim, value_dim)
+    if name is not None and name not in _BACKENDS:
+        raise ValueError(f'soft_attention: backend={name!r} is not one of {sorted(_BACKENDS)} (or None)')
+    candidates = [_BACKENDS[name]] if name is not None else backends()
+    refusals: list[str] = []  # each backend's reasons for the preferred policy
+    for policy in precision.chain():
+        call = Call(device_type, dtype, policy, num_tokens, needs_grad, mode, num_landmarks, head_dim, value_dim)
+        for backend in candidates:
+            reasons = backend.unsupported_reasons(call, forced=name is not None)
+            if not reasons:
+                return backend, policy
+            if policy is precision:
+                refusals.append(', '.join(reasons))
     if name is not None:
-        if name not in _BACKENDS:
-            raise ValueError(f'soft_attention: backend={name!r} is not one of {sorted(_BACKENDS)} (or None)')
-        reasons = _BACKENDS[name].unsupported_reasons(call, forced=True)
-        if reasons:
-            raise DispatchError(f'soft_attention: backend {name!r} ' + ', '.join(reasons))
-        return _BACKENDS[name]
-    refusals = []
-    for backend in backends():
-        reasons = backend.unsupported_reasons(call, forced=False)
-        if not reasons:
-            return backend
-        refusals.append(f'{backend.name} ' + ', '.join(reasons))
+        raise DispatchError(f'soft_attention: backend {name!r} {refusals[0]}')
     raise DispatchError(f'soft_attention: no backend fits {device_type} {dtype} inputs of {num_tokens} tokens: '
-                        + '; '.join(refusals))
+                        + '; '.join(f'{b.name} {r}' for b, r in zip(candidates, refusals)))
+
+
+def select_backend(*args, **kwargs) -> Backend:
+    """:func:`select`'s backend alone."""
+    return select(*args, **kwargs)[0]

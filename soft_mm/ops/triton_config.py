@@ -7,13 +7,15 @@ warps the backward spilled 7-15 KB per thread on sm_80 (it holds the kernel bloc
 four m×d tiles at once) and ``k_times`` 88 bytes on sm_90.
 """
 
-__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_DIM', 'NUM_WARPS', 'padded']
+__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_DIM', 'NUM_WARPS', 'PRODUCTS_CODES', 'padded']
 
 BLOCK_N = 64  # tokens per program of the forward kernels (kt_x, k_times)
 BLOCK_N_BACKWARD = 32  # tokens per program of the backward kernel
 NUM_WARPS = 8  # warps per program, every kernel
 MAX_DIM = 128  # the largest m, d and d_v (tiles of up to MAX_DIM x MAX_DIM in registers)
 KERNEL_BLOCKS = {'kt_x': BLOCK_N, 'k_times': BLOCK_N, 'backward': BLOCK_N_BACKWARD}
+# the kernels' LOW constant: the dtype of the products with v (float32 accumulation in every case)
+PRODUCTS_CODES = {'float32': 0, 'bfloat16': 1, 'float16': 2}
 
 
 def padded(n: int) -> int:

@@ -31,10 +31,12 @@ __all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'format_table', 'resource_usage'
 
 ARCHS = (80, 90)
 KERNELS = ('kt_x', 'k_times', 'backward')
-# (q, v, products) of every launch the precision policy can make: float32 everything; bfloat16 products (q float32
-# under bfloat16 autocast, bfloat16 inputs, or float16 inputs with precision='bfloat16'; v cast to bfloat16)
-LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'), ('fp32', 'bf16', 'bf16'), ('bf16', 'bf16', 'bf16'),
-                 ('fp16', 'bf16', 'bf16'))
+# (q, v, products) of every launch the precision policy can make: float32 everything; bfloat16 or float16 products
+# with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever products are forced) and v
+# cast to the products' dtype
+LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
+                 *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
+_DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
 _Q_POINTERS = ('q_ptr', 'gq_ptr')
 _V_POINTERS = ('x_ptr', 'v_ptr', 'go_ptr', 'out_ptr', 'gv_ptr')
@@ -65,7 +67,8 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     """``ASTSource``'s signature and constants of a launch of ``fn`` (as :mod:`.triton_nystrom` launches it)."""
     pad = _CONFIG.padded
     signature, constants = {}, dict(BLOCK=_CONFIG.KERNEL_BLOCKS[fn.__name__], MP=pad(num_landmarks),
-                                     DP=pad(head_dim), DVP=pad(head_dim), LOW=products != 'fp32', EMULATE=False)
+                                     DP=pad(head_dim), DVP=pad(head_dim),
+                                     LOW=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], EMULATE=False)
     for name in fn.arg_names:
         if name in constants:
             signature[name] = 'constexpr'

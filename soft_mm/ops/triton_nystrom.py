@@ -15,10 +15,11 @@ cancel, so the exponent never runs in a lower dtype), and uses it at once; no N�
 
 The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
 the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
-accumulation; otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose
-cast to bfloat16 is wrong, the operands' rounding to bfloat16 is emulated in float32 (the same values, still summed in
-float32) and bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128,
-head dims up to 128; batch and heads are the second grid axis; inputs may be strided views.
+accumulation, or float16 ones likewise (the m×d factor scaled into float16's range by a power of two per tile);
+otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is wrong,
+the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
+bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128, head dims up to
+128; batch and heads are the second grid axis; inputs may be strided views.
 
 The kernels (``_triton_kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
 since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
@@ -33,7 +34,7 @@ import torch
 from torch import Tensor
 
 from .library import products_op
-from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, padded
+from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, PRODUCTS_CODES, padded
 
 __all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
 
@@ -103,11 +104,11 @@ class _Launch:
     def sizes(self) -> tuple[int, ...]:
         return self.heads, self.n, self.m, self.d, self.dv
 
-    def meta(self, low: bool) -> dict:
+    def meta(self, low: int) -> dict:
         return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate,
                     num_warps=NUM_WARPS)
 
-    def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: bool) -> Tensor:
+    def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: int) -> Tensor:
         """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-block partial sums, summed here."""
         parts = q.new_empty(self.batch * self.heads, self.nblk, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.kt_x[self.grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
@@ -115,7 +116,7 @@ class _Launch:
         return parts.sum(1)[:, :self.m, :self.dv].reshape(self.batch, self.heads, self.m, self.dv)
 
 
-def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel."""
     lm = landmarks.contiguous()
     launch = _Launch(q, lm, v)
@@ -128,7 +129,7 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool)
 
 
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              mixed: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              mixed: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
     lm = landmarks.contiguous()
     grad_out = grad_out.to(v.dtype)
@@ -153,7 +154,8 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
 
 
 # one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
-_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'bool low')
+# low: the products' dtype as the kernels' LOW constant (triton_config.PRODUCTS_CODES)
+_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'int low')
 
 
 def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
@@ -165,13 +167,16 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
         landmarks: ``(B, h, m, d)`` float32 scaled landmarks.
         v: ``(B, h, N, d_v)`` values; the output has v's dtype and memory layout.
         middle: ``(B, h, m, m)`` float32 middle matrix.
-        products: ``torch.bfloat16`` for bfloat16 operands of the products with v (float32 accumulation; v is cast
-            to bfloat16), anything else for float32 products.
+        products: ``torch.bfloat16`` or ``torch.float16`` for operands of the products with v in that dtype (float32
+            accumulation; v is cast to it), None or ``torch.float32`` for float32 products.
     """
     if max(q.shape[3], v.shape[3], landmarks.shape[2]) > MAX_DIM:
         raise ValueError(f'triton_nystrom_products: m, d and d_v must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
                          f'd={q.shape[3]}, d_v={v.shape[3]}')
-    low = products == torch.bfloat16
-    if low:
+    name = str(products or torch.float32).replace('torch.', '')
+    if name not in PRODUCTS_CODES:
+        allowed = ', '.join(f'torch.{name}' for name in PRODUCTS_CODES)
+        raise ValueError(f'triton_nystrom_products: products must be None or one of {allowed}, got {products!r}')
+    if products in (torch.bfloat16, torch.float16):
         v = v.to(products)
-    return _triton_products(q, landmarks, v, middle, low)
+    return _triton_products(q, landmarks, v, middle, PRODUCTS_CODES[name])

@@ -11,6 +11,7 @@ from soft_mm.ops.triton_nystrom import triton_available
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
+F16_PRODUCTS = Precision(torch.float16, torch.float32, torch.float32, torch.float32)
 
 
 def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=True, mode='eager', name=None):
@@ -131,10 +132,12 @@ def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
 
 @pytest.mark.parametrize('device_dtype, autocast, precision, expected', [
     (torch.float32, None, None, FP32),
-    (torch.float16, None, None, FP32),
+    (torch.float16, None, None, F16_PRODUCTS),
     (torch.bfloat16, None, None, BF16_PRODUCTS),
     (torch.float32, torch.bfloat16, None, BF16_PRODUCTS),
-    (torch.float32, torch.float16, None, FP32),
+    (torch.float32, torch.float16, None, F16_PRODUCTS),
+    (torch.float16, torch.bfloat16, None, BF16_PRODUCTS),
+    (torch.float32, None, 'float16', F16_PRODUCTS),
     (torch.float64, torch.bfloat16, None, Precision(*[torch.float64] * 4)),
     (torch.float64, None, 'bfloat16', Precision(*[torch.float64] * 4)),
     (torch.float32, torch.bfloat16, 'highest', FP32),
@@ -147,8 +150,27 @@ def test_precision_policy(device_dtype, autocast, precision, expected):
     assert precision_policy('cpu', device_dtype, expected) == expected  # a Precision is used as given
 
 
+def test_float16_products_run_where_the_sums_are_stored_in_float32_and_fall_back_to_float32_elsewhere(monkeypatch):
+    preferred = precision_policy('cuda', torch.float16)
+    assert preferred == F16_PRODUCTS and preferred.chain() == (F16_PRODUCTS, FP32)
+    sizes = dict(num_landmarks=49, head_dim=32, value_dim=32)
+    if triton_available():
+        assert dispatch.select('cuda', torch.float16, preferred, 10 ** 5, True, **sizes) == (
+            {b.name: b for b in backends()}['triton'], F16_PRODUCTS)
+    # the reference math would round its N-token sums to float16 (a GEMM's float16 output): float32 products there
+    assert dispatch.select('cuda', torch.float16, preferred, 10 ** 5, True, num_landmarks=196)[1] == FP32
+    assert dispatch.select('cpu', torch.float16, preferred, 10 ** 5, True, name='tiled')[1] == FP32
+    # forced by name there is no fallback
+    forced = precision_policy('cpu', torch.float16, 'float16')
+    with pytest.raises(DispatchError, match="backend 'reference' has no float16 products with float32 accumulation"):
+        dispatch.select('cpu', torch.float16, forced, 100, True, name='reference')
+    assert 'triton (priority 20): devices cuda/cpu; dtypes float16, bfloat16, float32; bfloat16/float16 products' in \
+        {b.name: b for b in backends()}['triton'].describe()
+
+
 def test_bad_precision_raises():
-    with pytest.raises(ValueError, match=r"precision='fp8' is not None \(automatic\) or one of \('highest', 'bfloat16'\)"):
+    with pytest.raises(ValueError, match=r"precision='fp8' is not None \(automatic\) or one of "
+                                         r"\('highest', 'bfloat16', 'float16'\)"):
         precision_policy('cpu', torch.float32, 'fp8')
     with pytest.raises(ValueError, match='precision='):
         soft_attention(torch.randn(1, 1, 4, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 4, 2), precision='fp8')
@@ -161,8 +183,8 @@ def test_highest_precision_under_autocast_equals_float32():
     with torch.autocast('cpu', dtype=torch.bfloat16):
         fast = soft_attention(q, landmarks, v)
         highest = soft_attention(q, landmarks, v, precision='highest')
-    assert fast.dtype == highest.dtype == torch.float32
-    assert torch.equal(highest, soft_attention(q, landmarks, v)) and not torch.equal(fast, highest)
+    assert fast.dtype == highest.dtype == torch.bfloat16  # the output follows autocast, as a matmul's
+    assert torch.equal(highest, soft_attention(q, landmarks, v).bfloat16()) and not torch.equal(fast, highest)
 
 
 def rule_inputs(num_tokens, num_landmarks, head_dim=32, seed=0):

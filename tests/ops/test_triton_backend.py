@@ -11,7 +11,8 @@ from precision_rule import rule_errors
 from soft_mm.ops import soft_attention
 from soft_mm.ops.triton_nystrom import triton_available
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+pytestmark = pytest.mark.skipif(not triton_available(),
+                                reason='triton is not installed (bash tools/install.sh adds it)')
 
 
 @pytest.fixture(autouse=True)
@@ -84,19 +85,39 @@ def test_gradients_of_non_dense_views_are_written_in_their_own_layout():
 @pytest.mark.parametrize('num_tokens, num_landmarks', [(63, 49), (300, 1)])
 @pytest.mark.parametrize('input_dtype, autocast, low_dtype', [(torch.bfloat16, False, torch.bfloat16),
                                                               (torch.float32, True, torch.bfloat16),
-                                                              (torch.float16, False, torch.float16)])
+                                                              (torch.float16, False, torch.float16),
+                                                              (torch.float32, True, torch.float16)])
 def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_landmarks, input_dtype, autocast,
                                                              low_dtype):
+    # bfloat16 / float16 products with float32 accumulation (float16: float16 inputs, or float16 autocast as mmdet's
+    # --amp on a GPU). Observed: each error 0.21-0.24 of the plain bfloat16 math's, 0.23-0.28 of the plain float16
+    # math's (float16 products: 3e-4..8e-4 against plain float16's 1.6e-3..1.1e-2)
     tensors, grad_out = inputs(num_tokens, num_landmarks)
     tensors = [t.to(input_dtype) for t in tensors]
 
     def fused(*leaves):
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast('cpu', dtype=low_dtype, enabled=autocast):
             return soft_attention(*leaves, normalize=True, ridge=0.01, backend='triton')
 
     fast_errors, plain_errors = rule_errors(fused, tensors, low_dtype, grad_out.float())
     for fast_error, plain_error in zip(fast_errors, plain_errors):
         assert fast_error <= 0.5 * plain_error, (fast_errors, plain_errors)
+    # and the products really ran in the low dtype: well above float32's error (no silent float32 path)
+    assert min(fast_errors) > 50 * torch.finfo(torch.float32).eps, fast_errors
+
+
+def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
+    import soft_mm.ops.triton_nystrom as triton_module
+    seen = []
+    original = triton_module._triton_products
+    monkeypatch.setattr(triton_module, '_triton_products',
+                        lambda q, lm, v, mid, low: seen.append((q.dtype, v.dtype, low)) or original(q, lm, v, mid, low))
+    tensors, _ = inputs(40, 5)
+    q, landmarks, v = (t.half() for t in tensors)
+    assert soft_attention(q, landmarks, v, backend='triton').dtype == torch.float16
+    with torch.autocast('cpu', dtype=torch.float16):  # float32 q and v (from float32 layers): v cast for the products
+        assert soft_attention(*(t.float() for t in tensors), backend='triton').dtype == torch.float16
+    assert seen == [(torch.float16, torch.float16, 2), (torch.float32, torch.float16, 2)]
 
 
 def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
