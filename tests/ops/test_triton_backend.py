@@ -130,3 +130,33 @@ def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
     assert calls == []
     soft_attention(*(t.float() for t in tensors), backend='triton')
     assert calls == [1]
+
+
+def test_float16_products_keep_large_middle_factors_in_range():
+    # landmarks far from the tokens (kernel values ~1e-3) and a middle matrix of 1e7 (an ill-conditioned inverse):
+    # the m x d factors middle @ (K1^T v) reach ~4e5, beyond float16's 65504, while the float16 output and grad v
+    # stay in range; each kernel scales such a factor tile into [-1, 1] by a power of two before rounding it
+    from soft_mm.ops.triton_nystrom import triton_nystrom_products
+    gen = torch.Generator().manual_seed(4)
+    q = 0.1 * torch.randn(1, 2, 100, 8, generator=gen, dtype=torch.float64)
+    landmarks = 1.3 + 0.1 * torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, 100, 8, generator=gen, dtype=torch.float64)
+    middle = 1e7 * (torch.eye(4, dtype=torch.float64)
+                    + 0.1 * torch.rand(1, 2, 4, 4, generator=gen, dtype=torch.float64))
+    grad_out = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+
+    def exact(q, landmarks, v):
+        k1 = torch.exp(-0.5 * torch.cdist(q, landmarks).square())
+        return k1 @ (middle @ (k1.transpose(-2, -1) @ v))
+
+    leaves = [t.clone().requires_grad_() for t in (q, landmarks, v)]
+    reference = exact(*leaves)
+    reference_grads = torch.autograd.grad(reference, leaves, grad_out)
+    assert (middle @ (torch.exp(-0.5 * torch.cdist(q, landmarks).square()).transpose(-2, -1) @ v)).abs().max() > 1e5
+    assert reference.abs().max() < 1e4 and reference_grads[2].abs().max() < 1e4  # float16 out and grad v fit
+    leaves = [q.float().requires_grad_(), landmarks.float().requires_grad_(), v.half().requires_grad_()]
+    out = triton_nystrom_products(*leaves, middle.float(), products=torch.float16)
+    grads = torch.autograd.grad(out, leaves, grad_out.half())
+    assert out.dtype == torch.float16
+    errors = [relative(a, b) for a, b in zip((out, *grads), (reference.detach(), *reference_grads))]
+    assert max(errors) < 3e-3, errors  # float16 rounding of the factors and the output (observed 2.5e-4..4.7e-4)
