@@ -8,8 +8,7 @@ from .capture import graph_mode
 from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
-from .precision import (Precision, autocast_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast,
-                        precision_policy)
+from .precision import Precision, autocast_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
 from .triton_nystrom import triton_nystrom_products
