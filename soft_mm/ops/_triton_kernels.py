@@ -54,11 +54,11 @@ def pdot(a, b, LOW: tl.constexpr, EMULATE: tl.constexpr):
 
 
 @triton.jit
-def kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constexpr, MP: tl.constexpr,
+def kernel_block(q_ptr, l_ptr, blk, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constexpr, MP: tl.constexpr,
                  DP: tl.constexpr):
-    """This program's block: ``(q (BLOCK, DP) float32, landmarks (MP, DP), K block (BLOCK, MP) float32 (zero outside
-    the N tokens and M landmarks), token rows, row mask, group g = sample * H + head, sample, head)``."""
-    blk = tl.program_id(0)
+    """Block ``blk`` of this program's (sample, head) group: ``(q (BLOCK, DP) float32, landmarks (MP, DP), K block
+    (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token rows, row mask, group g = sample * H +
+    head, sample, head)``."""
     g = tl.program_id(1)
     b = g // H
     hh = g % H
@@ -80,21 +80,29 @@ def kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constex
 def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb, sxh, sxn, sxd,
          BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
          EMULATE: tl.constexpr):
-    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
-    cols = tl.arange(0, DVP)
-    x = load_f32(x_ptr + b * sxb + hh * sxh + rows[:, None] * sxn + cols[None, :] * sxd,
-                 row_ok[:, None] & (cols[None, :] < DV))
-    part = pdot(tl.trans(k), x, LOW, EMULATE)
+    # split reduction: program (split, g) sums the blocks split, split + splits, ... of its group in registers and
+    # writes one (MP, DVP) partial sum
+    split = tl.program_id(0)
+    splits = tl.num_programs(0)
+    g = tl.program_id(1)
     marks = tl.arange(0, MP)
-    slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
-    tl.store(part_ptr + (slot * MP + marks[:, None]) * DVP + cols[None, :], part)
+    cols = tl.arange(0, DVP)
+    acc = tl.zeros((MP, DVP), dtype=tl.float32)
+    for blk in range(split, tl.cdiv(N, BLOCK), splits):
+        _, _, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP,
+                                                       DP)
+        x = load_f32(x_ptr + b * sxb + hh * sxh + rows[:, None] * sxn + cols[None, :] * sxd,
+                     row_ok[:, None] & (cols[None, :] < DV))
+        acc += pdot(tl.trans(k), x, LOW, EMULATE)
+    tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + cols[None, :], acc)
 
 
 @triton.jit
 def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sob, soh, son, sod,
             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
             EMULATE: tl.constexpr):
-    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
+    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, tl.program_id(0), H, N, M, D, sqb, sqh, sqn, sqd,
+                                                   BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
@@ -108,30 +116,36 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
              sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr,
              DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr, EMULATE: tl.constexpr):
-    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
+    # split reduction of the landmark gradient's partial sums, as in kt_x; grad q and grad v are per token
+    split = tl.program_id(0)
+    splits = tl.num_programs(0)
+    g = tl.program_id(1)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     dims = tl.arange(0, DP)
-    value_mask = row_ok[:, None] & (cols[None, :] < DV)
-    # the order keeps few tiles alive at once (0 spills, triton_config): grad v first, then grad K1 one product at a
-    # time, then q and the landmarks loaded again rather than kept through it all
-    gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
-    grad_v = pdot(k, gctx, LOW, EMULATE)
-    tl.store(gv_ptr + b * sgvb + hh * sgvh + rows[:, None] * sgvn + cols[None, :] * sgvd,
-             grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
-    v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
-    grad_k = pdot(v, tl.trans(gctx), LOW, EMULATE)
-    go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
-    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
-    grad_k += pdot(go, tl.trans(mid), LOW, EMULATE)
-    grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
-    q = load_f32(q_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
-                 row_ok[:, None] & (dims[None, :] < D))
-    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], (marks[:, None] < M) & (dims[None, :] < D))
-    grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
-    tl.store(gq_ptr + b * sgqb + hh * sgqh + rows[:, None] * sgqn + dims[None, :] * sgqd,
-             grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
-    slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
-    lsum = tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+    lsum = tl.zeros((MP, DP), dtype=tl.float32)
+    lcnt = tl.zeros((MP,), dtype=tl.float32)
+    for blk in range(split, tl.cdiv(N, BLOCK), splits):
+        q, lm, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP,
+                                                       DP)
+        value_mask = row_ok[:, None] & (cols[None, :] < DV)
+        # the order keeps few tiles alive at once (0 spills, triton_config): grad v first, then grad K1 one product
+        # at a time
+        gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+        grad_v = pdot(k, gctx, LOW, EMULATE)
+        tl.store(gv_ptr + b * sgvb + hh * sgvh + rows[:, None] * sgvn + cols[None, :] * sgvd,
+                 grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
+        v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
+        grad_k = pdot(v, tl.trans(gctx), LOW, EMULATE)
+        go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
+        mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+        grad_k += pdot(go, tl.trans(mid), LOW, EMULATE)
+        grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
+        grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
+        tl.store(gq_ptr + b * sgqb + hh * sgqh + rows[:, None] * sgqn + dims[None, :] * sgqd,
+                 grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
+        lsum += tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+        lcnt += tl.sum(grad_s, axis=0)
+    slot = g * splits + split  # one partial sum per program
     tl.store(lsum_ptr + (slot * MP + marks[:, None]) * DP + dims[None, :], lsum)
-    tl.store(lcnt_ptr + slot * MP + marks, tl.sum(grad_s, axis=0))
+    tl.store(lcnt_ptr + slot * MP + marks, lcnt)

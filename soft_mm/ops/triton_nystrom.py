@@ -4,14 +4,15 @@ Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head)
 kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
 cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
 
-* ``kt_x``: the per-block partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward), one
-  ``(m, d_v)`` tile per block, summed in torch afterwards (deterministic, no atomics);
+* ``kt_x``: the partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward): a split
+  reduction, each program summing every ``splits``-th block of its (sample, head) in registers and writing one
+  ``(m, d_v)`` tile, summed in torch afterwards (deterministic: the split depends on the sizes only; no atomics);
 * ``k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
 * ``backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
-  ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the block's partial sums of the
-  landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``. Every tensor is read and written through its own
-  strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout when those are dense,
-  contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
+  ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the partial sums of the landmark
+  gradient, ``grad_s^T q`` and ``colsum(grad_s)``, split as in ``kt_x``. Every tensor is read and written through
+  its own strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout when those are
+  dense, contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
 
 The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
 the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
@@ -34,7 +35,7 @@ import torch
 from torch import Tensor
 
 from .library import products_op
-from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, PRODUCTS_CODES, padded
+from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, PRODUCTS_CODES, padded, split_count
 
 __all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
 
@@ -89,16 +90,20 @@ def _padded(t: Tensor, rows: int, cols: int) -> Tensor:
 
 
 class _Launch:
-    """Sizes, padded tile sizes and the grid of one kernel's call: blocks of ``block`` tokens x (sample, head)
-    groups."""
+    """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
+    tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
+    block of its group (the reductions over the tokens, one partial sum per program)."""
 
     def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, block: int = BLOCK_N) -> None:
         self.batch, self.heads, self.n, self.d = q.shape
         self.m, self.dv = landmarks.shape[2], v.shape[3]
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
         self.block = block
+        self.groups = self.batch * self.heads
         self.nblk = -(-self.n // block)
-        self.grid = (self.nblk, self.batch * self.heads)
+        self.grid = (self.nblk, self.groups)
+        self.splits = split_count(self.n, block, self.groups)
+        self.split_grid = (self.splits, self.groups)
         self.kernels, self.emulate = _kernels(), _interpreting()
 
     def sizes(self) -> tuple[int, ...]:
@@ -109,10 +114,10 @@ class _Launch:
                     num_warps=NUM_WARPS)
 
     def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: int) -> Tensor:
-        """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-block partial sums, summed here."""
-        parts = q.new_empty(self.batch * self.heads, self.nblk, self.mp, self.dvp, dtype=torch.float32)
-        self.kernels.kt_x[self.grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
-                                     **self.meta(low))
+        """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-program partial sums, summed here."""
+        parts = q.new_empty(self.groups, self.splits, self.mp, self.dvp, dtype=torch.float32)
+        self.kernels.kt_x[self.split_grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
+                                           **self.meta(low))
         return parts.sum(1)[:, :self.m, :self.dv].reshape(self.batch, self.heads, self.m, self.dv)
 
 
@@ -139,10 +144,9 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     grad_context = middle.float().transpose(-2, -1) @ grad_mixed
     grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
     grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
-    groups = launch.batch * launch.heads
-    lsum = q.new_empty(groups, launch.nblk, launch.mp, launch.dp, dtype=torch.float32)
-    lcnt = q.new_empty(groups, launch.nblk, launch.mp, dtype=torch.float32)
-    launch.kernels.backward[launch.grid](
+    lsum = q.new_empty(launch.groups, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
+    lcnt = q.new_empty(launch.groups, launch.splits, launch.mp, dtype=torch.float32)
+    launch.kernels.backward[launch.split_grid](
         q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
         grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
         *_strides(grad_q), *_strides(grad_v), **launch.meta(low))

@@ -160,3 +160,26 @@ def test_float16_products_keep_large_middle_factors_in_range():
     assert out.dtype == torch.float16
     errors = [relative(a, b) for a, b in zip((out, *grads), (reference.detach(), *reference_grads))]
     assert max(errors) < 3e-3, errors  # float16 rounding of the factors and the output (observed 2.5e-4..4.7e-4)
+
+
+@pytest.mark.parametrize('programs, splits', [(4, 1), (12, 3)])
+def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, splits):
+    # 4 (sample, head) groups of 300 tokens: 5 forward blocks of 64 and 10 backward blocks of 32 tokens, summed by 1
+    # or 3 programs per group (uneven shares) into as many partial sums; against float64, and run to run identical
+    import soft_mm.ops.triton_config as config
+    monkeypatch.setattr(config, 'SPLIT_PROGRAMS', programs)
+    assert config.split_count(300, 64, 4) == splits and config.split_count(300, 32, 4) == splits
+    tensors, grad_out = inputs(300, 49)
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
+    fused = outputs_and_grads(tensors, grad_out, torch.float32, normalize=True, backend='triton')
+    errors = [relative(a, b) for a, b in zip(fused, reference)]
+    assert max(errors) < 3e-5, errors
+    again = outputs_and_grads(tensors, grad_out, torch.float32, normalize=True, backend='triton')
+    assert all(torch.equal(a, b) for a, b in zip(fused, again))
+
+
+def test_split_count_follows_the_sizes_only():
+    from soft_mm.ops.triton_config import SPLIT_PROGRAMS, split_count
+    assert split_count(66816, 64, 4) == SPLIT_PROGRAMS // 4 == 128  # 1044 blocks: about 8 per program
+    assert split_count(100, 64, 4) == 2  # never more programs than blocks
+    assert split_count(10 ** 6, 64, 10 ** 4) == 1  # at least one per group
