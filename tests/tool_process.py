@@ -35,3 +35,32 @@ def tool_output(args: list[str], cwd: Path, timeout: float = 900) -> str:
 def logged_metrics(output: str) -> dict[str, float]:
     """The last value of every ``coco/...`` metric printed by mmengine's logger."""
     return {key: float(value) for key, value in re.findall(r'(coco/\w+): (-?[\d.]+)', output)}
+
+
+# What a lent GPU machine lacks: it has torch, triton, timm, rich and pytest, and no mm* package and no OpenCV
+BARE_GPU_MACHINE_LACKS = ('mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain', 'cv2')
+
+_BLOCKER = '''"""Makes importing {blocked} fail as if they were not installed (written by tests/tool_process.py)."""
+import sys
+
+BLOCKED = {blocked!r}
+
+
+class _Blocker:
+    def find_spec(self, name, path=None, target=None):
+        if name.partition('.')[0] in BLOCKED:
+            raise ModuleNotFoundError(f'No module named {{name!r}} (blocked by the test)', name=name)
+        return None
+
+
+sys.meta_path.insert(0, _Blocker())
+'''
+
+
+def blocked_imports_env(folder: Path, blocked: tuple[str, ...] = BARE_GPU_MACHINE_LACKS) -> dict[str, str]:
+    """An environment for a child process in which importing any of ``blocked`` (and their submodules) fails with
+    ``ModuleNotFoundError``, as where they are not installed: a ``sitecustomize`` written to ``folder``, which becomes
+    the whole ``PYTHONPATH`` (so this checkout is not on it either)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / 'sitecustomize.py').write_text(_BLOCKER.format(blocked=tuple(blocked)))
+    return dict(os.environ, PYTHONPATH=str(folder))

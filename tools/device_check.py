@@ -4,22 +4,33 @@ and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — on
     python tools/device_check.py                 # on a CUDA machine: prints the tables, writes device_check.json
     python tools/device_check.py --smoke         # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
 
-Needs torch, timm, triton and mmengine (a pure-Python wheel: ``import soft_mm`` needs it); not mmcv, mmdet or mmseg
-(Swin-T comes from timm here). On a machine without network, carry the wheels::
+Needs torch, triton and timm only (no mm* package, no network): it imports the op layer and the pyramid, which
+import with torch and timm alone. Run it from the repository root or from anywhere (``python
+/path/to/soft_mm/tools/device_check.py``: the tool puts its own checkout first on ``sys.path``), or install the
+checkout offline first, without build isolation (which would fetch setuptools from an index)::
 
-    pip download --no-deps mmengine==0.10.7 addict yapf termcolor -d wheels/   # here
-    pip install --no-deps wheels/*.whl && pip install --no-deps -e .            # there
+    PYTHONPATH=/path/to/soft_mm python /path/to/soft_mm/tools/device_check.py
+    pip install --no-deps --no-build-isolation -e /path/to/soft_mm   # or this, then python tools/device_check.py
+
+(the install needs setuptools >= 77 already installed there, for pyproject's ``license = "MIT"``; checked offline
+with ``--no-index`` against setuptools 81).
+
+The JSON file is rewritten after each part (and after each correctness case), so a crash or a timeout keeps what was
+measured; a case or a part that raises is recorded with its error and the check goes on.
 
 Parts:
 
 1. correctness on the device: the Triton backend's outputs and gradients against the float64 reference at
-   (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32 (float32 within 3e-5; bfloat16 within half the
-   error of the plain math in bfloat16, the FlashAttention rule); the exit status is 1 if any case fails;
-2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16 and float32, forward
-   and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same q, v
-   (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to move
-   q, v and the output once through memory at the device's measured copy bandwidth;
-3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory.
+   (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32 (float32 within 3e-5, also with TF32 switched
+   on globally as training scripts do; bfloat16 and float16 within half the error of the plain math in that dtype,
+   the FlashAttention rule); the exit status is 1 if any case fails;
+2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16, float16 and float32,
+   forward and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same
+   q, v (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to
+   move q, v and the output once through memory at the device's measured copy bandwidth;
+3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory;
+4. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
+   and spilled bytes per kernel and dtypes (:mod:`soft_mm.ops.triton_cubins`, the table its test holds at 0 spills).
 """
 from __future__ import annotations
 
@@ -28,21 +39,30 @@ import json
 import os
 import statistics
 import sys
+import traceback
 from collections.abc import Callable
 from pathlib import Path
 
 if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imported
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
-import torch
-import torch.nn.functional as F
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's soft_mm, from any working directory, installed or not
+    sys.path.insert(0, str(ROOT))
 
-from soft_mm.ops import soft_attention
-from soft_mm.ops.attention import plain_soft_attention
-from soft_mm.utils.bench import PeakMemory, relative_error, timed
+import torch  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264), batch=2, heads=2, head_dim=32,
-            landmarks=49, image=(800, 1344), repeats=5)
+import soft_mm  # noqa: E402
+from soft_mm.ops import soft_attention  # noqa: E402
+from soft_mm.ops.attention import plain_soft_attention  # noqa: E402
+from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
+from soft_mm.ops.triton_cubins import format_table, resource_usage  # noqa: E402
+from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
+from soft_mm.utils.bench import PeakMemory, relative_error, timed  # noqa: E402
+
+FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),
+            batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5)
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
              image=(64, 96), repeats=1)
 
@@ -65,33 +85,52 @@ def outputs_and_grads(fn: Callable, tensors: list[torch.Tensor]) -> list[torch.T
     return [out.detach(), *torch.autograd.grad(out, leaves, grad.to(out.dtype))]
 
 
-def check_correctness(cfg: dict, device: torch.device) -> list[dict]:
-    """float32: within 3e-5 of float64 (or 4x the reference backend's float32 error, where the landmark kernel's
-    conditioning amplifies rounding); bfloat16: every error at most half the plain bfloat16 math's, both measured
-    against float64 on the same bfloat16-rounded inputs (the FlashAttention rule)."""
+def check_case(tokens: int, landmarks: int, cfg: dict, device: torch.device) -> dict:
+    """One correctness case (see :func:`check_correctness`)."""
     def fused(*t):
         return soft_attention(*t, normalize=True, ridge=0.01, backend='triton')
 
     def reference32(*t):
         return soft_attention(*t, normalize=True, ridge=0.01, backend='reference')
 
-    rows = []
-    for tokens, landmarks in cfg['check_cases']:
-        tensors = op_inputs(tokens, landmarks, cfg, device, torch.float64)
-        exact = outputs_and_grads(plain_soft_attention, tensors)
-        as_float = [t.float() for t in tensors]
-        err32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
-        ref32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(reference32, as_float), exact))
-        low = [t.bfloat16() for t in tensors]
+    tensors = op_inputs(tokens, landmarks, cfg, device, torch.float64)
+    exact = outputs_and_grads(plain_soft_attention, tensors)
+    as_float = [t.float() for t in tensors]
+    err32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
+    with float32_matmul_precision('tf32'):  # as a training script with allow_tf32 = True: the op must not see it
+        tf32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
+    ref32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(reference32, as_float), exact))
+    row = dict(float32_error=err32, float32_error_tf32_on=tf32, reference_float32_error=ref32)
+    ok = max(err32, tf32) <= max(3e-5, 4 * ref32)
+    line = f'float32 {err32:.1e} (TF32 on globally {tf32:.1e}, reference backend {ref32:.1e})'
+    for name, dtype in (('bf16', torch.bfloat16), ('f16', torch.float16)):
+        low = [t.to(dtype) for t in tensors]
         exact_low = outputs_and_grads(plain_soft_attention, [t.double() for t in low])
-        err16 = [relative_error(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
-        plain16 = [relative_error(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
-        ok = err32 <= max(3e-5, 4 * ref32) and all(e <= 0.5 * p for e, p in zip(err16, plain16))
-        rows.append(dict(tokens=tokens, landmarks=landmarks, float32_error=err32, reference_float32_error=ref32,
-                         bf16_errors=err16, plain_bf16_errors=plain16, ok=ok))
-        print(f"  N={tokens:>5} m={landmarks:>2}: float32 {err32:.1e} (reference backend {ref32:.1e}); bfloat16 "
-              f"{max(err16):.1e}, at most {max(e / p for e, p in zip(err16, plain16)):.2f}x the plain bfloat16 "
-              f"math's {'ok' if ok else 'FAIL'}", flush=True)
+        errors = [relative_error(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
+        plain = [relative_error(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
+        ok = ok and all(e <= 0.5 * p for e, p in zip(errors, plain))
+        row.update({f'{name}_errors': errors, f'plain_{name}_errors': plain})
+        ratio = max(e / p for e, p in zip(errors, plain))
+        line += f'; {str(dtype).replace("torch.", "")} {max(errors):.1e}, at most {ratio:.2f}x the plain math\'s'
+    print(f"  N={tokens:>5} m={landmarks:>2}: {line} {'ok' if ok else 'FAIL'}", flush=True)
+    return dict(row, ok=ok)
+
+
+def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[dict]:
+    """float32: within 3e-5 of float64 (or 4x the reference backend's float32 error, where the landmark kernel's
+    conditioning amplifies rounding); bfloat16 and float16: every error at most half the plain math's in that dtype,
+    both measured against float64 on the same rounded inputs (the FlashAttention rule). A case that raises is recorded
+    (``ok`` False, its error) and the next one runs; the report is saved after each case."""
+    rows = report.part('correctness')
+    for tokens, landmarks in cfg['check_cases']:
+        row = dict(tokens=tokens, landmarks=landmarks)
+        try:
+            row.update(check_case(tokens, landmarks, cfg, device))
+        except Exception as err:  # noqa: BLE001  (recorded, and the check goes on)
+            row.update(ok=False, error=error_line(err))
+            print(f'  N={tokens:>5} m={landmarks:>2}: FAIL, {row["error"]}', flush=True)
+        rows.append(row)
+        report.save()
     return rows
 
 
@@ -110,8 +149,8 @@ def measure(row: dict, forward: Callable, forward_backward: Callable, device: to
         memory.start()
         row['fwd_bwd_ms'] = 1e3 * median_time(forward_backward, device, repeats)
         row['peak_mib'] = memory.peak_mib()
-    except (RuntimeError, torch.cuda.OutOfMemoryError) as err:
-        row['error'] = str(err).splitlines()[0][:120]
+    except Exception as err:  # noqa: BLE001  (out of memory, an unsupported size, a kernel that fails: recorded)
+        row['error'] = error_line(err)
     print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()), flush=True)
     return row
 
@@ -127,7 +166,7 @@ def copy_bandwidth(device: torch.device) -> float:
 def bench_op(cfg: dict, device: torch.device) -> list[dict]:
     rows = []
     bandwidth = copy_bandwidth(device)
-    for dtype in (torch.bfloat16, torch.float32):
+    for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for tokens in cfg['op_tokens']:
             q, lm, v, grad = op_inputs(tokens, cfg['landmarks'], cfg, device, dtype)
             moved = 3 * q.numel() * q.element_size()  # q, v and the output, once
@@ -150,12 +189,27 @@ def bench_op(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+class PyramidMaps(torch.nn.Module):
+    """The SOFT backbone's forward (the four maps) without mmengine: :class:`~soft_mm.models.SOFT` is an mmengine
+    ``BaseModule``, which a bare GPU machine does not have; the modules and the computation are the same."""
+
+    def __init__(self, pyramid: torch.nn.Module) -> None:
+        super().__init__()
+        self.pyramid = pyramid
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        return self.pyramid.forward_pyramid(x)[0]
+
+
 def build_backbones(image: tuple[int, int]) -> dict[str, torch.nn.Module]:
     import timm
 
-    from soft_mm.models import SOFT
+    from soft_mm.models.pyramid import SoftPyramid
+
+    soft = SoftPyramid('small', soft_norm=True, drop_path_rate=0.0)
+    soft.init_pyramid_weights()
     return {
-        'soft_norm_small': SOFT('small', soft_norm=True, drop_path_rate=0.0),
+        'soft_norm_small': PyramidMaps(soft),
         'swin_t': timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, features_only=True,
                                     img_size=image, drop_path_rate=0.0),
         'convnext_t': timm.create_model('convnext_tiny', pretrained=False, features_only=True),
@@ -181,6 +235,48 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+def compiled_kernels(device: torch.device) -> list[dict]:
+    """Registers and spills of every kernel compiled for sm_80, sm_90 and the device's architecture; prints the
+    table."""
+    archs = {80, 90}
+    if device.type == 'cuda':
+        major, minor = torch.cuda.get_device_capability(device)
+        archs.add(10 * major + minor)
+    rows = resource_usage(tuple(sorted(archs)))
+    print(format_table(rows), flush=True)
+    return rows
+
+
+def error_line(err: BaseException) -> str:
+    """``'Type: first line of the message'``, at most 200 characters."""
+    lines = str(err).splitlines()
+    return f'{type(err).__name__}: {lines[0] if lines else ""}'[:200]
+
+
+class Report:
+    """The JSON report, rewritten (atomically) whenever a part or a correctness case is done."""
+
+    def __init__(self, path: str, **facts) -> None:
+        self.path = Path(path)
+        self.data: dict = dict(facts)
+
+    def part(self, name: str) -> list:
+        self.data[name] = []
+        return self.data[name]
+
+    def save(self) -> None:
+        atomic_write_text(self.path, json.dumps(self.data, indent=1))
+
+    def run_part(self, name: str, fn: Callable[[], list]) -> None:
+        """``fn()``'s rows under ``name``; if it raises, the error and its traceback are recorded instead."""
+        try:
+            self.data[name] = fn()
+        except Exception as err:  # noqa: BLE001  (recorded; the next part runs)
+            self.data[f'{name}_error'] = error_line(err)
+            traceback.print_exc()
+        self.save()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--smoke', action='store_true', help='tiny sizes on CPU under the Triton interpreter')
@@ -192,16 +288,19 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit('device_check: no CUDA device; run it on a GPU machine (or --smoke on CPU)')
     name = torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'
     print(f'device {name}, torch {torch.__version__}', flush=True)
+    report = Report(args.out, device=name, torch=torch.__version__, soft_mm=str(Path(soft_mm.__file__).parent))
+    report.save()
     print('1. Triton backend against the float64 reference', flush=True)
-    correctness = check_correctness(cfg, device)
+    report.run_part('correctness', lambda: check_correctness(cfg, device, report))
     print('2. the SOFT op', flush=True)
-    op_rows = bench_op(cfg, device)
+    report.run_part('op', lambda: bench_op(cfg, device))
     print('3. backbones, bfloat16 autocast', flush=True)
-    backbone_rows = bench_backbones(cfg, device)
-    Path(args.out).write_text(json.dumps(dict(device=name, correctness=correctness, op=op_rows,
-                                              backbones=backbone_rows), indent=1))
+    report.run_part('backbones', lambda: bench_backbones(cfg, device))
+    print('4. the Triton kernels compiled (registers / spilled bytes per thread)', flush=True)
+    report.run_part('cubins', lambda: compiled_kernels(device))
     print(f'wrote {args.out}')
-    return 0 if all(r['ok'] for r in correctness) else 1
+    correctness = report.data.get('correctness', [])
+    return 0 if correctness and all(r['ok'] for r in correctness) else 1
 
 
 if __name__ == '__main__':

@@ -1,7 +1,10 @@
-"""nn.Modules of soft_mm: attention layers, blocks, the pyramid, the mm backbone and the timm classifier."""
+"""nn.Modules of soft_mm: attention layers, blocks, the pyramid, the mm backbone and the timm classifier.
+
+Everything here needs torch and timm; the mm backbone :class:`SOFT` (an mmengine ``BaseModule``) also needs mmengine
+and is imported on first access, so the pyramid and the classifier import where mmengine is not installed.
+"""
 from .arch import ARCH_SETTINGS, PUBLISHED, resolve_arch, variant_name
 from .attention import SoftAttention, SoftmaxAttention
-from .backbone import SOFT
 from .blocks import Block
 from .classifier import SoftVisionTransformer
 from .pyramid import SoftPyramid, SoftStage
@@ -9,3 +12,10 @@ from .settings import AUTHORS_SETTINGS, AttentionSettings
 
 __all__ = ['ARCH_SETTINGS', 'AUTHORS_SETTINGS', 'PUBLISHED', 'SOFT', 'AttentionSettings', 'Block', 'SoftAttention',
            'SoftPyramid', 'SoftStage', 'SoftVisionTransformer', 'SoftmaxAttention', 'resolve_arch', 'variant_name']
+
+
+def __getattr__(name: str):
+    if name == 'SOFT':  # the mm backbone: importing it imports mmengine
+        from .backbone import SOFT
+        return SOFT
+    raise AttributeError(f'module {__name__!r} has no attribute {name!r}')

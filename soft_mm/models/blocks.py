@@ -50,7 +50,11 @@ class Block(nn.Module):
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         if self.post_norm:
-            x = self.norm1(x + self.drop_path(self.attn(x, hw_shape)))
-            return self.norm2(x + self.drop_path(self.mlp(x)))
+            # the stream keeps its dtype: CUDA autocast runs LayerNorm in float32 and returns float32, which would
+            # turn the residual stream float32 (every linear then casts it back); a no-op elsewhere
+            x = x + self.drop_path(self.attn(x, hw_shape))
+            x = self.norm1(x).to(x.dtype)
+            x = x + self.drop_path(self.mlp(x))
+            return self.norm2(x).to(x.dtype)
         x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
         return x + self.drop_path(self.mlp(self.norm2(x)))

@@ -3,7 +3,7 @@ a kernel is decorated, so this module is re-imported when that setting changes).
 import triton
 import triton.language as tl
 
-__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'pdot', 'round_bf16']
+__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'pdot', 'pow2_above', 'round_bf16']
 
 
 
@@ -26,23 +26,39 @@ def load_f32(ptrs, mask):
 
 
 @triton.jit
-def pdot(a, b, LOW: tl.constexpr, EMULATE: tl.constexpr):
-    """``a @ b`` of float32 tiles with float32 accumulation; with ``LOW`` the operands are rounded to bfloat16 first
-    (on a GPU a bfloat16 tensor-core product, under the interpreter the same values in float32)."""
-    if LOW:
-        if EMULATE:
-            return tl.dot(round_bf16(a), round_bf16(b), input_precision='ieee')
-        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
-    return tl.dot(a, b, input_precision='ieee')
-
+def pow2_above(x):
+    """The smallest power of two >= max |x| over the tile (1 for a zero tile): ``x / it`` lies in [-1, 1]."""
+    top = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    return tl.where(top > 0.0, tl.exp2(tl.ceil(tl.log2(top))), 1.0)
 
 
 @triton.jit
-def kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constexpr, MP: tl.constexpr,
+def pdot(a, b, LOW: tl.constexpr, EMULATE: tl.constexpr):
+    """``a @ b`` of float32 tiles with float32 accumulation, the operands rounded to the products' dtype first:
+    ``LOW`` 0 float32 (IEEE, no TF32), 1 bfloat16, 2 float16 (on a GPU tensor-core products; under the interpreter
+    the same rounded values multiplied in float32). For float16, ``b`` (an m×d factor, which the inverse can make
+    large) is scaled into [-1, 1] by a power of two and the product scaled back, so it stays in float16's range;
+    ``a`` must be representable (the kernel block, in [0, 1], or float16 values)."""
+    if LOW == 1:
+        if EMULATE:
+            return tl.dot(round_bf16(a), round_bf16(b), input_precision='ieee')
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    if LOW == 2:
+        scale = pow2_above(b)
+        a16 = a.to(tl.float16)
+        b16 = (b / scale).to(tl.float16)
+        if EMULATE:
+            return tl.dot(a16.to(tl.float32), b16.to(tl.float32), input_precision='ieee') * scale
+        return tl.dot(a16, b16) * scale
+    return tl.dot(a, b, input_precision='ieee')
+
+
+@triton.jit
+def kernel_block(q_ptr, l_ptr, blk, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constexpr, MP: tl.constexpr,
                  DP: tl.constexpr):
-    """This program's block: ``(q (BLOCK, DP) float32, landmarks (MP, DP), K block (BLOCK, MP) float32 (zero outside
-    the N tokens and M landmarks), token rows, row mask, group g = sample * H + head, sample, head)``."""
-    blk = tl.program_id(0)
+    """Block ``blk`` of this program's (sample, head) group: ``(q (BLOCK, DP) float32, landmarks (MP, DP), K block
+    (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token rows, row mask, group g = sample * H +
+    head, sample, head)``."""
     g = tl.program_id(1)
     b = g // H
     hh = g % H
@@ -64,21 +80,29 @@ def kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK: tl.constex
 def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb, sxh, sxn, sxd,
          BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
          EMULATE: tl.constexpr):
-    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
-    cols = tl.arange(0, DVP)
-    x = load_f32(x_ptr + b * sxb + hh * sxh + rows[:, None] * sxn + cols[None, :] * sxd,
-                 row_ok[:, None] & (cols[None, :] < DV))
-    part = pdot(tl.trans(k), x, LOW, EMULATE)
+    # split reduction: program (split, g) sums the blocks split, split + splits, ... of its group in registers and
+    # writes one (MP, DVP) partial sum
+    split = tl.program_id(0)
+    splits = tl.num_programs(0)
+    g = tl.program_id(1)
     marks = tl.arange(0, MP)
-    slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
-    tl.store(part_ptr + (slot * MP + marks[:, None]) * DVP + cols[None, :], part)
+    cols = tl.arange(0, DVP)
+    acc = tl.zeros((MP, DVP), dtype=tl.float32)
+    for blk in range(split, tl.cdiv(N, BLOCK), splits):
+        _, _, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP,
+                                                       DP)
+        x = load_f32(x_ptr + b * sxb + hh * sxh + rows[:, None] * sxn + cols[None, :] * sxd,
+                     row_ok[:, None] & (cols[None, :] < DV))
+        acc += pdot(tl.trans(k), x, LOW, EMULATE)
+    tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + cols[None, :], acc)
 
 
 @triton.jit
 def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sob, soh, son, sod,
             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
             EMULATE: tl.constexpr):
-    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
+    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, tl.program_id(0), H, N, M, D, sqb, sqh, sqn, sqd,
+                                                   BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
@@ -90,26 +114,38 @@ def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, 
 @triton.jit
 def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsum_ptr, lcnt_ptr,
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
-             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
-             EMULATE: tl.constexpr):
-    q, lm, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP, DP)
+             sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr,
+             DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr, EMULATE: tl.constexpr):
+    # split reduction of the landmark gradient's partial sums, as in kt_x; grad q and grad v are per token
+    split = tl.program_id(0)
+    splits = tl.num_programs(0)
+    g = tl.program_id(1)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
     dims = tl.arange(0, DP)
-    value_mask = row_ok[:, None] & (cols[None, :] < DV)
-    v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
-    go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
-    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
-    gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
-    grad_k = pdot(go, tl.trans(mid), LOW, EMULATE) + pdot(v, tl.trans(gctx), LOW, EMULATE)
-    grad_v = pdot(k, gctx, LOW, EMULATE)
-    tl.store(gv_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd,
-             grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
-    grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
-    grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
-    tl.store(gq_ptr + b * sqb + hh * sqh + rows[:, None] * sqn + dims[None, :] * sqd,
-             grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
-    slot = g * tl.num_programs(0) + tl.program_id(0)  # (group, block) partial sums
-    lsum = tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+    lsum = tl.zeros((MP, DP), dtype=tl.float32)
+    lcnt = tl.zeros((MP,), dtype=tl.float32)
+    for blk in range(split, tl.cdiv(N, BLOCK), splits):
+        q, lm, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, sqb, sqh, sqn, sqd, BLOCK, MP,
+                                                       DP)
+        value_mask = row_ok[:, None] & (cols[None, :] < DV)
+        # the order keeps few tiles alive at once (0 spills, triton_config): grad v first, then grad K1 one product
+        # at a time
+        gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+        grad_v = pdot(k, gctx, LOW, EMULATE)
+        tl.store(gv_ptr + b * sgvb + hh * sgvh + rows[:, None] * sgvn + cols[None, :] * sgvd,
+                 grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
+        v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
+        grad_k = pdot(v, tl.trans(gctx), LOW, EMULATE)
+        go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
+        mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+        grad_k += pdot(go, tl.trans(mid), LOW, EMULATE)
+        grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
+        grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
+        tl.store(gq_ptr + b * sgqb + hh * sgqh + rows[:, None] * sgqn + dims[None, :] * sgqd,
+                 grad_q.to(gq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
+        lsum += tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+        lcnt += tl.sum(grad_s, axis=0)
+    slot = g * splits + split  # one partial sum per program
     tl.store(lsum_ptr + (slot * MP + marks[:, None]) * DP + dims[None, :], lsum)
-    tl.store(lcnt_ptr + slot * MP + marks, tl.sum(grad_s, axis=0))
+    tl.store(lcnt_ptr + slot * MP + marks, lcnt)

@@ -5,11 +5,12 @@ import torch
 from torch import Tensor
 
 from .capture import graph_mode
-from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select_backend
+from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
-from .precision import Precision, no_autocast, precision_policy
+from .precision import Precision, autocast_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
+from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
 from .triton_nystrom import triton_nystrom_products
 from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
@@ -57,11 +58,15 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     of the un-ridged ``A`` (applied to the m×d intermediate, so it costs O(m d)).
 
     Precision (:func:`~soft_mm.ops.precision.precision_policy`): autocast is disabled inside, and the dtype of each
-    step follows the inputs' dtype and the autocast state. float32 and float16 inputs run wholly in float32 (float64
-    in float64); bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32
-    accumulation, and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32 (the
-    module :mod:`soft_mm.ops.precision` gives the measurements behind each choice). The result is cast back to the
-    promoted dtype of the inputs, so float16/bfloat16 inputs give finite float16/bfloat16 outputs.
+    step follows the inputs' dtype and the autocast state. float32 inputs run wholly in float32 (float64 in float64);
+    bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32 accumulation,
+    and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32; float16 inputs, or inputs
+    under float16 autocast, likewise in float16 on a backend that stores its sums in float32 (the Triton kernels),
+    else wholly in float32 (the module :mod:`soft_mm.ops.precision` gives the measurements behind each choice). The
+    result is cast back to the promoted dtype of the inputs, or under autocast to the autocast dtype (as a matmul's
+    output), so float16/bfloat16 inputs give finite float16/bfloat16 outputs. float32 means IEEE
+    float32: the op's GEMMs, forward and backward, ignore a global ``allow_tf32`` / ``float32_matmul_precision``
+    setting (set back to the caller's after each step; eager calls, the compiled graph's custom ops).
 
     Args:
         q: ``(B, h, N, d)`` scaled queries (= keys: SOFT shares the projection).
@@ -74,8 +79,9 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
         backend: None (automatic) or a backend name of :func:`soft_mm.ops.dispatch.backends` to force; a backend
             that cannot take the call raises :class:`~soft_mm.ops.dispatch.DispatchError` with the reason.
-        precision: None (automatic), ``'highest'`` (float32 products even under bfloat16 autocast), ``'bfloat16'``
-            (bfloat16 products) or a :class:`~soft_mm.ops.precision.Precision`.
+        precision: None (automatic), ``'highest'`` (float32 products even under autocast), ``'bfloat16'``
+            (bfloat16 products), ``'float16'`` (float16 products, the Triton backend only) or a
+            :class:`~soft_mm.ops.precision.Precision`.
         tile_size: tokens per tile when the ``'tiled'`` backend runs (None: its default, ``DEFAULT_TILE_SIZE``).
 
     Returns:
@@ -85,13 +91,18 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     if tile_size is not None and (isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 1):
         raise ValueError(f'soft_attention: tile_size must be None (the backend default) or an int >= 1, '
                          f'got {tile_size!r}')
-    out_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
-    policy = precision_policy(q.device.type, out_dtype, precision)
+    input_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
+    preferred = precision_policy(q.device.type, input_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
-    chosen = select_backend(q.device.type, out_dtype, policy, q.shape[2], needs_grad, graph_mode(), backend)
+    chosen, policy = select(q.device.type, input_dtype, preferred, q.shape[2], needs_grad, graph_mode(), backend,
+                            num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3])
+    # under autocast the output takes the autocast dtype, as a matmul's does (CUDA autocast's float32 LayerNorm
+    # makes the landmarks float32, which must not turn the output, and the residual stream after it, float32)
+    autocast = autocast_dtype(q.device.type)
+    out_dtype = autocast if autocast is not None and input_dtype != torch.float64 else input_dtype
     options = {} if tile_size is None or 'tile_size' not in dict(chosen.options) else {'tile_size': tile_size}
     work_dtype = policy.exponent
-    with no_autocast(q.device):
+    with no_autocast(q.device), ieee_float32_matmuls():
         landmarks = landmarks.to(work_dtype)
         if not policy.mixed:
             q, v = q.to(work_dtype), v.to(work_dtype)
@@ -141,13 +152,13 @@ def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmar
         k1 = k1.to(precision.products)
         context = (k1.transpose(-2, -1) @ v.to(k1.dtype)).to(precision.accumulate)  # (B, h, m, d_v)
     else:
-        context = k1.transpose(-2, -1) @ v  # (B, h, m, d_v)
+        context = ieee_matmul(k1.transpose(-2, -1), v)  # (B, h, m, d_v)
     if normalize:
         scale = _inv_sqrt_row_sums(kernel_landmarks).unsqueeze(-1).to(kernel_inv.dtype)  # D^-1/2 as (B, h, m, 1)
-        context = scale * (kernel_inv @ (scale * context.to(kernel_inv.dtype)))
+        context = scale * ieee_matmul(kernel_inv, scale * context.to(kernel_inv.dtype))
     else:
-        context = kernel_inv @ context.to(kernel_inv.dtype)
-    return k1 @ context.to(k1.dtype)  # (B, h, N, d_v)
+        context = ieee_matmul(kernel_inv, context.to(kernel_inv.dtype))
+    return ieee_matmul(k1, context.to(k1.dtype))  # (B, h, N, d_v)
 
 
 REFERENCE = register_backend(Backend(
@@ -155,7 +166,9 @@ REFERENCE = register_backend(Backend(
     double_backward=True, compile=True, export=True))
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
-    dtypes=(torch.float16, torch.bfloat16, torch.float32), compile=True, check=triton_unsupported_reason))
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
+    compile=True, max_landmarks=TRITON_MAX_DIM,
+    max_head_dim=TRITON_MAX_DIM, check=triton_unsupported_reason))
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
     compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))

@@ -7,8 +7,9 @@ a fake kernel, :mod:`soft_mm.ops.library`, so compiled and eager runs take the s
 (plain ATen operators valid at every input size: ``torch.export``, ONNX, ``torch.jit.trace``; the mode comes from
 :func:`soft_mm.ops.capture.graph_mode`), and the token count from which automatic selection prefers it. With
 ``backend=None`` the highest-priority backend that fits is taken; a named backend is used if it fits and otherwise
-refused with the reason, and when nothing fits the error lists every backend's reason. A new backend (a fused GPU
-kernel) is one :func:`register_backend` call.
+refused with every reason, and when nothing fits the error lists every reason of every backend. A backend also
+declares its size limits (m, d, d_v): a call above them goes to the next backend. A new backend (a fused GPU kernel)
+is one :func:`register_backend` call.
 
 Built in:
 
@@ -16,7 +17,9 @@ Built in:
   double backward, compile and export. The float64 reference of the tests, and what exported graphs hold.
 * ``'triton'`` — :func:`~soft_mm.ops.triton_nystrom.triton_nystrom_products`: fused kernels that build each block
   of the kernel in registers (no N×m tensor in memory), forward and backward; CUDA (on CPU only when forced under
-  ``TRITON_INTERPRET=1``, for tests), eager and compiled (custom ops), needs ``triton``.
+  ``TRITON_INTERPRET=1``, for tests), eager and compiled (custom ops), needs ``triton``; m, d and d_v up to
+  :data:`~soft_mm.ops.triton_nystrom.MAX_DIM` (a call above them, e.g. ``landmark_grid=14``, m = 196, gets the next
+  backend).
 * ``'tiled'`` — :func:`~soft_mm.ops.tiled.tiled_nystrom_products`: the kernel built per tile of tokens in cache and
   rebuilt in its own backward, nothing N×m stored; CPU only (a Python loop of small kernels per tile and sample is
   what a GPU must not run), eager and compiled (custom ops; not exported: the loop is no ATen graph), preferred above
@@ -34,7 +37,8 @@ from .capture import GRAPH_MODES
 from .precision import Precision
 from .tiled import DEFAULT_TILE_SIZE
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'Backend', 'DispatchError', 'backends', 'register_backend', 'select_backend']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'Backend', 'Call', 'DispatchError', 'backends', 'register_backend', 'select',
+           'select_backend']
 
 # The tiled backend's automatic threshold: below it the reference's N×m temporaries still fit in cache and the
 # reference is as fast with less Python overhead.
@@ -44,6 +48,33 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 class DispatchError(RuntimeError):
     """No SOFT backend fits the call (the message lists each backend's reason)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Call:
+    """The facts of one SOFT op call that a backend's support depends on.
+
+    Attributes:
+        device_type: ``torch.device.type`` of the inputs.
+        dtype: the promoted input dtype.
+        precision: the :class:`Precision` policy of the call.
+        num_tokens: N.
+        needs_grad: whether a backward will be asked for.
+        mode: :func:`~soft_mm.ops.capture.graph_mode`'s ``'eager'``, ``'compile'`` or ``'export'``.
+        num_landmarks: m (None: not known, not checked).
+        head_dim: d of q and the landmarks (None: not checked).
+        value_dim: d_v of v (None: not checked).
+    """
+
+    device_type: str
+    dtype: torch.dtype
+    precision: Precision
+    num_tokens: int
+    needs_grad: bool
+    mode: str = 'eager'
+    num_landmarks: int | None = None
+    head_dim: int | None = None
+    value_dim: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,11 +89,14 @@ class Backend:
         devices: device types it runs on (``torch.device.type``).
         dtypes: input dtypes it accepts.
         mixed_precision: whether it runs the lower-dtype products of a mixed :class:`Precision`.
+        product_dtypes: the dtypes of those products it runs (with float32 accumulation).
         backward: whether it has a (first-order) backward.
         double_backward: whether it supports double backward.
         compile: whether it runs under ``torch.compile`` (custom ops with fake kernels, or plain ATen operators).
         export: whether it runs while a graph is exported (plain ATen operators, valid at every input size).
         min_tokens: automatic selection takes it only for more tokens than this (forcing it ignores the bound).
+        max_landmarks: the largest m it takes (None: any).
+        max_head_dim: the largest head dim d and value dim d_v it takes (None: any).
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
         check: ``check(device_type, forced) -> reason | None``, what the fields cannot say (e.g. a missing package).
     """
@@ -73,44 +107,61 @@ class Backend:
     devices: tuple[str, ...]
     dtypes: tuple[torch.dtype, ...] = FLOAT_DTYPES
     mixed_precision: bool = True
+    product_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     backward: bool = True
     double_backward: bool = False
     compile: bool = False
     export: bool = False
     min_tokens: int = 0
+    max_landmarks: int | None = None
+    max_head_dim: int | None = None
     options: tuple[tuple[str, object], ...] = ()
     check: Callable[[str, bool], str | None] | None = None
 
-    def unsupported(self, device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int,
-                    needs_grad: bool, mode: str, forced: bool) -> str | None:
-        """Why this backend cannot take the call, or None if it can."""
-        if device_type not in self.devices:
-            return f'runs on {"/".join(self.devices)}, not {device_type}'
-        if self.check is not None:
-            reason = self.check(device_type, forced)
+    def unsupported_reasons(self, call: Call, forced: bool) -> list[str]:
+        """Every reason why this backend cannot take ``call`` (empty if it can)."""
+        reasons = []
+        if call.device_type not in self.devices:
+            reasons.append(f'runs on {"/".join(self.devices)}, not {call.device_type}')
+        elif self.check is not None:
+            reason = self.check(call.device_type, forced)
             if reason:
-                return reason
-        if dtype not in self.dtypes:
-            return f'does not take {dtype} inputs'
-        if precision.mixed and not self.mixed_precision:
-            return f'has no mixed-precision products ({precision})'
-        if needs_grad and not self.backward:
-            return 'has no backward'
-        if mode == 'export' and not self.export:
-            return 'cannot run while a graph is exported (its kernels are no ATen graph valid at every size)'
-        if mode == 'compile' and not self.compile:
-            return 'cannot run under torch.compile (it is no custom op with a fake kernel)'
-        if not forced and num_tokens <= self.min_tokens:
-            return f'is chosen automatically only above {self.min_tokens} tokens (got {num_tokens})'
-        return None
+                reasons.append(reason)
+        if call.dtype not in self.dtypes:
+            reasons.append(f'does not take {call.dtype} inputs')
+        if call.precision.mixed and not self.mixed_precision:
+            reasons.append(f'has no mixed-precision products ({call.precision})')
+        elif call.precision.mixed and call.precision.products not in self.product_dtypes:
+            products = str(call.precision.products).replace('torch.', '')
+            reasons.append(f'has no {products} products with float32 accumulation')
+        if call.needs_grad and not self.backward:
+            reasons.append('has no backward')
+        if call.mode == 'export' and not self.export:
+            reasons.append('cannot run while a graph is exported (its kernels are no ATen graph valid at every size)')
+        if call.mode == 'compile' and not self.compile:
+            reasons.append('cannot run under torch.compile (it is no custom op with a fake kernel)')
+        if self.max_landmarks is not None and call.num_landmarks is not None \
+                and call.num_landmarks > self.max_landmarks:
+            reasons.append(f'takes at most {self.max_landmarks} landmarks (got m = {call.num_landmarks})')
+        for name, dim in (('head dim d', call.head_dim), ('value dim d_v', call.value_dim)):
+            if self.max_head_dim is not None and dim is not None and dim > self.max_head_dim:
+                reasons.append(f'takes a {name} of at most {self.max_head_dim} (got {dim})')
+        if not forced and call.num_tokens <= self.min_tokens:
+            reasons.append(f'is chosen automatically only above {self.min_tokens} tokens (got {call.num_tokens})')
+        return reasons
 
     def describe(self) -> str:
         """One line of its declared support."""
         dtypes = ', '.join(str(d).replace('torch.', '') for d in self.dtypes)
+        products = '/'.join(str(d).replace('torch.', '') for d in self.product_dtypes)
         flags = [f'devices {"/".join(self.devices)}', f'dtypes {dtypes}',
-                 'mixed-precision products' if self.mixed_precision else 'no mixed precision',
+                 f'{products} products' if self.mixed_precision else 'no mixed precision',
                  'double backward' if self.double_backward else ('backward' if self.backward else 'no backward'),
                  'eager' + (', compile' if self.compile else '') + (', export' if self.export else '')]
+        if self.max_landmarks is not None:
+            flags.append(f'm <= {self.max_landmarks}')
+        if self.max_head_dim is not None:
+            flags.append(f'd, d_v <= {self.max_head_dim}')
         if self.min_tokens:
             flags.append(f'automatic above {self.min_tokens} tokens')
         return f'{self.name} (priority {self.priority}): ' + '; '.join(flags)
@@ -132,33 +183,41 @@ def backends() -> list[Backend]:
     return sorted(_BACKENDS.values(), key=lambda b: -b.priority)
 
 
-def select_backend(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
-                   mode: str = 'eager', name: str | None = None) -> Backend:
-    """The backend for a call: ``name`` if given and it fits, else the first that fits by priority.
+def select(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
+           mode: str = 'eager', name: str | None = None, *, num_landmarks: int | None = None,
+           head_dim: int | None = None, value_dim: int | None = None) -> tuple[Backend, Precision]:
+    """The backend for a call and the precision it runs: ``name`` if given and it fits, else the first that fits by
+    priority; each policy of ``precision.chain()`` in turn (e.g. float16 products, else float32 where no backend that
+    fits stores its sums in float32).
 
-    ``mode`` is :func:`~soft_mm.ops.capture.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``.
+    ``mode`` is :func:`~soft_mm.ops.capture.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``. The sizes m,
+    d and d_v are checked against each backend's limits when given (a backend above its limits is passed over).
 
     Raises:
         ValueError: ``name`` is not a registered backend.
-        DispatchError: the named backend, or every backend, cannot take the call (each reason listed).
+        DispatchError: the named backend, or every backend, cannot take the call (every reason of each listed, for
+            the preferred policy).
     """
     if mode not in GRAPH_MODES:
         raise ValueError(f'select_backend: mode must be one of {GRAPH_MODES}, got {mode!r}')
-    facts = (device_type, dtype, precision, num_tokens, needs_grad, mode)
+    if name is not None and name not in _BACKENDS:
+        raise ValueError(f'soft_attention: backend={name!r} is not one of {sorted(_BACKENDS)} (or None)')
+    candidates = [_BACKENDS[name]] if name is not None else backends()
+    refusals: list[str] = []  # each backend's reasons for the preferred policy
+    for policy in precision.chain():
+        call = Call(device_type, dtype, policy, num_tokens, needs_grad, mode, num_landmarks, head_dim, value_dim)
+        for backend in candidates:
+            reasons = backend.unsupported_reasons(call, forced=name is not None)
+            if not reasons:
+                return backend, policy
+            if policy is precision:
+                refusals.append(', '.join(reasons))
     if name is not None:
-        if name not in _BACKENDS:
-            raise ValueError(f'soft_attention: backend={name!r} is not one of {sorted(_BACKENDS)} (or None)')
-        reason = _BACKENDS[name].unsupported(*facts, forced=True)
-        if reason:
-            raise DispatchError(f'soft_attention: backend {name!r} {reason}')
-        return _BACKENDS[name]
-    reasons = []
-    for backend in backends():
-        reason = backend.unsupported(*facts, forced=False)
-        if reason is None:
-            return backend
-        reasons.append(f'{backend.name} {reason}')
+        raise DispatchError(f'soft_attention: backend {name!r} {refusals[0]}')
     raise DispatchError(f'soft_attention: no backend fits {device_type} {dtype} inputs of {num_tokens} tokens: '
-                        + '; '.join(reasons))
+                        + '; '.join(f'{b.name} {r}' for b, r in zip(candidates, refusals)))
 
 
+def select_backend(*args, **kwargs) -> Backend:
+    """:func:`select`'s backend alone."""
+    return select(*args, **kwargs)[0]

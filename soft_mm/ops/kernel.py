@@ -5,6 +5,7 @@ import torch
 from torch import Tensor
 
 from .capture import exporting
+from .precision import ieee_float32_matmuls, ieee_matmul
 
 __all__ = ['augment_kernel_cols', 'augment_kernel_rows', 'gaussian_kernel']
 
@@ -24,7 +25,8 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
 
     Returns:
         ``(..., N, M)`` kernel values in the promoted dtype of ``x`` and ``y`` (under autocast the matmul may run in
-        lower precision).
+        lower precision; in float32 it runs in IEEE float32, forward and backward, whatever the global TF32 setting:
+        :func:`~soft_mm.ops.precision.ieee_matmul`).
     """
     for name, tensor in (('x', x), ('y', y)):
         if not isinstance(tensor, Tensor):
@@ -37,7 +39,8 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
                          f'and y {tuple(y.shape)}')
     # -|x_i - y_j|^2 / 2 as one matmul of augmented rows: two element-wise passes over the (N, M) result instead of
     # the five of adding the norms, scaling, clamping and exponentiating separately
-    exponent = augment_kernel_rows(x) @ augment_kernel_cols(y).transpose(-2, -1)
+    with ieee_float32_matmuls():  # the exponent cancels: never TF32, forward or backward
+        exponent = ieee_matmul(augment_kernel_rows(x), augment_kernel_cols(y).transpose(-2, -1))
     if exponent.requires_grad or exporting():
         return exponent.clamp_max(0.0).exp()
     return exponent.clamp_max_(0.0).exp_()  # no autograd record to keep: the same values in the matmul's buffer

@@ -14,7 +14,8 @@ the same in eager and compiled runs. Its backward is a second custom op, registe
   grad_middle)``: grad q and grad v in the layouts of q and v.
 
 The wrapper makes the real kernels' layouts those of the fake ones (the m-sized tensors contiguous), which
-``torch.library.opcheck`` verifies in the tests.
+``torch.library.opcheck`` verifies in the tests, and runs both kernels' float32 GEMMs in IEEE float32 whatever the
+global TF32 setting (:func:`~soft_mm.ops.precision.ieee_float32_matmuls`).
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
+
+from .precision import ieee_float32_matmuls
 
 __all__ = ['products_op']
 
@@ -47,13 +50,15 @@ def products_op(name: str, forward: Callable[..., tuple[Tensor, Tensor, Tensor]]
     """
 
     def forward_impl(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, *options) -> tuple[Tensor, ...]:
-        out, context, mixed = forward(q, landmarks, v, middle, *options)
+        with ieee_float32_matmuls():
+            out, context, mixed = forward(q, landmarks, v, middle, *options)
         return out, context.contiguous(), mixed.contiguous()
 
     def backward_impl(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
                       mixed: Tensor, *options) -> tuple[Tensor, ...]:
-        grad_q, grad_landmarks, grad_v, grad_middle = backward(grad_out, q, landmarks, v, middle, context, mixed,
-                                                               *options)
+        with ieee_float32_matmuls():
+            grad_q, grad_landmarks, grad_v, grad_middle = backward(grad_out, q, landmarks, v, middle, context, mixed,
+                                                                   *options)
         return grad_q, grad_landmarks.contiguous(), grad_v, grad_middle.contiguous()
 
     forward_op = torch.library.custom_op(

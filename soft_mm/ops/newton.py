@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from .capture import exporting
-from .precision import compute_dtype, no_autocast
+from .precision import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
 
 __all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs',
            'newton_schulz_start', 'newton_schulz_step']
@@ -58,8 +58,8 @@ def newton_schulz_start(mat: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
 
 
 def newton_schulz_step(v: Tensor, p: Tensor) -> Tensor:
-    """One Newton–Schulz iteration ``2 V - (V P) V``."""
-    return 2.0 * v - (v @ p) @ v
+    """One Newton–Schulz iteration ``2 V - (V P) V`` (IEEE float32 GEMMs in float32, forward and backward)."""
+    return 2.0 * v - ieee_matmul(ieee_matmul(v, p), v)
 
 
 def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
@@ -74,13 +74,14 @@ def _newton_schulz(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
 
 def _implicit_forward(mat: Tensor, num_iters: int, ridge: float) -> Tensor:
     """The real kernel of ``soft_mm::newton_inverse``: the iteration, contiguous (a fresh tensor, never ``mat``)."""
-    return _newton_schulz(mat, num_iters, ridge).contiguous()
+    with ieee_float32_matmuls():
+        return _newton_schulz(mat, num_iters, ridge).contiguous()
 
 
 def _implicit_backward(grad_v: Tensor, v: Tensor) -> Tensor:
     """The real kernel of ``soft_mm::newton_inverse_backward``: the exact inverse's gradient ``-V^T grad_V V^T`` at
     the final iterate (``d(mat + ridge I)/d(mat) = I``, so the gradient w.r.t. P is the gradient w.r.t. mat)."""
-    with no_autocast(v.device):
+    with no_autocast(v.device), ieee_float32_matmuls():
         v_t = v.transpose(-2, -1)
         return (-(v_t @ grad_v.to(v.dtype) @ v_t)).contiguous()
 
@@ -144,7 +145,8 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
     ``2 log2(1 / ridge) + 10`` iterations.
 
     Precision: the iteration runs with autocast disabled in at least float32 (float16/bfloat16 are promoted,
-    float64 stays float64), and the result is cast back to the dtype of ``mat``.
+    float64 stays float64), and the result is cast back to the dtype of ``mat``. Its float32 GEMMs, forward and
+    backward, run in IEEE float32 whatever the global TF32 / ``float32_matmul_precision`` setting (restored after).
 
     Backward: ``'implicit'`` does not backpropagate through the iterations; it treats the final iterate ``V`` as the
     exact inverse and returns ``grad_mat = -V^T grad_V V^T`` (memory: one M×M matrix instead of one per iteration).
@@ -170,7 +172,7 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
     ridge = _check_ridge(ridge, 'newton_inverse')
     if backward not in BACKWARD_MODES:
         raise ValueError(f'newton_inverse: backward must be one of {BACKWARD_MODES}, got {backward!r}')
-    with no_autocast(mat.device):
+    with no_autocast(mat.device), ieee_float32_matmuls():
         work = mat.to(compute_dtype(mat.dtype))
         if backward == 'implicit' and not exporting():
             inverse = _newton_op(work, int(num_iters), ridge)
@@ -191,6 +193,6 @@ def exact_inverse(mat: Tensor, ridge: float = 0.0) -> Tensor:
     """
     _check_matrix(mat, 'exact_inverse')
     ridge = _check_ridge(ridge, 'exact_inverse')
-    with no_autocast(mat.device):
+    with no_autocast(mat.device), ieee_float32_matmuls():
         work = _add_ridge(mat.to(compute_dtype(mat.dtype)), ridge)
         return torch.linalg.pinv(work).to(mat.dtype)

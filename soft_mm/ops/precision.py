@@ -16,8 +16,19 @@ d = 32, 2 heads; output / grad q errors):
   inverse amplifies input error by up to cond(A + ridge I) (~5e3 at the ridge floor); they cost O(m^3) and O(m d);
 * the **accumulation** of ``K1^T v`` over N tokens is float32 (an unnormalised sum of up to N terms of size ``|v|``).
 
-float16 keeps float32 products: ``K1^T v`` can exceed float16's range at detection resolutions (a GEMM's float16
-output overflows even when it accumulates in float32). float64 runs everything in float64.
+float16 (inputs, or float16 autocast as mmdet's ``--amp`` on a GPU) gets float16 products with float32 accumulation
+where the backend accumulates *and stores* the N-token sums in float32 (the Triton kernels: ``K1^T v`` is summed in
+registers and written as float32 partial sums, and each kernel scales its float16 operand tiles by a power of two so
+that the m×d factors, which the inverse can make large, stay in float16's range). Elsewhere float16 falls back to
+float32 products: ``K1^T v`` can exceed float16's range at detection resolutions, and a GEMM's float16 output
+overflows even when it accumulates in float32. float64 runs everything in float64.
+
+"float32" means IEEE float32 whatever the process-wide setting: a training script that sets
+``torch.backends.cuda.matmul.allow_tf32 = True`` or ``torch.set_float32_matmul_precision('high')`` would have cuBLAS
+round the operands of every float32 GEMM to TF32's 10-bit mantissa (and oneDNN to TF32 or bfloat16 where the CPU
+has them) — the exponent's cancellation and the inverse's amplification above. :func:`ieee_float32_matmuls` sets
+IEEE float32 for the op's own GEMMs and restores the caller's setting; :func:`ieee_matmul` keeps a product's
+backward GEMMs in IEEE float32 too.
 """
 from __future__ import annotations
 
@@ -26,9 +37,12 @@ import dataclasses
 from contextlib import AbstractContextManager
 
 import torch
+from torch import Tensor
 
-__all__ = ['PRECISIONS', 'Precision', 'autocast_cast', 'autocast_dtype', 'compute_dtype', 'no_autocast',
-           'precision_policy']
+from .capture import graph_mode
+
+__all__ = ['PRECISIONS', 'Precision', 'autocast_cast', 'autocast_dtype', 'compute_dtype', 'float32_matmul_precision',
+           'float32_matmul_settings', 'ieee_float32_matmuls', 'ieee_matmul', 'no_autocast', 'precision_policy']
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -68,6 +82,101 @@ def autocast_cast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
+def _precision_switches() -> dict[str, object]:
+    """The per-backend float32 matmul switches of torch >= 2.9, each an object with an ``fp32_precision`` attribute
+    (``'ieee'``, ``'tf32'``, ``'bf16'`` or ``'none'``, inherit): cuBLAS and oneDNN. Empty on older torch."""
+    switches = {'cuda': getattr(torch.backends.cuda, 'matmul', None),
+                'mkldnn': getattr(torch.backends.mkldnn, 'matmul', None)}
+    return {label: owner for label, owner in switches.items() if hasattr(owner, 'fp32_precision')}
+
+
+def float32_matmul_settings() -> dict[str, str]:
+    """The current float32 matmul precision of cuBLAS and oneDNN, e.g. ``{'cuda': 'tf32', 'mkldnn': 'none'}``
+    (``{'legacy': torch.get_float32_matmul_precision()}`` on torch < 2.9)."""
+    switches = _precision_switches()
+    if not switches:
+        return {'legacy': torch.get_float32_matmul_precision()}
+    return {label: owner.fp32_precision for label, owner in switches.items()}
+
+
+class float32_matmul_precision(contextlib.AbstractContextManager):  # noqa: N801  (a context, named as used)
+    """Context that sets cuBLAS's and oneDNN's float32 matmul precision to ``value`` (``'ieee'``, or ``'tf32'`` as a
+    training script's ``allow_tf32 = True`` does) and restores exactly what was set on exit.
+
+    torch >= 2.9 keeps one switch per backend, which its legacy setters (``allow_tf32``,
+    ``set_float32_matmul_precision``) write too; saving and restoring those switches leaves a caller's setting as it
+    was, whichever API set it (restoring through the legacy API instead would change oneDNN's switch as well). On
+    older torch, ``set_float32_matmul_precision('highest' | 'high')``."""
+
+    VALUES = ('ieee', 'tf32')
+
+    def __init__(self, value: str) -> None:
+        if value not in self.VALUES:
+            raise ValueError(f'float32_matmul_precision: value must be one of {self.VALUES}, got {value!r}')
+        self.value = value
+
+    def __enter__(self) -> None:
+        self.switches = list(_precision_switches().values())
+        if self.switches:
+            self.saved = [owner.fp32_precision for owner in self.switches]
+            for owner in self.switches:
+                owner.fp32_precision = self.value
+        else:
+            self.saved = torch.get_float32_matmul_precision()
+            torch.set_float32_matmul_precision('highest' if self.value == 'ieee' else 'high')
+
+    def __exit__(self, *exc) -> None:
+        if self.switches:
+            for owner, value in zip(self.switches, self.saved):
+                owner.fp32_precision = value
+        else:
+            torch.set_float32_matmul_precision(self.saved)
+
+
+def ieee_float32_matmuls() -> AbstractContextManager:
+    """Context in which float32 matmuls run in IEEE float32 (no TF32, no bfloat16 passes), whatever the global
+    ``allow_tf32`` / ``float32_matmul_precision`` setting; the caller's setting is restored on exit. Eager only (a
+    no-op while a graph is compiled or exported: a traced function cannot set process-wide switches)."""
+    if graph_mode() != 'eager':
+        return contextlib.nullcontext()
+    return float32_matmul_precision('ieee')
+
+
+class _IEEEMatmul(torch.autograd.Function):
+    """``a @ b`` whose forward and backward GEMMs both run in IEEE float32 (see :func:`ieee_matmul`)."""
+
+    @staticmethod
+    def forward(a: Tensor, b: Tensor) -> Tensor:
+        with float32_matmul_precision('ieee'):
+            return a @ b
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple[Tensor, Tensor], output: Tensor) -> None:
+        ctx.save_for_backward(*inputs)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, Tensor | None]:
+        a, b = ctx.saved_tensors
+        grad_a = grad_b = None
+        with float32_matmul_precision('ieee'):  # differentiable ops: a double backward goes through them
+            if ctx.needs_input_grad[0]:
+                grad_a = (grad @ b.transpose(-2, -1)).sum_to_size(a.shape)
+            if ctx.needs_input_grad[1]:
+                grad_b = (a.transpose(-2, -1) @ grad).sum_to_size(b.shape)
+        return grad_a, grad_b
+
+
+def ieee_matmul(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` (batched, broadcasting) with its forward and backward GEMMs in IEEE float32 whatever the global TF32
+    setting, where autograd records it (float32 operands, eager); otherwise the plain product, whose forward the
+    caller's :func:`ieee_float32_matmuls` covers. For the products with cancellation or amplification (the kernel's
+    exponent, Newton–Schulz), whose gradients autograd computes after the op has returned."""
+    if (a.dtype == torch.float32 and b.dtype == torch.float32 and torch.is_grad_enabled()
+            and (a.requires_grad or b.requires_grad) and graph_mode() == 'eager'):
+        return _IEEEMatmul.apply(a, b)
+    return a @ b
+
+
 @dataclasses.dataclass(frozen=True)
 class Precision:
     """Dtypes of the SOFT op's steps (see the module docstring for why each is what it is).
@@ -83,21 +192,29 @@ class Precision:
     accumulate: torch.dtype
     exponent: torch.dtype
     inverse: torch.dtype
+    fallback: Precision | None = dataclasses.field(default=None, compare=False)
+    """What a backend that cannot run these products runs instead (None: such a backend is refused)."""
 
     @property
     def mixed(self) -> bool:
         """True when the products run in a lower dtype than the rest."""
         return self.products != self.exponent
 
+    def chain(self) -> tuple[Precision, ...]:
+        """This policy and its fallbacks, in order of preference."""
+        return (self,) + (self.fallback.chain() if self.fallback is not None else ())
+
     def __str__(self) -> str:
-        names = (str(getattr(self, f.name)).replace('torch.', '') for f in dataclasses.fields(self))
+        names = (str(d).replace('torch.', '') for d in (self.products, self.accumulate, self.exponent, self.inverse))
         return 'products {} (accumulate {}), exponent {}, inverse {}'.format(*names)
 
 
 # The policies a caller may force by name (``soft_attention(..., precision=NAME)``); None picks automatically.
-PRECISIONS = ('highest', 'bfloat16')
+PRECISIONS = ('highest', 'bfloat16', 'float16')
 _FULL = {dtype: Precision(dtype, dtype, dtype, dtype) for dtype in (torch.float32, torch.float64)}
 _BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
+_F16_PRODUCTS = Precision(torch.float16, torch.float32, torch.float32, torch.float32)  # forced: no fallback
+_F16_PRODUCTS_OR_FLOAT32 = dataclasses.replace(_F16_PRODUCTS, fallback=_FULL[torch.float32])  # automatic
 
 
 def precision_policy(device_type: str, input_dtype: torch.dtype, precision: str | Precision | None = None,
@@ -106,8 +223,10 @@ def precision_policy(device_type: str, input_dtype: torch.dtype, precision: str 
 
     Automatic (``precision=None``): float64 inputs run wholly in float64; bfloat16 inputs, or any non-float64 inputs
     under bfloat16 autocast of their device, get bfloat16 products with float32 exponent, accumulation and inverse;
-    everything else (float32, float16, float16 autocast) runs wholly in float32. ``'highest'`` forces the float32 (or
-    float64) policy, ``'bfloat16'`` the bfloat16 products; a :class:`Precision` is used as given.
+    float16 inputs, or inputs under float16 autocast, get float16 products likewise where the backend stores its sums
+    in float32, with float32 as the fallback elsewhere (:attr:`Precision.fallback`); float32 runs wholly in float32.
+    ``'highest'`` forces the float32 (or float64) policy, ``'bfloat16'`` and ``'float16'`` those products (no
+    fallback); a :class:`Precision` is used as given.
     """
     if isinstance(precision, Precision):
         return precision
@@ -117,6 +236,11 @@ def precision_policy(device_type: str, input_dtype: torch.dtype, precision: str 
         return _FULL[torch.float64]
     if precision == 'highest':
         return _FULL[torch.float32]
-    if precision == 'bfloat16' or input_dtype == torch.bfloat16 or autocast_dtype(device_type) == torch.bfloat16:
+    if precision is not None:
+        return _BF16_PRODUCTS if precision == 'bfloat16' else _F16_PRODUCTS
+    autocast = autocast_dtype(device_type)
+    if torch.bfloat16 in (input_dtype, autocast):
         return _BF16_PRODUCTS
+    if torch.float16 in (input_dtype, autocast):
+        return _F16_PRODUCTS_OR_FLOAT32
     return _FULL[torch.float32]

@@ -4,19 +4,23 @@ Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head)
 kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
 cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
 
-* ``kt_x``: the per-block partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward), one
-  ``(m, d_v)`` tile per block, summed in torch afterwards (deterministic, no atomics);
+* ``kt_x``: the partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward): a split
+  reduction, each program summing every ``splits``-th block of its (sample, head) in registers and writing one
+  ``(m, d_v)`` tile, summed in torch afterwards (deterministic: the split depends on the sizes only; no atomics);
 * ``k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
 * ``backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
-  ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the block's partial sums of the
-  landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``.
+  ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the partial sums of the landmark
+  gradient, ``grad_s^T q`` and ``colsum(grad_s)``, split as in ``kt_x``. Every tensor is read and written through
+  its own strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout when those are
+  dense, contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
 
 The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
 the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
-accumulation; otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose
-cast to bfloat16 is wrong, the operands' rounding to bfloat16 is emulated in float32 (the same values, still summed in
-float32) and bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128,
-head dims up to 128; batch and heads are the second grid axis; inputs may be strided views.
+accumulation, or float16 ones likewise (the m×d factor scaled into float16's range by a power of two per tile);
+otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is wrong,
+the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
+bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128, head dims up to
+128; batch and heads are the second grid axis; inputs may be strided views.
 
 The kernels (``_triton_kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
 since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
@@ -31,12 +35,9 @@ import torch
 from torch import Tensor
 
 from .library import products_op
+from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, PRODUCTS_CODES, padded, split_count
 
 __all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
-
-BLOCK_N = 64
-MAX_DIM = 128
-
 
 def triton_available() -> bool:
     return importlib.util.find_spec('triton') is not None
@@ -53,10 +54,6 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
     if device_type == 'cpu' and not (forced and _interpreting()):
         return 'runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests)'
     return None
-
-
-def _pad(n: int) -> int:
-    return max(16, 1 << (int(n) - 1).bit_length())
 
 
 _LOADED: dict[str, object] = {}
@@ -93,31 +90,38 @@ def _padded(t: Tensor, rows: int, cols: int) -> Tensor:
 
 
 class _Launch:
-    """Sizes, padded tile sizes and the grid of one call: blocks of BLOCK_N tokens x (sample, head) groups."""
+    """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
+    tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
+    block of its group (the reductions over the tokens, one partial sum per program)."""
 
-    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor) -> None:
+    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, block: int = BLOCK_N) -> None:
         self.batch, self.heads, self.n, self.d = q.shape
         self.m, self.dv = landmarks.shape[2], v.shape[3]
-        self.mp, self.dp, self.dvp = _pad(self.m), _pad(self.d), _pad(self.dv)
-        self.nblk = -(-self.n // BLOCK_N)
-        self.grid = (self.nblk, self.batch * self.heads)
+        self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
+        self.block = block
+        self.groups = self.batch * self.heads
+        self.nblk = -(-self.n // block)
+        self.grid = (self.nblk, self.groups)
+        self.splits = split_count(self.n, block, self.groups)
+        self.split_grid = (self.splits, self.groups)
         self.kernels, self.emulate = _kernels(), _interpreting()
 
     def sizes(self) -> tuple[int, ...]:
         return self.heads, self.n, self.m, self.d, self.dv
 
-    def meta(self, low: bool) -> dict:
-        return dict(BLOCK=BLOCK_N, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate)
+    def meta(self, low: int) -> dict:
+        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate,
+                    num_warps=NUM_WARPS)
 
-    def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: bool) -> Tensor:
-        """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-block partial sums, summed here."""
-        parts = q.new_empty(self.batch * self.heads, self.nblk, self.mp, self.dvp, dtype=torch.float32)
-        self.kernels.kt_x[self.grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
-                                     **self.meta(low))
+    def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: int) -> Tensor:
+        """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-program partial sums, summed here."""
+        parts = q.new_empty(self.groups, self.splits, self.mp, self.dvp, dtype=torch.float32)
+        self.kernels.kt_x[self.split_grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
+                                           **self.meta(low))
         return parts.sum(1)[:, :self.m, :self.dv].reshape(self.batch, self.heads, self.m, self.dv)
 
 
-def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel."""
     lm = landmarks.contiguous()
     launch = _Launch(q, lm, v)
@@ -130,23 +134,22 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: bool)
 
 
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              mixed: Tensor, low: bool) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              mixed: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
     lm = landmarks.contiguous()
-    launch = _Launch(q, lm, v)
     grad_out = grad_out.to(v.dtype)
-    grad_mixed = launch.kt_x(q, lm, grad_out, low)  # K1^T grad_out
+    grad_mixed = _Launch(q, lm, v).kt_x(q, lm, grad_out, low)  # K1^T grad_out
+    launch = _Launch(q, lm, v, BLOCK_N_BACKWARD)
     grad_middle = grad_mixed @ context.transpose(-2, -1)
     grad_context = middle.float().transpose(-2, -1) @ grad_mixed
     grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
     grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
-    groups = launch.batch * launch.heads
-    lsum = q.new_empty(groups, launch.nblk, launch.mp, launch.dp, dtype=torch.float32)
-    lcnt = q.new_empty(groups, launch.nblk, launch.mp, dtype=torch.float32)
-    launch.kernels.backward[launch.grid](
+    lsum = q.new_empty(launch.groups, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
+    lcnt = q.new_empty(launch.groups, launch.splits, launch.mp, dtype=torch.float32)
+    launch.kernels.backward[launch.split_grid](
         q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
         grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
-        **launch.meta(low))
+        *_strides(grad_q), *_strides(grad_v), **launch.meta(low))
     batch, heads, m, d = lm.shape
     sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
     counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)
@@ -155,7 +158,8 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
 
 
 # one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
-_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'bool low')
+# low: the products' dtype as the kernels' LOW constant (triton_config.PRODUCTS_CODES)
+_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'int low')
 
 
 def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
@@ -167,13 +171,16 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
         landmarks: ``(B, h, m, d)`` float32 scaled landmarks.
         v: ``(B, h, N, d_v)`` values; the output has v's dtype and memory layout.
         middle: ``(B, h, m, m)`` float32 middle matrix.
-        products: ``torch.bfloat16`` for bfloat16 operands of the products with v (float32 accumulation; v is cast
-            to bfloat16), anything else for float32 products.
+        products: ``torch.bfloat16`` or ``torch.float16`` for operands of the products with v in that dtype (float32
+            accumulation; v is cast to it), None or ``torch.float32`` for float32 products.
     """
     if max(q.shape[3], v.shape[3], landmarks.shape[2]) > MAX_DIM:
         raise ValueError(f'triton_nystrom_products: m, d and d_v must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
                          f'd={q.shape[3]}, d_v={v.shape[3]}')
-    low = products == torch.bfloat16
-    if low:
+    name = str(products or torch.float32).replace('torch.', '')
+    if name not in PRODUCTS_CODES:
+        allowed = ', '.join(f'torch.{name}' for name in PRODUCTS_CODES)
+        raise ValueError(f'triton_nystrom_products: products must be None or one of {allowed}, got {products!r}')
+    if products in (torch.bfloat16, torch.float16):
         v = v.to(products)
-    return _triton_products(q, landmarks, v, middle, low)
+    return _triton_products(q, landmarks, v, middle, PRODUCTS_CODES[name])

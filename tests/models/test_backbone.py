@@ -113,6 +113,46 @@ def test_bfloat16_autocast_keeps_the_residual_stream_in_bfloat16():
         assert all(o.dtype == torch.float32 for o in make_narrow().eval()(torch.randn(1, 3, 61, 83)))
 
 
+def test_cuda_autocast_rules_keep_the_residual_stream_and_the_op_output_in_float16(monkeypatch):
+    """CUDA's float16 autocast (mmdet's --amp on a GPU) reproduced on CPU: linears and convs in float16 (CPU autocast
+    does that) and LayerNorm in float32 with a float32 output (CUDA autocast's rule, patched in here; CPU autocast
+    keeps LayerNorm in its input's dtype). The landmarks then arrive in float32 (a LayerNorm ends their path), yet
+    the SOFT op's output follows autocast and the post-norm blocks keep the stream in float16, as under CPU autocast.
+    """
+    import torch.nn.functional as F
+
+    import soft_mm.models.attention as attention_module
+
+    layer_norm = F.layer_norm
+
+    def cuda_autocast_layer_norm(x, shape, weight=None, bias=None, eps=1e-5):
+        if not torch.is_autocast_enabled('cpu'):
+            return layer_norm(x, shape, weight, bias, eps)
+        with torch.autocast('cpu', enabled=False):
+            return layer_norm(x.float(), shape, None if weight is None else weight.float(),
+                              None if bias is None else bias.float(), eps)
+
+    op_dtypes, block_dtypes = [], []
+    soft_attention = attention_module.soft_attention
+
+    def recorded_soft_attention(q, landmarks, v, **kwargs):
+        out = soft_attention(q, landmarks, v, **kwargs)
+        op_dtypes.append((q.dtype, landmarks.dtype, v.dtype, out.dtype))
+        return out
+
+    monkeypatch.setattr(F, 'layer_norm', cuda_autocast_layer_norm)
+    monkeypatch.setattr(attention_module, 'soft_attention', recorded_soft_attention)
+    model = make_narrow().eval()
+    for module in model.modules():
+        if type(module).__name__ == 'Block':
+            module.register_forward_hook(lambda m, args, out: block_dtypes.append((args[0].dtype, out.dtype)))
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.float16):
+        assert cuda_autocast_layer_norm(torch.randn(2, 4).half(), (4,)).dtype == torch.float32  # the rule holds
+        model(torch.randn(1, 3, 61, 83))
+    assert len(op_dtypes) == 5 and set(op_dtypes) == {(torch.float16, torch.float32, torch.float16, torch.float16)}
+    assert len(block_dtypes) == 7 and set(block_dtypes) == {(torch.float16, torch.float16)}
+
+
 @pytest.mark.parametrize('hw', [(32, 32), (8, 8), (1, 1)])
 def test_maps_smaller_than_a_landmark_window(hw):
     # 32x32: stage-1 map 8x8, smaller than the 8 * 7 window the conv landmarks assume; 8x8: stage-1 map 2x2.

@@ -40,12 +40,11 @@ def test_tiled_op_passes_opcheck(dtype, products):
 
 
 @pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
-@pytest.mark.parametrize('low', [False, True])
-def test_triton_op_passes_opcheck(monkeypatch, low):
+@pytest.mark.parametrize('low, products', [(0, torch.float32), (1, torch.bfloat16), (2, torch.float16)])
+def test_triton_op_passes_opcheck(monkeypatch, low, products):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     q, landmarks, v, middle = token_major_inputs(torch.float32, num_tokens=70)
-    if low:
-        v = v.to(torch.bfloat16)
+    v = v.to(products)
     results = torch.library.opcheck(_triton_products.forward_op, (*requiring_grad((q, landmarks, v, middle)), low))
     assert set(results.values()) == {'SUCCESS'}, results
 

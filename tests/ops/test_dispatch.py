@@ -11,6 +11,7 @@ from soft_mm.ops.triton_nystrom import triton_available
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
+F16_PRODUCTS = Precision(torch.float16, torch.float32, torch.float32, torch.float32)
 
 
 def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=True, mode='eager', name=None):
@@ -71,6 +72,44 @@ def test_no_fitting_backend_lists_every_reason():
     assert 'tiled runs on cpu, not hpu' in message and 'reference runs on cpu/cuda' in message
 
 
+def test_every_reason_of_every_backend_is_listed():
+    with pytest.raises(DispatchError) as info:
+        pick(device='hpu', dtype=torch.float64, mode='export')
+    message = str(info.value)
+    for reason in (('triton runs on cuda/cpu, not hpu, does not take torch.float64 inputs, cannot run while a graph '
+                    'is exported'),
+                   'tiled runs on cpu, not hpu, cannot run while a graph is exported',
+                   'is chosen automatically only above 8192 tokens (got 100)', 'reference runs on cpu/cuda/mps'):
+        assert reason in message, message
+
+
+def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkeypatch):
+    sizes = dict(num_landmarks=128, head_dim=128, value_dim=128)
+    expected = 'triton' if triton_available() else 'reference'
+    assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **sizes).name == expected
+    # m = 196 (landmark_grid=14) or a head dim above 128: the Triton kernels' tiles do not fit, the reference runs
+    for too_big in (dict(num_landmarks=196), dict(head_dim=129), dict(value_dim=160)):
+        assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **{**sizes, **too_big}).name == 'reference'
+    triton = {b.name: b for b in backends()}['triton']
+    assert (triton.max_landmarks, triton.max_head_dim) == (128, 128) and 'm <= 128; d, d_v <= 128' in triton.describe()
+    monkeypatch.delenv('TRITON_INTERPRET', raising=False)
+    monkeypatch.setattr('soft_mm.ops.triton_nystrom.triton_available', lambda: True)
+    with pytest.raises(DispatchError) as info:
+        select_backend('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160,
+                       value_dim=32)
+    assert str(info.value) == (
+        "soft_attention: backend 'triton' runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for "
+        "tests), does not take torch.float64 inputs, takes at most 128 landmarks (got m = 196), takes a head dim d of "
+        "at most 128 (got 160)")
+
+
+def test_soft_attention_passes_its_sizes_to_the_dispatcher(monkeypatch):
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    q, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 3)
+    with pytest.raises(DispatchError, match=r"takes at most 128 landmarks \(got m = 129\)"):
+        soft_attention(q, torch.randn(1, 1, 129, 4), v, backend='triton')
+
+
 def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
     calls = []
 
@@ -94,10 +133,12 @@ def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
 
 @pytest.mark.parametrize('device_dtype, autocast, precision, expected', [
     (torch.float32, None, None, FP32),
-    (torch.float16, None, None, FP32),
+    (torch.float16, None, None, F16_PRODUCTS),
     (torch.bfloat16, None, None, BF16_PRODUCTS),
     (torch.float32, torch.bfloat16, None, BF16_PRODUCTS),
-    (torch.float32, torch.float16, None, FP32),
+    (torch.float32, torch.float16, None, F16_PRODUCTS),
+    (torch.float16, torch.bfloat16, None, BF16_PRODUCTS),
+    (torch.float32, None, 'float16', F16_PRODUCTS),
     (torch.float64, torch.bfloat16, None, Precision(*[torch.float64] * 4)),
     (torch.float64, None, 'bfloat16', Precision(*[torch.float64] * 4)),
     (torch.float32, torch.bfloat16, 'highest', FP32),
@@ -110,8 +151,27 @@ def test_precision_policy(device_dtype, autocast, precision, expected):
     assert precision_policy('cpu', device_dtype, expected) == expected  # a Precision is used as given
 
 
+def test_float16_products_run_where_the_sums_are_stored_in_float32_and_fall_back_to_float32_elsewhere(monkeypatch):
+    preferred = precision_policy('cuda', torch.float16)
+    assert preferred == F16_PRODUCTS and preferred.chain() == (F16_PRODUCTS, FP32)
+    sizes = dict(num_landmarks=49, head_dim=32, value_dim=32)
+    if triton_available():
+        assert dispatch.select('cuda', torch.float16, preferred, 10 ** 5, True, **sizes) == (
+            {b.name: b for b in backends()}['triton'], F16_PRODUCTS)
+    # the reference math would round its N-token sums to float16 (a GEMM's float16 output): float32 products there
+    assert dispatch.select('cuda', torch.float16, preferred, 10 ** 5, True, num_landmarks=196)[1] == FP32
+    assert dispatch.select('cpu', torch.float16, preferred, 10 ** 5, True, name='tiled')[1] == FP32
+    # forced by name there is no fallback
+    forced = precision_policy('cpu', torch.float16, 'float16')
+    with pytest.raises(DispatchError, match="backend 'reference' has no float16 products with float32 accumulation"):
+        dispatch.select('cpu', torch.float16, forced, 100, True, name='reference')
+    assert 'triton (priority 20): devices cuda/cpu; dtypes float16, bfloat16, float32; bfloat16/float16 products' in \
+        {b.name: b for b in backends()}['triton'].describe()
+
+
 def test_bad_precision_raises():
-    with pytest.raises(ValueError, match=r"precision='fp8' is not None \(automatic\) or one of \('highest', 'bfloat16'\)"):
+    with pytest.raises(ValueError, match=r"precision='fp8' is not None \(automatic\) or one of "
+                                         r"\('highest', 'bfloat16', 'float16'\)"):
         precision_policy('cpu', torch.float32, 'fp8')
     with pytest.raises(ValueError, match='precision='):
         soft_attention(torch.randn(1, 1, 4, 2), torch.randn(1, 1, 2, 2), torch.randn(1, 1, 4, 2), precision='fp8')
@@ -124,8 +184,8 @@ def test_highest_precision_under_autocast_equals_float32():
     with torch.autocast('cpu', dtype=torch.bfloat16):
         fast = soft_attention(q, landmarks, v)
         highest = soft_attention(q, landmarks, v, precision='highest')
-    assert fast.dtype == highest.dtype == torch.float32
-    assert torch.equal(highest, soft_attention(q, landmarks, v)) and not torch.equal(fast, highest)
+    assert fast.dtype == highest.dtype == torch.bfloat16  # the output follows autocast, as a matmul's
+    assert torch.equal(highest, soft_attention(q, landmarks, v).bfloat16()) and not torch.equal(fast, highest)
 
 
 def rule_inputs(num_tokens, num_landmarks, head_dim=32, seed=0):

@@ -159,16 +159,21 @@ def test_float16_inputs_are_finite_and_accurate():
     low_precision_check(q, landmarks, v, torch.float16, autocast=False, grad_scale=1e-3)
 
 
-def test_float32_under_autocast_keeps_float32():
-    # bfloat16 autocast turns on the bfloat16 products but the output keeps the inputs' dtype; float16 autocast
-    # changes nothing (float32 inside)
+def test_float32_under_autocast_gives_the_autocast_dtype():
+    # bfloat16 autocast turns on the bfloat16 products and the output takes the autocast dtype, as a matmul's does;
+    # float16 autocast on CPU runs float32 products (no CPU backend stores its sums in float32) and a float16 output
     q, landmarks, v = random_inputs(dtype=torch.float32)
     with torch.autocast(device_type='cpu', dtype=torch.bfloat16):
         out = soft_attention(q, landmarks, v)
-    assert out.dtype == torch.float32
+    assert out.dtype == torch.bfloat16
     assert relative_error(out, reference_attention(q, landmarks, v)) < torch.finfo(torch.bfloat16).eps
     with torch.autocast(device_type='cpu', dtype=torch.float16):
-        assert torch.equal(soft_attention(q, landmarks, v), soft_attention(q, landmarks, v, precision='highest'))
+        out = soft_attention(q, landmarks, v)
+    assert out.dtype == torch.float16
+    assert torch.equal(out, soft_attention(q, landmarks, v, precision='highest').half())
+    # float64 keeps float64 under autocast
+    with torch.autocast(device_type='cpu', dtype=torch.bfloat16):
+        assert soft_attention(q.double(), landmarks.double(), v.double()).dtype == torch.float64
 
 
 @pytest.mark.parametrize('shapes, match', [

@@ -11,7 +11,8 @@ from precision_rule import rule_errors
 from soft_mm.ops import soft_attention
 from soft_mm.ops.triton_nystrom import triton_available
 
-pytestmark = pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+pytestmark = pytest.mark.skipif(not triton_available(),
+                                reason='triton is not installed (bash tools/install.sh adds it)')
 
 
 @pytest.fixture(autouse=True)
@@ -64,22 +65,59 @@ def test_value_dim_and_head_dim_may_differ_and_strided_views_are_read_in_place()
     assert relative(out, reference) < 3e-5
 
 
+def test_gradients_of_non_dense_views_are_written_in_their_own_layout():
+    # q and v are the first 32 of 48 channels of wider tensors (views with gaps, which empty_like does not copy: the
+    # gradients are contiguous); before, the backward wrote them through q's and v's strides, out of bounds
+    tensors, grad_out = inputs(70, 9)
+    wide = [torch.cat([t, torch.randn(*t.shape[:3], 16, dtype=t.dtype)], -1) for t in (tensors[0], tensors[2])]
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
+    leaves = [w.float().requires_grad_() for w in wide]
+    landmarks = tensors[1].float().requires_grad_()
+    q, v = leaves[0][..., :32], leaves[1][..., :32]
+    assert not q.is_contiguous() and q.stride() == (2 * 70 * 48, 70 * 48, 48, 1)
+    out = soft_attention(q, landmarks, v, ridge=0.01, normalize=True, backend='triton')
+    grad_q, grad_landmarks, grad_v = torch.autograd.grad(out, (q, landmarks, v), grad_out.float())
+    errors = [relative(a, b) for a, b in zip((out, grad_q, grad_landmarks, grad_v), reference)]
+    assert max(errors) < 3e-5, errors
+    assert grad_q.is_contiguous() and grad_v.is_contiguous()
+
+
 @pytest.mark.parametrize('num_tokens, num_landmarks', [(63, 49), (300, 1)])
 @pytest.mark.parametrize('input_dtype, autocast, low_dtype', [(torch.bfloat16, False, torch.bfloat16),
                                                               (torch.float32, True, torch.bfloat16),
-                                                              (torch.float16, False, torch.float16)])
+                                                              (torch.float16, False, torch.float16),
+                                                              (torch.float32, True, torch.float16)])
 def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_landmarks, input_dtype, autocast,
                                                              low_dtype):
+    # bfloat16 / float16 products with float32 accumulation (float16: float16 inputs, or float16 autocast as mmdet's
+    # --amp on a GPU). Observed: each error 0.21-0.24 of the plain bfloat16 math's, 0.23-0.28 of the plain float16
+    # math's (float16 products: 3e-4..8e-4 against plain float16's 1.6e-3..1.1e-2)
     tensors, grad_out = inputs(num_tokens, num_landmarks)
     tensors = [t.to(input_dtype) for t in tensors]
 
     def fused(*leaves):
-        with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        with torch.autocast('cpu', dtype=low_dtype, enabled=autocast):
             return soft_attention(*leaves, normalize=True, ridge=0.01, backend='triton')
 
     fast_errors, plain_errors = rule_errors(fused, tensors, low_dtype, grad_out.float())
     for fast_error, plain_error in zip(fast_errors, plain_errors):
         assert fast_error <= 0.5 * plain_error, (fast_errors, plain_errors)
+    # and the products really ran in the low dtype: well above float32's error (no silent float32 path)
+    assert min(fast_errors) > 50 * torch.finfo(torch.float32).eps, fast_errors
+
+
+def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
+    import soft_mm.ops.triton_nystrom as triton_module
+    seen = []
+    original = triton_module._triton_products
+    monkeypatch.setattr(triton_module, '_triton_products',
+                        lambda q, lm, v, mid, low: seen.append((q.dtype, v.dtype, low)) or original(q, lm, v, mid, low))
+    tensors, _ = inputs(40, 5)
+    q, landmarks, v = (t.half() for t in tensors)
+    assert soft_attention(q, landmarks, v, backend='triton').dtype == torch.float16
+    with torch.autocast('cpu', dtype=torch.float16):  # float32 q and v (from float32 layers): v cast for the products
+        assert soft_attention(*(t.float() for t in tensors), backend='triton').dtype == torch.float16
+    assert seen == [(torch.float16, torch.float16, 2), (torch.float32, torch.float16, 2)]
 
 
 def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
@@ -92,3 +130,56 @@ def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
     assert calls == []
     soft_attention(*(t.float() for t in tensors), backend='triton')
     assert calls == [1]
+
+
+def test_float16_products_keep_large_middle_factors_in_range():
+    # landmarks far from the tokens (kernel values ~1e-3) and a middle matrix of 1e7 (an ill-conditioned inverse):
+    # the m x d factors middle @ (K1^T v) reach ~4e5, beyond float16's 65504, while the float16 output and grad v
+    # stay in range; each kernel scales such a factor tile into [-1, 1] by a power of two before rounding it
+    from soft_mm.ops.triton_nystrom import triton_nystrom_products
+    gen = torch.Generator().manual_seed(4)
+    q = 0.1 * torch.randn(1, 2, 100, 8, generator=gen, dtype=torch.float64)
+    landmarks = 1.3 + 0.1 * torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, 100, 8, generator=gen, dtype=torch.float64)
+    middle = 1e7 * (torch.eye(4, dtype=torch.float64)
+                    + 0.1 * torch.rand(1, 2, 4, 4, generator=gen, dtype=torch.float64))
+    grad_out = torch.randn(v.shape, generator=gen, dtype=torch.float64)
+
+    def exact(q, landmarks, v):
+        k1 = torch.exp(-0.5 * torch.cdist(q, landmarks).square())
+        return k1 @ (middle @ (k1.transpose(-2, -1) @ v))
+
+    leaves = [t.clone().requires_grad_() for t in (q, landmarks, v)]
+    reference = exact(*leaves)
+    reference_grads = torch.autograd.grad(reference, leaves, grad_out)
+    assert (middle @ (torch.exp(-0.5 * torch.cdist(q, landmarks).square()).transpose(-2, -1) @ v)).abs().max() > 1e5
+    assert reference.abs().max() < 1e4 and reference_grads[2].abs().max() < 1e4  # float16 out and grad v fit
+    leaves = [q.float().requires_grad_(), landmarks.float().requires_grad_(), v.half().requires_grad_()]
+    out = triton_nystrom_products(*leaves, middle.float(), products=torch.float16)
+    grads = torch.autograd.grad(out, leaves, grad_out.half())
+    assert out.dtype == torch.float16
+    errors = [relative(a, b) for a, b in zip((out, *grads), (reference.detach(), *reference_grads))]
+    assert max(errors) < 3e-3, errors  # float16 rounding of the factors and the output (observed 2.5e-4..4.7e-4)
+
+
+@pytest.mark.parametrize('programs, splits', [(4, 1), (12, 3)])
+def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, splits):
+    # 4 (sample, head) groups of 300 tokens: 5 forward blocks of 64 and 10 backward blocks of 32 tokens, summed by 1
+    # or 3 programs per group (uneven shares) into as many partial sums; against float64, and run to run identical
+    import soft_mm.ops.triton_config as config
+    monkeypatch.setattr(config, 'SPLIT_PROGRAMS', programs)
+    assert config.split_count(300, 64, 4) == splits and config.split_count(300, 32, 4) == splits
+    tensors, grad_out = inputs(300, 49)
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
+    fused = outputs_and_grads(tensors, grad_out, torch.float32, normalize=True, backend='triton')
+    errors = [relative(a, b) for a, b in zip(fused, reference)]
+    assert max(errors) < 3e-5, errors
+    again = outputs_and_grads(tensors, grad_out, torch.float32, normalize=True, backend='triton')
+    assert all(torch.equal(a, b) for a, b in zip(fused, again))
+
+
+def test_split_count_follows_the_sizes_only():
+    from soft_mm.ops.triton_config import SPLIT_PROGRAMS, split_count
+    assert split_count(66816, 64, 4) == SPLIT_PROGRAMS // 4 == 128  # 1044 blocks: about 8 per program
+    assert split_count(100, 64, 4) == 2  # never more programs than blocks
+    assert split_count(10 ** 6, 64, 10 ** 4) == 1  # at least one per group

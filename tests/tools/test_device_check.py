@@ -1,30 +1,69 @@
 """tools/device_check.py, the prepared GPU check, run with --smoke: tiny sizes on CPU under the Triton interpreter, so
-the script that a lent GPU runs once is known to work end to end."""
+the script that a lent GPU runs once is known to work end to end, on a machine like the lent one (no mm* package, no
+OpenCV) and started from outside the repository."""
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
+from tool_process import BARE_GPU_MACHINE_LACKS, REPO_ROOT, blocked_imports_env
 
 from soft_mm.ops.triton_nystrom import triton_available
 
-ROOT = Path(__file__).resolve().parents[2]
+
+def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
+    # what the smoke run below relies on: mmengine (installed here) cannot be imported under the blocker
+    env = blocked_imports_env(tmp_path / 'site')
+    for name in BARE_GPU_MACHINE_LACKS:
+        proc = subprocess.run([sys.executable, '-c', f'import {name}'], env=env, cwd=tmp_path, capture_output=True,
+                              text=True, check=False, timeout=60)
+        assert proc.returncode == 1 and f"No module named '{name}' (blocked by the test)" in proc.stderr, proc.stderr
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
-def test_smoke_run_checks_the_backend_and_fills_every_table(tmp_path):
+def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_table(tmp_path):
     out = tmp_path / 'device_check.json'
-    env = dict(os.environ, TRITON_INTERPRET='1')
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools/device_check.py'), '--smoke', '--out', str(out)],
-                          capture_output=True, text=True, timeout=900, env=env, check=False)
+    env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
+    # from a folder outside the checkout, the checkout not on PYTHONPATH: the tool finds its own soft_mm
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / 'tools/device_check.py'), '--smoke', '--out', str(out)],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
+    assert report['soft_mm'] == str(REPO_ROOT / 'soft_mm')
+    assert not [key for key in report if key.endswith('_error')], report
     assert report['correctness'] and all(row['ok'] for row in report['correctness'])
     assert all(row['float32_error'] < 3e-5 for row in report['correctness'])
     methods = {(row['dtype'], row['method']) for row in report['op'] if 'fwd_bwd_ms' in row}
-    assert methods == {(dtype, method) for dtype in ('bfloat16', 'float32') for method in ('triton', 'reference', 'sdpa')}
+    assert methods == {(dtype, method) for dtype in ('bfloat16', 'float16', 'float32')
+                       for method in ('triton', 'reference', 'sdpa')}
     assert {row['model'] for row in report['backbones'] if 'fwd_bwd_ms' in row} == {'soft_norm_small', 'swin_t',
                                                                                      'convnext_t'}
+    assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 42
+    assert 'sm_80 regs / spill B' in proc.stdout
+
+
+def test_a_failing_case_is_recorded_and_the_check_goes_on(load_tool, tmp_path, monkeypatch):
+    tool = load_tool('device_check')
+    calls = []
+
+    def check_case(tokens, landmarks, cfg, device):
+        calls.append(tokens)
+        if tokens == 63:
+            raise RuntimeError('CUDA error: an illegal memory access was encountered\nmore lines')
+        return dict(ok=True, float32_error=1e-6)
+
+    monkeypatch.setattr(tool, 'check_case', check_case)
+    report = tool.Report(str(tmp_path / 'report.json'), device='cpu')
+    report.run_part('correctness', lambda: tool.check_correctness(tool.SMOKE, 'cpu', report))
+    rows = json.loads((tmp_path / 'report.json').read_text())['correctness']
+    assert calls == [1, 63, 130]
+    assert [row['ok'] for row in rows] == [True, False, True]
+    assert rows[1]['error'] == 'RuntimeError: CUDA error: an illegal memory access was encountered'
+
+    def broken_part():
+        raise MemoryError('out of memory')
+
+    report.run_part('op', broken_part)  # recorded, saved, and nothing raised
+    saved = json.loads((tmp_path / 'report.json').read_text())
+    assert saved['op_error'] == 'MemoryError: out of memory' and len(saved['correctness']) == 3

@@ -1,0 +1,37 @@
+"""The launch configuration of the Triton kernels, in one place for the launches (:mod:`.triton_nystrom`) and their
+ahead-of-time compilation (:mod:`.triton_cubins`, which runs without torch). Plain Python: no imports.
+
+The tile sizes and warps hold every kernel at 0 spilled registers at d = 32 on sm_80 and sm_90 in every dtype
+(``python soft_mm/ops/triton_cubins.py`` prints the table; ``tests/ops/test_triton_cubins.py`` holds it): with 4
+warps the backward spilled 7-15 KB per thread on sm_80 (it holds the kernel block, its gradient, q, v, grad_out and
+four m×d tiles at once) and ``k_times`` 88 bytes on sm_90; since the backward sums its landmark gradient over several
+blocks in registers (the split reduction), blocks of 32 tokens spilled 16-56 bytes there, 16 none. Smaller backward
+blocks cost no memory traffic any more: the partial sums are one per program, not one per block.
+"""
+
+__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_DIM', 'NUM_WARPS', 'PRODUCTS_CODES', 'SPLIT_PROGRAMS',
+           'padded', 'split_count']
+
+BLOCK_N = 64  # tokens per block of the forward kernels (kt_x, k_times)
+BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
+NUM_WARPS = 8  # warps per program, every kernel
+MAX_DIM = 128  # the largest m, d and d_v (tiles of up to MAX_DIM x MAX_DIM in registers)
+# programs of a reduction over the tokens (kt_x, backward), over all (sample, head) groups: a few per streaming
+# multiprocessor of a large GPU (132 on an H100/H200), so the partial sums are a few per group, not one per block
+SPLIT_PROGRAMS = 512
+KERNEL_BLOCKS = {'kt_x': BLOCK_N, 'k_times': BLOCK_N, 'backward': BLOCK_N_BACKWARD}
+# the kernels' LOW constant: the dtype of the products with v (float32 accumulation in every case)
+PRODUCTS_CODES = {'float32': 0, 'bfloat16': 1, 'float16': 2}
+
+
+def padded(n: int) -> int:
+    """A size as a tile dimension: the next power of two, at least 16 (``tl.dot``'s minimum)."""
+    return max(16, 1 << (int(n) - 1).bit_length())
+
+
+def split_count(num_tokens: int, block: int, groups: int) -> int:
+    """Programs per (sample, head) group of a reduction over ``num_tokens`` tokens in blocks of ``block``: about
+    ``SPLIT_PROGRAMS`` in all, at least one per group, at most one per block. A function of the sizes only, so the
+    sums (and their rounding) are the same on every run."""
+    blocks = -(-int(num_tokens) // int(block))
+    return max(1, min(blocks, SPLIT_PROGRAMS // max(1, int(groups))))

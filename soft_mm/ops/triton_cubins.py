@@ -1,0 +1,179 @@
+"""The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers and spills.
+
+Every kernel that :mod:`soft_mm.ops.triton_nystrom` can launch (``kt_x``, ``k_times``, ``backward``), in every dtype
+combination the precision policy hands it (:data:`LAUNCH_DTYPES`), is compiled by ``triton.compile(ASTSource(...),
+target=GPUTarget('cuda', arch, 32))`` to a cubin for each target architecture (sm_80 Ampere, sm_90 Hopper by
+default) — the real GPU code, with the real bfloat16 branches, not the interpreter's emulation — and
+``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads each cubin's registers per
+thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports as many spill-store
+bytes), local memory and shared memory per program. 0 stack and local bytes: no spills.
+
+The compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own
+library functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the
+standard library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may
+specialise a stride of 1 or a multiple of 16, which only removes instructions).
+
+    python soft_mm/ops/triton_cubins.py [--arch 80 90] [--landmarks 49] [--head-dim 32] [--json]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'format_table', 'resource_usage']
+
+ARCHS = (80, 90)
+KERNELS = ('kt_x', 'k_times', 'backward')
+# (q, v, products) of every launch the precision policy can make: float32 everything; bfloat16 or float16 products
+# with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever products are forced) and v
+# cast to the products' dtype
+LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
+                 *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
+_DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
+# pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
+_Q_POINTERS = ('q_ptr', 'gq_ptr')
+_V_POINTERS = ('x_ptr', 'v_ptr', 'go_ptr', 'out_ptr', 'gv_ptr')
+_KERNELS_FILE = Path(__file__).with_name('_triton_kernels.py')
+
+
+def _load(name: str, path: Path):
+    """A module of this folder loaded by its path (this file runs as a script, without the soft_mm package)."""
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+_CONFIG = _load('soft_mm_triton_config', Path(__file__).with_name('triton_config.py'))
+
+
+def _tool(name: str) -> str:
+    """Path of a CUDA binary shipped in triton's wheel (``cuobjdump``, ``ptxas``)."""
+    import triton
+    try:
+        return getattr(triton.knobs.nvidia, name).path
+    except AttributeError:  # triton before knobs
+        return str(Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin' / name)
+
+
+def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
+    """``ASTSource``'s signature and constants of a launch of ``fn`` (as :mod:`.triton_nystrom` launches it)."""
+    pad = _CONFIG.padded
+    signature, constants = {}, dict(BLOCK=_CONFIG.KERNEL_BLOCKS[fn.__name__], MP=pad(num_landmarks),
+                                     DP=pad(head_dim), DVP=pad(head_dim),
+                                     LOW=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], EMULATE=False)
+    for name in fn.arg_names:
+        if name in constants:
+            signature[name] = 'constexpr'
+        elif name.endswith('_ptr'):
+            signature[name] = '*' + (q if name in _Q_POINTERS else v if name in _V_POINTERS else 'fp32')
+        else:
+            signature[name] = 'i32'
+    return signature, constants
+
+
+def _parse_resources(text: str) -> dict[str, int]:
+    """``REG:252 STACK:0 SHARED:0 LOCAL:0 ...`` of cuobjdump's one function -> ``{'registers': 252, ...}``."""
+    fields = dict(re.findall(r'(\w+):(\d+)', text.split('Function', 1)[1]))
+    return dict(registers=int(fields['REG']), stack_bytes=int(fields['STACK']), local_bytes=int(fields['LOCAL']),
+                shared_bytes=int(fields['SHARED']))
+
+
+def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> list[dict]:
+    """The table, compiled in this process (which must not interpret)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernels = _load('soft_mm_triton_kernels_aot', _KERNELS_FILE)
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for name in KERNELS:
+            fn = getattr(kernels, name)
+            for q, v, products in LAUNCH_DTYPES:
+                signature, constants = _signature(fn, q, v, products, num_landmarks, head_dim)
+                for arch in archs:
+                    compiled = triton.compile(ASTSource(fn, signature, constants),
+                                              target=GPUTarget('cuda', arch, 32),
+                                              options=dict(num_warps=_CONFIG.NUM_WARPS))
+                    cubin = Path(folder) / f'{name}_{arch}.cubin'
+                    cubin.write_bytes(compiled.asm['cubin'])
+                    dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
+                                          capture_output=True, text=True).stdout
+                    mma = sorted(set(re.findall(r'(?:wgmma\.mma_async|mma\.sync)\.\S+', compiled.asm['ptx'])))
+                    rows.append(dict(kernel=name, q=q, v=v, products=products, arch=f'sm_{arch}',
+                                     num_landmarks=num_landmarks, head_dim=head_dim, num_warps=_CONFIG.NUM_WARPS,
+                                     block=constants['BLOCK'], tensor_core_instructions=mma,
+                                     **_parse_resources(dump)))
+    return rows
+
+
+def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int = 49, head_dim: int = 32,
+                   timeout: float = 600) -> list[dict]:
+    """One row per kernel, dtype combination and architecture: ``kernel``, ``q``, ``v``, ``products``, ``arch``,
+    ``registers`` (per thread), ``stack_bytes`` (spilled registers; 0 = none), ``local_bytes``, ``shared_bytes``,
+    ``num_warps``, ``block`` and ``tensor_core_instructions`` (the PTX's ``mma.sync`` / ``wgmma`` instructions, e.g.
+    ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``; none where the products are IEEE float32 FMAs).
+
+    Compiled in a child process without ``TRITON_INTERPRET`` (see the module docstring); needs triton, no GPU.
+    ``num_landmarks`` (m) and ``head_dim`` (d = d_v) set the padded tile sizes, as a launch at those sizes does.
+
+    Raises:
+        ValueError: an architecture is not one of triton's CUDA targets (>= 75), or a size is out of 1..128.
+        RuntimeError: the compilation failed (its output in the message).
+    """
+    archs = tuple(archs)
+    if not archs or any(isinstance(a, bool) or not isinstance(a, int) or a < 75 for a in archs):
+        raise ValueError(f'resource_usage: archs must be compute capabilities >= 75 such as 80 or 90, got {archs!r}')
+    for name, size in (('num_landmarks', num_landmarks), ('head_dim', head_dim)):
+        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 128:
+            raise ValueError(f'resource_usage: {name} must be an int in 1..128 (the kernels\' limit), got {size!r}')
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    command = [sys.executable, str(Path(__file__).resolve()), '--json', '--landmarks', str(num_landmarks),
+               '--head-dim', str(head_dim), '--arch', *map(str, archs)]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f'compiling the Triton kernels failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout)
+
+
+def format_table(rows: list[dict]) -> str:
+    """The rows as a text table: one line per kernel and dtypes; registers per thread and spilled bytes (stack frame
+    plus local memory) per architecture."""
+    archs = sorted({row['arch'] for row in rows}, key=lambda a: int(a[3:]))
+    by_key: dict[tuple, dict] = {}
+    for row in rows:
+        by_key.setdefault((row['kernel'], row['q'], row['v'], row['products']), {})[row['arch']] = row
+    head = f'{"kernel":<9} {"q":<5} {"v":<5} {"products":<9}'
+    lines = [head + ''.join(f'{arch + " regs / spill B":>22}' for arch in archs)]
+    for (kernel, q, v, products), per_arch in by_key.items():
+        cells = ''.join(f'{r["registers"]:>14} / {r["stack_bytes"] + r["local_bytes"]:<5}' if r else f'{"-":>22}'
+                        for r in (per_arch.get(arch) for arch in archs))
+        lines.append(f'{kernel:<9} {q:<5} {v:<5} {products:<9}{cells}')
+    return '\n'.join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), help='compute capabilities, e.g. 80 90')
+    parser.add_argument('--landmarks', type=int, default=49, help='m (padded to a power of two >= 16)')
+    parser.add_argument('--head-dim', type=int, default=32, help='d = d_v (padded likewise)')
+    parser.add_argument('--json', action='store_true', help='print the rows as JSON instead of the table')
+    args = parser.parse_args(argv)
+    if os.environ.get('TRITON_INTERPRET', '0') == '1':
+        rows = resource_usage(tuple(args.arch), args.landmarks, args.head_dim)
+    else:
+        rows = _compile_all(tuple(args.arch), args.landmarks, args.head_dim)
+    print(json.dumps(rows) if args.json else format_table(rows))
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

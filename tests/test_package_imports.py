@@ -1,0 +1,46 @@
+"""``import soft_mm`` registers with the frameworks that are installed: on a bare GPU machine (torch, triton, timm; no
+mm* package, no OpenCV) the op layer, the models and the benchmark helpers import, and where timm is missing too the
+op layer still imports and runs (``soft_mm.ops`` needs torch alone). Each runs in a child process in which the
+missing packages cannot be imported (tests/tool_process.py's blocker), from a folder outside the checkout."""
+import subprocess
+import sys
+
+from tool_process import BARE_GPU_MACHINE_LACKS, REPO_ROOT, blocked_imports_env
+
+
+def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
+    env = blocked_imports_env(tmp_path / 'site', blocked)
+    env['PYTHONPATH'] += f':{REPO_ROOT}'
+    proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=tmp_path, capture_output=True, text=True,
+                          check=False, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return proc.stdout.split()
+
+
+def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
+    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.utils.bench\n'
+            'from soft_mm.ops import soft_attention\n'
+            'q = torch.randn(1, 2, 30, 8, dtype=torch.float64)\n'
+            'out = soft_attention(q, q[:, :, :30], q, num_iters=40, ridge=0.0, backend="reference")\n'
+            'exact = torch.exp(-0.5 * torch.cdist(q, q) ** 2) @ q\n'
+            'print(soft_mm.HAS_MMENGINE, soft_mm.HAS_TIMM, (out - exact).abs().max().item() < 1e-6,\n'
+            '      sorted(m for m in sys.modules if m.split(".")[0] in ("mmengine", "timm", "cv2", "mmcv")))\n'
+            'try:\n'
+            '    soft_mm.SOFT\n'
+            'except ImportError as err:\n'
+            '    print(str(err).split()[:3])\n')
+    # m = N landmarks: the Nystrom approximation is the full kernel's S @ v
+    assert run_blocked(tmp_path, code, (*BARE_GPU_MACHINE_LACKS, 'timm')) == [
+        'False', 'False', 'True', '[]', "['soft_mm.SOFT',", "'needs',", "'mmengine']"]
+
+
+def test_without_mm_packages_the_timm_models_register_and_the_backbone_says_what_it_needs(tmp_path):
+    code = ('import sys, soft_mm, timm, soft_mm.utils.bench\n'
+            'from soft_mm.models import SoftPyramid, SoftVisionTransformer\n'
+            'print(soft_mm.HAS_MMENGINE, soft_mm.HAS_TIMM, "soft_norm_small" in timm.list_models("soft_*"),\n'
+            '      soft_mm.SoftVisionTransformer is SoftVisionTransformer)\n'
+            'try:\n'
+            '    from soft_mm.models import SOFT\n'
+            'except ModuleNotFoundError as err:\n'
+            '    print(err.name)\n')
+    assert run_blocked(tmp_path, code, BARE_GPU_MACHINE_LACKS) == ['False', 'True', 'True', 'True', 'mmengine']
