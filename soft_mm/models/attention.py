@@ -1,7 +1,6 @@
 """Attention layers: SOFT (softmax-free, Nyström-approximated Gaussian kernel) and plain softmax attention."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -217,5 +216,7 @@ class SoftmaxAttention(nn.Module):
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
         k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(q.shape[-1]))
+        # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of this function divides
+        # by a given `scale` where PyTorch multiplies by it (a head_dim-times sharper softmax in the exported graph)
+        out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(b, n, c))
