@@ -7,6 +7,8 @@
   ``SyntheticClassesDataset`` for mmpretrain) and mmpretrain's ``SoftTimmClassifier`` are registered in mmengine's root
   registries as small factories that import their module on first use, so ``import soft_mm`` does not import mmdet,
   mmseg or mmpretrain; importing the module registers the class itself in its package's registry as well.
+* soft_mm's image loading (``CheckedLoadImageFromFile``, which names an image it cannot load) is registered in
+  mmengine's root ``TRANSFORMS`` the same lazy way (its module imports mmcv).
 * The objects mmengine stores in its checkpoints are allow-listed for ``torch.load(weights_only=True)`` (torch >= 2.6),
   so ``--resume``, ``load_from`` and testing a checkpoint work with any OpenMMLab tool
   (:func:`soft_mm.utils.checkpoint.allow_mmengine_checkpoint_globals`).
@@ -19,6 +21,7 @@ from typing import Any
 
 from mmengine.registry import DATASETS as MMENGINE_DATASETS
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='soft_mm', locations=['soft_mm.models'])
@@ -31,12 +34,13 @@ LAZY_DATASETS = {
     'SyntheticClassesDataset': 'soft_mm.datasets.classes_dataset',
 }
 LAZY_MODELS = {'SoftTimmClassifier': 'soft_mm.models.mmpretrain_classifier'}
+LAZY_TRANSFORMS = {'CheckedLoadImageFromFile': 'soft_mm.datasets.image_loading'}
 
 
 def lazy_class(name: str) -> type:
-    """One of soft_mm's lazily registered classes (:data:`LAZY_DATASETS`, :data:`LAZY_MODELS`), importing its
-    module."""
-    return getattr(importlib.import_module({**LAZY_DATASETS, **LAZY_MODELS}[name]), name)
+    """One of soft_mm's lazily registered classes (:data:`LAZY_DATASETS`, :data:`LAZY_MODELS`,
+    :data:`LAZY_TRANSFORMS`), importing its module."""
+    return getattr(importlib.import_module({**LAZY_DATASETS, **LAZY_MODELS, **LAZY_TRANSFORMS}[name]), name)
 
 
 def _lazy(name: str, **attributes: Any) -> Callable[..., Any]:
@@ -51,7 +55,8 @@ def _lazy(name: str, **attributes: Any) -> Callable[..., Any]:
 
 
 def register_all() -> None:
-    """Register soft_mm's backbone and datasets and allow-list mmengine's checkpoint globals (idempotent)."""
+    """Register soft_mm's backbone, datasets and image loading and allow-list mmengine's checkpoint globals
+    (idempotent)."""
     from .models.backbone import SOFT
     from .utils.checkpoint import allow_mmengine_checkpoint_globals
 
@@ -60,7 +65,8 @@ def register_all() -> None:
     for name in LAZY_DATASETS:  # every soft_mm dataset writes its data when it is missing
         if MMENGINE_DATASETS.get(name) is None:
             MMENGINE_DATASETS.register_module(name=name, module=_lazy(name, generates_missing_data=True))
-    for name in LAZY_MODELS:
-        if MMENGINE_MODELS.get(name) is None:
-            MMENGINE_MODELS.register_module(name=name, module=_lazy(name))
+    for registry, names in ((MMENGINE_MODELS, LAZY_MODELS), (MMENGINE_TRANSFORMS, LAZY_TRANSFORMS)):
+        for name in names:
+            if registry.get(name) is None:
+                registry.register_module(name=name, module=_lazy(name))
     allow_mmengine_checkpoint_globals()

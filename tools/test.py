@@ -4,7 +4,7 @@
         [--cfg-options ...]
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [same options]
 
-A bad config, dataset or checkpoint stops with one sentence (``--debug``: the traceback). Shared pieces:
+A bad config, dataset, image or checkpoint stops with one sentence (``--debug``: the traceback). Shared pieces:
 ``soft_mm/engine/cli.py``.
 """
 from __future__ import annotations
@@ -22,6 +22,7 @@ from soft_mm.engine.cli import (
     load_config,
     one_sentence_errors,
     set_work_dir,
+    use_checked_image_loading,
 )
 from soft_mm.engine.cli import (
     parse_args as parse_with,
@@ -67,6 +68,7 @@ def main(argv: list[str] | None = None) -> None:
         cfg = load_config(args.config, args.cfg_options)
         set_work_dir(cfg, args.config, args.work_dir)
         cfg.load_from = args.checkpoint
+        use_checked_image_loading(cfg)
         if args.show_dir:
             enable_show_dir(cfg, args.show_dir)
         if args.amp_dtype and not args.amp:

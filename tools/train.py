@@ -5,8 +5,9 @@
 
 The registry scope comes from the config's ``default_scope``. Without a GPU the run uses the CPU (gloo for
 distributed runs); ``--amp`` is float16 mixed precision on a GPU (``--amp-dtype bfloat16``: bfloat16) and
-bfloat16 autocast on CPU. A bad config, dataset or checkpoint stops with one sentence
-(``--debug``: the traceback). Shared pieces: ``soft_mm/engine/cli.py``.
+bfloat16 autocast on CPU. A bad config, dataset, image or checkpoint stops with one sentence
+(``--debug``: the traceback); an unreadable image also saves the training so far (``unreadable_images = 'skip'`` in
+the config skips such training images with a warning instead). Shared pieces: ``soft_mm/engine/cli.py``.
 """
 from __future__ import annotations
 
@@ -23,6 +24,8 @@ from soft_mm.engine.cli import (
     load_config,
     one_sentence_errors,
     set_work_dir,
+    train_keeping_progress,
+    use_checked_image_loading,
 )
 from soft_mm.engine.cli import (
     parse_args as parse_with,
@@ -57,6 +60,7 @@ def build_config(args: argparse.Namespace) -> Config:
         if 'auto_scale_lr' not in cfg or 'base_batch_size' not in cfg.auto_scale_lr:
             raise ConfigError(f'{args.config} has no auto_scale_lr.base_batch_size: --auto-scale-lr needs it')
         cfg.auto_scale_lr.enable = True
+    use_checked_image_loading(cfg)
     if args.resume == 'auto':
         cfg.resume, cfg.load_from = True, None
     elif args.resume is not None:
@@ -72,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
         check_checkpoint_paths(cfg)
         runner = build_runner(cfg, args.launcher)
         check_checkpoint_files(runner, cfg, train=True)
-        runner.train()
+        train_keeping_progress(runner)
 
 
 if __name__ == '__main__':

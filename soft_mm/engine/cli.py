@@ -16,10 +16,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from mmengine.config import Config, DictAction
+from mmengine.dist import is_main_process
 from mmengine.registry import RUNNERS
 from mmengine.runner import Runner, find_latest_checkpoint
 from torch import nn
 
+from ..utils.atomic import atomic_write_text, partial_path, publish
 from ..utils.checkpoint import allow_mmengine_checkpoint_globals
 from ..utils.checkpoint_files import (
     CheckpointFileError,
@@ -29,6 +31,7 @@ from ..utils.checkpoint_files import (
     read_checkpoint,
     state_dict_of,
 )
+from ..utils.image_files import UNREADABLE_IMAGES_CHOICES, UNREADABLE_IMAGES_KEY, UnreadableImageError
 from ..utils.launch import LAUNCHERS, adapt_config_to_device
 from .hooks import AtomicCheckpointHook, AttentionHealthHook, InvalidLossError, InvalidLossHook
 
@@ -75,6 +78,71 @@ def check_image_files(paths: list[str]) -> None:
         if image is None:
             raise InputFileError(path, 'cannot be decoded as an image (empty, truncated or not an image format)',
                                  IMAGE_HINT)
+
+
+CHECKED_IMAGE_LOADING = 'CheckedLoadImageFromFile'
+_IMAGE_LOADING_TYPES = ('LoadImageFromFile', 'mmcv.LoadImageFromFile')
+
+
+def _check_pipelines(node: Any, on_unreadable: str) -> None:
+    """Replace every ``LoadImageFromFile`` of the ``pipeline`` lists under ``node`` (each list by a new one: data
+    sets may share a pipeline object)."""
+    if isinstance(node, dict):
+        pipeline = node.get('pipeline')
+        if isinstance(pipeline, list):
+            node['pipeline'] = [
+                {**step, 'type': CHECKED_IMAGE_LOADING, 'on_unreadable': on_unreadable}
+                if isinstance(step, dict) and step.get('type') in _IMAGE_LOADING_TYPES else step for step in pipeline]
+        for value in node.values():
+            _check_pipelines(value, on_unreadable)
+    elif isinstance(node, (list, tuple)):
+        for value in node:
+            _check_pipelines(value, on_unreadable)
+
+
+def use_checked_image_loading(cfg: Config) -> None:
+    """Load the images of every data loader with soft_mm's ``CheckedLoadImageFromFile``, which names an image it
+    cannot load (:mod:`soft_mm.utils.image_files`): the training set skips such images with a warning when the config
+    says ``unreadable_images = 'skip'``, and stops otherwise (the default ``'stop'``); validation and test sets always
+    stop (a score over fewer images is not the set's score)."""
+    mode = cfg.get(UNREADABLE_IMAGES_KEY, 'stop')
+    if mode not in UNREADABLE_IMAGES_CHOICES:
+        raise ConfigError(f'{UNREADABLE_IMAGES_KEY}={mode!r} in the config is not one of {UNREADABLE_IMAGES_CHOICES}: '
+                          f"use 'stop' (the default) or 'skip' (skip unreadable training images with a warning)")
+    for phase in ('train', 'val', 'test'):
+        _check_pipelines(cfg.get(f'{phase}_dataloader'), mode if phase == 'train' else 'stop')
+
+
+def save_progress(runner: Runner) -> str | None:
+    """Write a checkpoint of the training so far to ``<work_dir>/iter_<N>.pth`` (N iterations done; written to a
+    temporary file and renamed, as :class:`~soft_mm.engine.hooks.AtomicCheckpointHook` does) and point
+    ``last_checkpoint`` at it. Returns its path, or None when no iteration has finished. Resuming from it restarts the
+    interrupted epoch with the iteration count (and so the learning-rate schedule) where it was."""
+    if runner.iter == 0:
+        return None
+    path = osp.join(runner.work_dir, f'iter_{runner.iter}.pth')
+    temp = partial_path(path) if is_main_process() else None
+    runner.save_checkpoint(runner.work_dir, osp.basename(temp) if temp else osp.basename(path),
+                           meta={'epoch': runner.epoch, 'iter': runner.iter}, by_epoch=False)
+    if temp:
+        publish(temp, path)
+        atomic_write_text(osp.join(runner.work_dir, 'last_checkpoint'), path)
+    return path
+
+
+def train_keeping_progress(runner: Runner) -> None:
+    """``runner.train()``; an unreadable training or validation image stops it with one sentence that names the
+    file, says how to skip such images and where the training so far was saved (:func:`save_progress`)."""
+    try:
+        runner.train()
+    except UnreadableImageError as error:
+        saved = save_progress(runner)
+        done = f'{runner.iter} iteration{"s" if runner.iter != 1 else ""}'
+        resume = (f'then resume with --resume {saved}, which holds the {done} trained so far' if saved else
+                  'then train again (no iteration had finished)')
+        raise UnreadableImageError(
+            f"{str(error).rstrip('.')}, {resume}; or set {UNREADABLE_IMAGES_KEY} = 'skip' in the config to skip "
+            'unreadable training images with a warning.') from error
 
 
 def read_model_checkpoint(path: str) -> dict:
@@ -266,7 +334,7 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
 
 def explain(error: BaseException) -> str | None:
     """The one sentence for a user's mistake behind ``error``, or None for an error that deserves its traceback."""
-    if isinstance(error, (ConfigError, CheckpointFileError, InputFileError, InvalidLossError)):
+    if isinstance(error, (ConfigError, CheckpointFileError, InputFileError, InvalidLossError, UnreadableImageError)):
         return str(error)
     path = checkpoint_path_of_traceback(error.__traceback__)
     if path is not None:  # torch.load failed deep inside mmengine (resume, load_from, init_cfg)

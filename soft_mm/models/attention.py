@@ -1,11 +1,11 @@
 """Attention layers: SOFT (softmax-free, Nyström-approximated Gaussian kernel) and plain softmax attention."""
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_function
 from torch import nn
 
 from ..ops import soft_attention
@@ -14,7 +14,18 @@ from ..ops.capture import exporting
 from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from .settings import AttentionSettings, attention_settings, is_int
 
+# torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op and the
+# head conv choose their kernels from the device, dtype and sizes in Python, so a symbolic trace keeps each call as
+# one node that the traced model runs eagerly (the same kernels as the module), as the helpers below that branch on
+# sizes; registered both ways timm registers its own (torch.fx.wrap for plain symbolic_trace, timm's registry).
+torch.fx.wrap('soft_attention')
+torch.fx.wrap('head_depthwise_conv')
+register_notrace_function(soft_attention)
+register_notrace_function(head_depthwise_conv)
 
+
+@torch.fx.wrap
+@register_notrace_function  # reason: int() and a comparison of sizes
 def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
     if x.ndim != 3:
         raise ValueError(f'x must be (B, N, C), got shape {tuple(x.shape)}')
@@ -33,6 +44,15 @@ def _size_min(bound: int, size):
     if isinstance(size, torch.Tensor):
         return size.clamp(max=bound)
     return torch.sym_min(bound, size)
+
+
+@torch.fx.wrap
+@register_notrace_function  # reason: skips the pooling when the map already has the pooled size
+def _pool_token_map(tokens: torch.Tensor, pooled_size: tuple[int, int]) -> torch.Tensor:
+    """``(B, H, W, C) -> (B, H', W', C)`` adaptive average pooling to ``pooled_size`` (none when it is ``(H, W)``)."""
+    if tuple(pooled_size) == tuple(tokens.shape[1:3]):
+        return tokens
+    return adaptive_avg_pool_tokens(tokens, pooled_size)
 
 
 def _token_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
@@ -137,9 +157,7 @@ class SoftAttention(nn.Module):
                 return q_map.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
         else:
             # eager: all heads pooled at once on the token-major (B, H, W, h*d) map, a view of forward()'s q
-            tokens = _token_map(q, hw_shape)
-            if pooled_size != tuple(hw_shape):
-                tokens = adaptive_avg_pool_tokens(tokens, pooled_size)
+            tokens = _pool_token_map(_token_map(q, hw_shape), pooled_size)
             if self.landmark_mode == 'avg':
                 return tokens.reshape(b, -1, h, d).transpose(1, 2)
             # (B*h, d, H', W') in NCHW memory: the conv is shared by the heads
@@ -150,7 +168,8 @@ class SoftAttention(nn.Module):
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``."""
-        hw_shape = _check_hw(x, hw_shape)
+        h, w = _check_hw(x, hw_shape)  # (unpacked: a traced call's result is one node, its items two more)
+        hw_shape = (h, w)
         b, n, c = x.shape
         # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d))). q and v are
         # head-split views of the token-major projections (no copy); the tiled attention keeps that layout, so its
@@ -197,5 +216,7 @@ class SoftmaxAttention(nn.Module):
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
         k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        out = F.scaled_dot_product_attention(q, k, v, scale=1.0 / math.sqrt(q.shape[-1]))
+        # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of this function divides
+        # by a given `scale` where PyTorch multiplies by it (a head_dim-times sharper softmax in the exported graph)
+        out = F.scaled_dot_product_attention(q, k, v)
         return self.proj(out.transpose(1, 2).reshape(b, n, c))

@@ -2,10 +2,15 @@
 from __future__ import annotations
 
 import torch
-from timm.layers import DropPath, Mlp
+from timm.layers import DropPath, Mlp, register_notrace_function
 from torch import nn
 
 from ..ops.fused import linear_gelu
+
+# torch.fx: linear_gelu picks the fused kernel from the device, dtype and grad mode in Python, so a symbolic trace
+# keeps the call as one node that runs eagerly (see soft_mm.models.attention)
+torch.fx.wrap('linear_gelu')
+register_notrace_function(linear_gelu)
 
 
 class TanhGELU(nn.GELU):

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from timm.layers import register_notrace_function
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
@@ -59,6 +60,37 @@ def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:
                          ConvBNAct(STEM_CHANNELS, out_channels, 2))
 
 
+# torch.fx (timm's ``feature_cls='fx'``, torchvision's ``create_feature_extractor``, FX quantization): the functions
+# below branch in Python on sizes, so a symbolic trace keeps each as one node that the traced model runs eagerly,
+# registered both ways timm registers its own (``torch.fx.wrap`` for plain ``symbolic_trace``, timm's registry for
+# its tracer).
+@torch.fx.wrap
+@register_notrace_function  # reason: branches on the input's dims
+def check_pyramid_input(x: torch.Tensor, in_channels: int) -> torch.Tensor:
+    """``x`` itself, once it is a ``(B, in_channels, H, W)`` batch; a ValueError naming the shape otherwise."""
+    if x.ndim != 4:
+        raise ValueError(f'input must be (B, C, H, W), got shape {tuple(x.shape)}')
+    if x.shape[1] != in_channels:
+        raise ValueError(f'input must have in_channels={in_channels} channels, got {x.shape[1]} '
+                         f'(shape {tuple(x.shape)})')
+    return x
+
+
+@torch.fx.wrap
+@register_notrace_function  # reason: skips the resize at the embedding's own size (a branch on the map size)
+def resize_pos_embed(pos_embed: torch.Tensor, pos_grid: int, hw_shape: tuple[int, int]) -> torch.Tensor:
+    """``pos_embed (1, pos_grid**2, C) -> (1, H*W, C)``, bilinearly resized to ``hw_shape``.
+
+    The resize is skipped at ``pos_grid x pos_grid``, except while a graph is exported (ONNX / torch.export /
+    jit trace): there it always runs (an exact identity at that size), so the graph keeps H and W symbolic.
+    """
+    if not exporting() and tuple(hw_shape) == (pos_grid, pos_grid):
+        return pos_embed
+    grid = pos_embed.reshape(1, pos_grid, pos_grid, -1).permute(0, 3, 1, 2)
+    grid = F.interpolate(grid, size=tuple(hw_shape), mode='bilinear', align_corners=False)
+    return grid.flatten(2).transpose(1, 2)
+
+
 class SoftStage(nn.Module):
     """One pyramid level that runs itself: downsample -> tokens + position embedding -> blocks -> NCHW map.
 
@@ -80,16 +112,8 @@ class SoftStage(nn.Module):
         self.with_cp = with_cp
 
     def resized_pos_embed(self, hw_shape: tuple[int, int]) -> torch.Tensor:
-        """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape``.
-
-        The resize is skipped at the 224-input size, except while a graph is exported (ONNX / torch.export /
-        jit trace): there it always runs (an exact identity at that size), so the graph keeps H and W symbolic.
-        """
-        if not exporting() and tuple(hw_shape) == (self.pos_grid, self.pos_grid):
-            return self.pos_embed
-        grid = self.pos_embed.reshape(1, self.pos_grid, self.pos_grid, -1).permute(0, 3, 1, 2)
-        grid = F.interpolate(grid, size=tuple(hw_shape), mode='bilinear', align_corners=False)
-        return grid.flatten(2).transpose(1, 2)
+        """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape`` (:func:`resize_pos_embed`)."""
+        return resize_pos_embed(self.pos_embed, self.pos_grid, hw_shape)
 
     def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         if self.with_cp and torch.is_grad_enabled():
@@ -106,14 +130,16 @@ class SoftStage(nn.Module):
         # stays in the low dtype the conv wrote (as for Swin and ConvNeXt), instead of a float32 position embedding
         # promoting it and every linear casting its input back (a copy per linear, and slower mixed-dtype adds)
         tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w)).to(x.dtype)
+        # (branches on None only, never on a size: torch.fx traces this method)
         num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
-        if num_prefix:
+        if prefix_tokens is not None:
             tokens = torch.cat([prefix_tokens.expand(b, -1, -1).to(tokens.dtype), tokens], dim=1)
         for block in self.blocks:
             tokens = self._run_block(block, tokens, (h, w))
         if norm is not None:
             tokens = norm(tokens)
-        prefix_out = tokens[:, :num_prefix] if num_prefix else None
+        prefix_out = None if prefix_tokens is None else tokens[:, :num_prefix]
+        # the map is the stage's last operation: timm's feature_cls='fx' takes the last node of stages.{i} as its map
         out_map = tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w)
         # (exporting a graph, NCHW: a channels-last input makes torch.export guard on the batch size)
         return (out_map.contiguous() if exporting() else out_map), prefix_out
@@ -251,11 +277,7 @@ class SoftPyramid(nn.Module):
         tokens of the pyramid's last stage. Returns the NCHW map of each stage run (strides 4, 8, 16, 32; the last
         stage's map after ``norm``) and the prefix tokens after the last stage (normed), or None when it was not run.
         """
-        if x.ndim != 4:
-            raise ValueError(f'input must be (B, C, H, W), got shape {tuple(x.shape)}')
-        if x.shape[1] != self.in_channels:
-            raise ValueError(f'input must have in_channels={self.in_channels} channels, got {x.shape[1]} '
-                             f'(shape {tuple(x.shape)})')
+        x = check_pyramid_input(x, self.in_channels)
         final = len(self.embed_dims) - 1  # the arch's last stage (a pruned classifier may hold fewer)
         last_stage = len(self.stages) - 1 if last_stage is None else min(last_stage, len(self.stages) - 1)
         maps, prefix_out = [], None
