@@ -13,9 +13,10 @@
 #   MAX_JOBS        parallel compile jobs for mmcv (default: number of cores)
 #   SOFT_MM_WITH_MIM=0  skip openmim (installed by default, then what its dependencies downgrade is re-pinned;
 #                       tests/tools/test_mim.py needs it)
-#   SOFT_MM_WITH_MMDEPLOY=1  also install mmdeploy 1.3.1 (whole-model ONNX export, tools/deploy/mmdeploy_onnx.py),
-#                       with --no-deps: it pins protobuf<=3.20.2, which onnx and tensorboard here outgrew; its other
-#                       needs (aenum, multiprocess, dill) are added the same way, nothing installed is changed
+#   SOFT_MM_WITH_MMDEPLOY=0  skip mmdeploy 1.3.1 (whole-model ONNX export, tools/deploy/mmdeploy_onnx.py; installed
+#                       by default, with --no-deps: it pins protobuf<=3.20.2, which onnx and tensorboard here outgrew;
+#                       its other needs (aenum, multiprocess, dill) are added the same way, nothing installed is changed;
+#                       tests/tools/test_mmdeploy_onnx.py needs it)
 set -euo pipefail
 
 # The whole script is one function, parsed before it runs, and the line that calls it also exits: editing this file
@@ -126,7 +127,7 @@ main() {
     pip_q "setuptools>=77.0.3,<82" "requests>=2.31" "rich>=13.7"
   fi
 
-  if [ "${SOFT_MM_WITH_MMDEPLOY:-0}" = "1" ]; then
+  if [ "${SOFT_MM_WITH_MMDEPLOY:-1}" != "0" ]; then
     step "mmdeploy 1.3.1 (--no-deps: its protobuf<=3.20.2 pin would downgrade what onnx and tensorboard need)"
     pip_q --no-deps mmdeploy==1.3.1 aenum==3.1.17 multiprocess==0.70.19 dill==0.4.1
     "$PY" -c "import mmdeploy.apis, onnxruntime" >/dev/null 2>&1 \

@@ -7,7 +7,7 @@
 Writes ``DIR/end2end.onnx`` (default DIR: ``work_dirs/deploy/<config name>``): the backbone, neck and head with their
 post-processing (a detector's box decoding and NMS, a segmenter's argmax), batch, height and width dynamic, through
 mmdeploy 1.3.1's Python API (``torch2onnx``) with the deploy config written here (:func:`deploy_config`), so the
-mmdeploy repository is not needed. mmdeploy is an optional extra: ``SOFT_MM_WITH_MMDEPLOY=1 bash tools/install.sh``.
+mmdeploy repository is not needed. ``bash tools/install.sh`` installs mmdeploy (``SOFT_MM_WITH_MMDEPLOY=0`` skips it).
 
 The export runs torch's TorchScript-based exporter (``torch.onnx.export(..., dynamo=False)``): since torch 2.9 the
 default is the dynamo exporter, which mmdeploy's rewriters predate (every model then fails with "Detected mismatch
@@ -50,7 +50,7 @@ from soft_mm.utils.bench import size_arg
 ONNX_FILE = 'end2end.onnx'
 OPSET = 17
 MMDEPLOY_VERSION = '1.3.1'
-INSTALL_HINT = (f'SOFT_MM_WITH_MMDEPLOY=1 bash tools/install.sh (or pip install --no-deps mmdeploy=={MMDEPLOY_VERSION} '
+INSTALL_HINT = (f'bash tools/install.sh (or pip install --no-deps mmdeploy=={MMDEPLOY_VERSION} '
                 'aenum multiprocess dill: mmdeploy pins protobuf<=3.20.2, which onnx and tensorboard here outgrew)')
 BACKENDS = ('pytorch', 'onnxruntime')
 
