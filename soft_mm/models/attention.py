@@ -9,8 +9,8 @@ from timm.layers import register_notrace_function
 from torch import nn
 
 from ..ops import soft_attention
-from ..ops.head_conv import head_depthwise_conv
 from ..ops.capture import exporting
+from ..ops.head_conv import head_depthwise_conv
 from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from .settings import AttentionSettings, attention_settings, is_int
 
