@@ -3,9 +3,9 @@
 #   python tools/train.py configs/mask_rcnn_soft_tiny_demo.py
 # Demo-sized model: average-pooled landmarks, no stochastic depth, a 64-wide FPN and RoI heads (RoIAlign's CPU
 # backward dominates the step time otherwise), 64 sampled RoIs per image, fewer proposals, anchors from 16 px for
-# the 17-60 px shapes. The average-pooled landmarks collapse (docs/attention_health.md), but measured here they still
-# did better: the first 2 epochs gave bbox / segm mAP 0.395 / 0.430 with the authors' conv landmarks against
-# 0.421-0.429 / 0.458-0.465 with 'avg'.
+# the 17-60 px shapes. The average-pooled landmarks collapse (docs/advanced/attention_health.md), but measured here
+# they still did better: the first 2 epochs gave bbox / segm mAP 0.395 / 0.430 with the authors' conv landmarks
+# against 0.421-0.429 / 0.458-0.465 with 'avg'.
 _base_ = [
     'mmdet::_base_/models/mask-rcnn_r50_fpn.py',
     './_base_/datasets/demo_shapes_instance.py',

@@ -2,13 +2,14 @@
 # in a few minutes on 2 CPU cores; evaluated with CocoMetric (bbox).
 #   python tools/train.py configs/retinanet_soft_tiny_demo.py
 # Demo-sized model: the authors' conv landmarks, no stochastic depth, a 128-wide FPN and a 2-conv GroupNorm head,
-# anchors from 16 px for the 17-60 px shapes. Conv, not average-pooled, landmarks (docs/attention_health.md): the
-# average-pooled ones collapse (every SOFT layer at the cond(A + 0.01 I) ceiling, Newton residual 0.4-0.9 after
-# 20 iterations, the same vector added to every token), conv ones stay invertible; measured on this demo, bbox mAP
-# 0.641 in 3.4 min with 'conv' against 0.512 in 5.6 min with 'avg'. lr 2e-3 instead of the demos' 1e-3: SOFT from
-# scratch is far more sensitive to the rate than ResNet-18 (docs/attention_health.md); measured with conv landmarks,
-# bbox mAP 0.659 against 0.641 here, 0.342 against 0.267 on the dense demo (ResNet-18: 0.199) and 0.189-0.193 against
-# 0.069-0.084 on its 130-image regime (ResNet-18: 0.118-0.126 at 1e-3, 0.136 at 2e-3); 4e-3 diverges.
+# anchors from 16 px for the 17-60 px shapes. Conv, not average-pooled, landmarks
+# (docs/advanced/attention_health.md): the average-pooled ones collapse (every SOFT layer at the cond(A + 0.01 I)
+# ceiling, Newton residual 0.4-0.9 after 20 iterations, the same vector added to every token), conv ones stay
+# invertible; measured on this demo, bbox mAP 0.641 in 3.4 min with 'conv' against 0.512 in 5.6 min with 'avg'.
+# lr 2e-3 instead of the demos' 1e-3: SOFT from scratch is far more sensitive to the rate than ResNet-18
+# (docs/advanced/attention_health.md); measured with conv landmarks, bbox mAP 0.659 against 0.641 here, 0.342
+# against 0.267 on the dense demo (ResNet-18: 0.199) and 0.189-0.193 against 0.069-0.084 on its 130-image regime
+# (ResNet-18: 0.118-0.126 at 1e-3, 0.136 at 2e-3); 4e-3 diverges.
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     './_base_/datasets/demo_shapes_detection.py',

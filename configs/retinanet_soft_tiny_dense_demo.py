@@ -1,9 +1,9 @@
 # The RetinaNet demo (configs/retinanet_soft_tiny_demo.py: same model, recipe and schedule) on the dense shapes data:
 # 8-16 small shapes (boxes of about 8-18 px) per 128x128 image on a cluttered texture with unlabelled distractor blobs
 # and low contrast, like aerial tiles of tree crowns (data/dense, written on first use). Evaluated every epoch, with
-# the SOFT layers' attention health logged every 25 iterations (docs/attention_health.md, which has the runs: 4 epochs
-# gave bbox mAP 0.342 with these conv landmarks at the RetinaNet demo's lr 2e-3; at the earlier lr 1e-3 0.267, 0.295
-# with model.backbone.landmark_mode=avg, 0.199 with ResNet-18 and 0.042 with Swin-T from configs/peers/):
+# the SOFT layers' attention health logged every 25 iterations (docs/advanced/attention_health.md, which has the
+# runs: 4 epochs gave bbox mAP 0.342 with these conv landmarks at the RetinaNet demo's lr 2e-3; at the earlier lr 1e-3
+# 0.267, 0.295 with model.backbone.landmark_mode=avg, 0.199 with ResNet-18 and 0.042 with Swin-T from configs/peers/):
 #   python tools/train.py configs/retinanet_soft_tiny_dense_demo.py
 _base_ = ['./retinanet_soft_tiny_demo.py']
 

@@ -4,12 +4,12 @@
 # over background, circle, square, triangle).
 #   python tools/train.py configs/upernet_soft_tiny_demo.py
 # Demo-sized model: average-pooled landmarks, no stochastic depth, 64-channel heads, plain BN. The average-pooled
-# landmarks collapse (docs/attention_health.md: cond(A + 0.01 I) at its ceiling, the Nystrom term adds one vector to
-# every token), but here that global term pays: the authors' conv landmarks gave mIoU 38.2 (squares 0.02) against 44.7. Trained from scratch,
-# SOFT learns the shape classes slowly when only the fused UPerHead output is supervised; two choices make it learn
-# them in the few minutes: cross-entropy weighted against the class imbalance (background covers 88% of the pixels,
-# triangles 2.4%) and auxiliary FCN heads on stages 3 and 4 (adding the stage-4 head lifted mIoU after 800 iterations
-# at lr 1e-3 from 42 to 52).
+# landmarks collapse (docs/advanced/attention_health.md: cond(A + 0.01 I) at its ceiling, the Nystrom term adds one
+# vector to every token), but here that global term pays: the authors' conv landmarks gave mIoU 38.2 (squares 0.02)
+# against 44.7. Trained from scratch, SOFT learns the shape classes slowly when only the fused UPerHead output is
+# supervised; two choices make it learn them in the few minutes: cross-entropy weighted against the class imbalance
+# (background covers 88% of the pixels, triangles 2.4%) and auxiliary FCN heads on stages 3 and 4 (adding the stage-4
+# head lifted mIoU after 800 iterations at lr 1e-3 from 42 to 52).
 _base_ = [
     'mmseg::_base_/models/upernet_swin.py',
     'mmseg::_base_/default_runtime.py',

@@ -7,8 +7,9 @@ whether its Newton–Schulz iterations invert it.
 
 Detection, segmentation and classification configs alike (their ``default_scope`` picks mmdet's, mmseg's or
 mmpretrain's inference pipeline). Without a checkpoint the model is measured as training starts (``init_weights`` with
-seed 0). Prints one row per SOFT layer (see ``soft_mm.models.health``; docs/attention_health.md says what the numbers
-mean and what to do about them) and draws the condition number and the Newton residual per layer into ``--out``.
+seed 0). Prints one row per SOFT layer (see ``soft_mm.models.health``; docs/advanced/attention_health.md says what
+the numbers mean and what to do about them) and draws the condition number and the Newton residual per layer into
+``--out``.
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """What an attention setting costs: forward+backward time of SOFT backbones that differ only in their attention
 settings, timed in one process with the rounds interleaved (so drift hits every variant alike), as ratios to the first.
 
-    python tools/benchmark_settings.py                       # the remedies of docs/attention_health.md
+    python tools/benchmark_settings.py                       # the remedies of docs/advanced/attention_health.md
     python tools/benchmark_settings.py --variants landmark_mode=avg landmark_mode=conv --size 128x128 --batch 8
 
 Each variant is a comma-separated list of ``AttentionSettings`` fields (``landmark_mode=avg,newton_iters=30``) applied

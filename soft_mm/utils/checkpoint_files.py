@@ -31,7 +31,7 @@ TRUNCATED_HINT = ('copy it again or use an earlier checkpoint (a run killed whil
 NOT_A_CHECKPOINT_HINT = 'pass a .pth file written by torch.save (a trained model, or a converted ImageNet checkpoint)'
 MISSING_HINT = 'pass the path of an existing checkpoint'
 UNSAFE_HINT = ('only if you trust the file, load it once with torch.load(weights_only=False) and save its tensors '
-               'again (see Security in docs/robustness.md)')
+               'again (see Security in docs/advanced/robustness.md)')
 # a checkpoint whose tensors cover less than this share of a module's weights is the checkpoint of another model
 MIN_MATCHED_FRACTION = 0.5
 

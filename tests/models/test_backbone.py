@@ -449,8 +449,8 @@ def test_bad_constructor_arguments():
 
 
 def test_soft_block_norm_and_qk_init_std_options():
-    """The two from-scratch options (docs/attention_health.md): pre-norm SOFT blocks and the q/k projections' initial
-    std; the same parameters and keys as the authors' layout, and the defaults are the authors'."""
+    """The two from-scratch options (docs/advanced/attention_health.md): pre-norm SOFT blocks and the q/k
+    projections' initial std; the same parameters and keys as the authors' layout, and the defaults are the authors'."""
     torch.manual_seed(0)
     default = SOFT('tiny', soft_norm=True, drop_path_rate=0.0)
     torch.manual_seed(0)

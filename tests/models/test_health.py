@@ -100,10 +100,9 @@ def test_report_aggregates_the_ops_figures_per_layer():
 
 
 def test_average_pooled_landmarks_collapse_at_initialisation_and_conv_ones_do_not():
-    """The finding behind docs/attention_health.md, at a fixed seed: at initialisation every 'avg' layer's landmark
-    kernel is at the coincident-landmark ceiling (few eigenvalues above the ridge, 20 iterations far from
-    converged), every 'conv' layer's
-    is well-conditioned and inverted to rounding."""
+    """The finding behind docs/advanced/attention_health.md, at a fixed seed: at initialisation every 'avg'
+    layer's landmark kernel is at the coincident-landmark ceiling (few eigenvalues above the ridge, 20 iterations far
+    from converged), every 'conv' layer's is well-conditioned and inverted to rounding."""
     x = torch.randn(1, 3, 128, 128, generator=torch.Generator().manual_seed(3))
     ceiling = (49 + 0.01) / 0.01
     avg = attention_health(_backbone('avg').eval(), x)
