@@ -248,15 +248,16 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
     pretrained = tmp_path / 'work_dirs/pretrain/epoch_2.pth'
     # the two ranks' halves of the 20 val images were gathered into one top-1: a single process evaluating the saved
     # checkpoint (with its EMA weights, which the val loop swapped in) on the same images scores the same
-    tested = tool_output(['tools/test.py', DEMO, str(pretrained), '--work-dir', 'work_dirs/pretrain_test'], cwd=tmp_path)
-    assert float(re.findall(r'accuracy/top1: ([\d.]+)', tested)[-1]) == float(
-        re.findall(r'accuracy/top1: ([\d.]+)', output)[-1])
+    tested = tool_output(['tools/test.py', DEMO, str(pretrained), '--work-dir', 'work_dirs/pretrain_test'],
+                         cwd=tmp_path)
+    top1 = r'accuracy/top1: ([\d.]+)'
+    assert float(re.findall(top1, tested)[-1]) == float(re.findall(top1, output)[-1])
     checkpoint = torch.load(pretrained, map_location='cpu', weights_only=True)
     assert CLASSIFIER_ONLY <= set(checkpoint['state_dict'])  # the classifier's keys, no wrapper prefix
 
     detector = ['train_cfg.max_epochs=1', 'model.backbone.init_cfg.type=Pretrained']
     # the UperNet demo keeps average-pooled landmarks (configs/upernet_soft_tiny_demo.py): it takes the conv-landmark
-    # pretraining with landmark_mode=conv, as the README says
+    # pretraining with landmark_mode=conv, as docs/get_started.md says
     segmentor = ['train_cfg.max_iters=2', 'train_cfg.val_interval=2', 'model.backbone.init_cfg.type=Pretrained',
                  'model.backbone.landmark_mode=conv']
     for config, options in (('retinanet_soft_tiny_demo.py', detector), ('upernet_soft_tiny_demo.py', segmentor)):

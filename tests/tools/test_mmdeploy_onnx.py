@@ -1,7 +1,7 @@
 """tools/deploy/mmdeploy_onnx.py: whole detectors and segmenters through mmdeploy 1.3.1 to onnxruntime.
 
 tools/install.sh installs mmdeploy (``SOFT_MM_WITH_MMDEPLOY=0`` skips it); without it these tests skip (and fail
-under CI=true). The demos' trained scores, PyTorch against ONNX at two sizes, are in the README (deployment section)
+under CI=true). The demos' trained scores, PyTorch against ONNX at two sizes, are in docs/user_guides/deployment.md,
 with the command.
 """
 from __future__ import annotations
@@ -68,7 +68,7 @@ def test_demos_export_and_score_as_pytorch_at_two_sizes(tmp_path, monkeypatch, t
     by mmdeploy's evaluation at the demo's 128x128 and at 192x192; RetinaNet's detections from onnxruntime against
     PyTorch's at both sizes (with random weights the detector's scores are near-ties, among which mmdeploy's
     post-processing picks other candidates than mmdet's, so its mAP would compare noise; the trained demos' scores
-    are in the README)."""
+    are in docs/user_guides/deployment.md)."""
     import onnxruntime as ort
 
     from soft_mm.datasets.synthetic_shapes import write_shapes_dataset
