@@ -6,9 +6,10 @@
     python tools/get_flops.py --checkpoint CONVERTED         # the classifier of tools/convert_official_checkpoint.py
 
 FLOPs are multiply-accumulates (one fused multiply-add = 1), the convention of the published table. mmengine counts
-conv, linear, matmul/bmm, norms, upsampling and pooling; two handles are added through ``set_op_handle``: PyTorch's
-``scaled_dot_product_attention`` (stage 4) and soft_mm's Newton-Schulz inverse (an autograd Function that the JIT
-trace records as one opaque ``PythonOp``), so their matmuls are counted too. Element-wise ops (add, mul, exp, GELU,
+conv, linear, matmul/bmm, norms, upsampling and pooling; one handle is added through ``set_op_handle``, for PyTorch's
+``scaled_dot_product_attention`` (stage 4). The trace records soft_mm's Newton-Schulz inverse as plain matmuls; the
+tool shows their share as its own ``newton_inverse`` operator (counted by ``soft_mm.utils.flops.newton_macs``).
+Element-wise ops (add, mul, exp, GELU,
 softmax, ...) are left out, as in fvcore; the tool lists the ones it met.
 """
 from __future__ import annotations
@@ -26,7 +27,7 @@ from soft_mm.converters import build_classifier_from_checkpoint
 from soft_mm.converters.official import match_arch
 from soft_mm.engine.cli import load_config, one_sentence_errors
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, PUBLISHED, SoftVisionTransformer, variant_name
-from soft_mm.utils.flops import OPAQUE_PREFIX, analyze
+from soft_mm.utils.flops import analyze
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
 
@@ -41,13 +42,12 @@ def _gmacs(value: float) -> str:
 
 
 def _counted_line(by_operator: dict[str, int], skipped: list[str]) -> str:
-    opaque = [op.removeprefix(OPAQUE_PREFIX) for op in skipped if op.startswith(OPAQUE_PREFIX)]
-    elementwise = [op.removeprefix('aten::') for op in skipped if not op.startswith(OPAQUE_PREFIX)]
+    elementwise = [op.removeprefix('aten::') for op in skipped]
     added = [op for op in ('newton_inverse', 'scaled_dot_product_attention') if op in by_operator]
     line = f'counted: {", ".join(sorted(by_operator))}'
     line += f' ({" and ".join(added)} through handles added here)' if added else ''
     line += f'; not counted (no mmengine handle: element-wise and other cheap ops): {", ".join(elementwise)}'
-    return line + (f'; not counted (opaque autograd Functions): {", ".join(opaque)}' if opaque else '')
+    return line
 
 
 def classifier_table(shape: tuple[int, int]) -> list[dict[str, Any]]:

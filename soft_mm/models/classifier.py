@@ -4,7 +4,7 @@
 Pretrained weights the timm way: no weights are hosted, so ``pretrained=True`` needs a file, either
 ``pretrained_cfg_overlay=dict(file=path)`` or ``checkpoint_path=path`` (timm's ``create_model``). The file may be
 the authors' release (fudan-zvg/SOFT layout; converted on load by the pretrained filter,
-:func:`~soft_mm.converters.official.checkpoint_filter_fn`) or a soft_mm checkpoint (a converted file or a saved
+:func:`~soft_mm.models.official_layout.checkpoint_filter_fn`) or a soft_mm checkpoint (a converted file or a saved
 state dict; older layouts are migrated by ``SoftPyramid._load_from_state_dict``). timm reads a file's
 ``state_dict_ema`` when it has one, and with ``pretrained=True`` adapts the head to ``num_classes`` and the stem to
 ``in_chans``.
@@ -19,6 +19,7 @@ from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cf
 from torch import nn
 
 from .arch import VARIANTS, Variant
+from .official_layout import checkpoint_filter_fn
 from .pyramid import SoftPyramid
 from .settings import attention_settings
 
@@ -158,12 +159,6 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
 default_cfgs = generate_default_cfgs({f'{name}.in1k': _cfg() for name in VARIANTS})
 
 
-def _filter_pretrained(state_dict: dict[str, torch.Tensor], model: SoftVisionTransformer) -> dict[str, torch.Tensor]:
-    from ..converters.official import checkpoint_filter_fn  # (the converter imports this module)
-
-    return checkpoint_filter_fn(state_dict, model)
-
-
 def _weight_source_given(kwargs: dict[str, Any]) -> bool:
     """Whether ``pretrained_cfg`` / ``pretrained_cfg_overlay`` name weights (no SOFT weights are hosted)."""
     for cfg in (kwargs.get('pretrained_cfg'), kwargs.get('pretrained_cfg_overlay')):
@@ -180,7 +175,7 @@ def _create(variant: Variant, pretrained: bool, **kwargs: Any) -> SoftVisionTran
                          'with checkpoint_path=path)')
     out_indices = kwargs.pop('out_indices', 4)
     return build_model_with_cfg(SoftVisionTransformer, variant.name, pretrained, arch=variant.arch,
-                                soft_norm=variant.soft_norm, pretrained_filter_fn=_filter_pretrained,
+                                soft_norm=variant.soft_norm, pretrained_filter_fn=checkpoint_filter_fn,
                                 feature_cfg=dict(feature_cls='getter', out_indices=out_indices), **kwargs)
 
 

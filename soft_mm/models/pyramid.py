@@ -14,8 +14,8 @@ Swin does); ``_load_from_state_dict`` migrates older layouts on load. The layout
 
 - the authors' (fudan-zvg/SOFT: ``patch_embed{1..4}``, ``block{1..4}``, ``pos_embed4`` with the cls slot): the layout
   the published weights come in, written before soft_mm existed, so without a soft_mm version. Recognised by its key
-  names under the module's prefix and renamed by the converter's key map
-  (:func:`~soft_mm.converters.official.migrate_official_keys`) with this model's own arch — so ``load_state_dict``,
+  names under the module's prefix and renamed by the key map beside the model
+  (:func:`~soft_mm.models.official_layout.migrate_official_keys`) with this model's own arch — so ``load_state_dict``,
   timm's ``create_model(..., checkpoint_path=...)`` and mmengine's ``init_cfg=dict(type='Pretrained', ...)`` read
   the authors' files as they are;
 - version 1: the layout above (torch's default module version, so every soft_mm checkpoint saved so far says 1;
@@ -38,6 +38,7 @@ from ..ops.capture import exporting
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU
+from .official_layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
 
 PRETRAIN_IMG_SIZE = 224
@@ -227,7 +228,6 @@ class SoftPyramid(nn.Module):
         if version is not None and version > self._version:
             raise ValueError(f'the state dict under {prefix or "the top level"!r} has the SOFT layout version '
                              f'{version}, newer than this soft_mm reads ({self._version}): update soft_mm')
-        from ..converters.official import is_official_layout, migrate_official_keys  # (the converter imports models)
         from ..utils.checkpoint import allow_mmengine_checkpoint_globals
 
         # timm reads checkpoints inside torch.serialization.safe_globals([argparse.Namespace]), whose exit removes

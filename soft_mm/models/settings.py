@@ -13,10 +13,9 @@ from typing import Any
 
 from ..ops.newton import BACKWARD_MODES
 
-__all__ = ['AUTHORS_SETTINGS', 'LANDMARK_MODES', 'NEWTON_BACKWARD_MODES', 'AttentionSettings', 'attention_settings']
+__all__ = ['AUTHORS_SETTINGS', 'LANDMARK_MODES', 'AttentionSettings', 'attention_settings']
 
 LANDMARK_MODES = ('conv', 'avg')
-NEWTON_BACKWARD_MODES = BACKWARD_MODES
 
 
 def is_int(value: object, minimum: int) -> bool:
@@ -56,8 +55,8 @@ class AttentionSettings:
         if isinstance(ridge, bool) or not isinstance(ridge, (int, float)) or not 0 <= ridge < math.inf:
             raise ValueError(f'newton_ridge must be a finite number >= 0, got {ridge!r}')
         object.__setattr__(self, 'newton_ridge', float(ridge))
-        if self.newton_backward not in NEWTON_BACKWARD_MODES:
-            raise ValueError(f'newton_backward={self.newton_backward!r} is not one of {NEWTON_BACKWARD_MODES}')
+        if self.newton_backward not in BACKWARD_MODES:
+            raise ValueError(f'newton_backward={self.newton_backward!r} is not one of {BACKWARD_MODES}')
 
     def as_dict(self) -> dict[str, Any]:
         """The settings as constructor keywords (``SOFT(**settings.as_dict())``)."""

@@ -47,7 +47,7 @@ def gaussian_kernel(x: Tensor, y: Tensor) -> Tensor:
 
 
 
-def augment_kernel_rows(x: Tensor, neg_half_sq_norms: Tensor | None = None) -> Tensor:
+def augment_kernel_rows(x: Tensor) -> Tensor:
     """Rows ``[x, -|x|^2 / 2, 1]``: with :func:`augment_kernel_cols` their products are the kernel's exponents.
 
     ``(augment_kernel_rows(x) @ augment_kernel_cols(y)^T)_ij = x_i . y_j - |x_i|^2 / 2 - |y_j|^2 / 2
@@ -57,14 +57,11 @@ def augment_kernel_rows(x: Tensor, neg_half_sq_norms: Tensor | None = None) -> T
 
     Args:
         x: ``(..., N, d)``.
-        neg_half_sq_norms: ``(..., N, 1)`` precomputed ``-|x|^2 / 2`` (computed here when None).
 
     Returns:
         ``(..., N, d + 2)``, contiguous.
     """
-    if neg_half_sq_norms is None:
-        neg_half_sq_norms = -0.5 * x.pow(2).sum(-1, keepdim=True)
-    return torch.cat([x, neg_half_sq_norms, torch.ones_like(x[..., :1])], -1)
+    return torch.cat([x, -0.5 * x.pow(2).sum(-1, keepdim=True), torch.ones_like(x[..., :1])], -1)
 
 
 def augment_kernel_cols(y: Tensor) -> Tensor:

@@ -16,10 +16,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import NEWTON_OP, newton_inverse_macs
 
-__all__ = ['OPAQUE_PREFIX', 'SDPA_OP', 'analyze', 'newton_macs', 'sdpa_flop_jit']
+__all__ = ['SDPA_OP', 'analyze', 'newton_macs', 'sdpa_flop_jit']
 
 SDPA_OP = 'aten::scaled_dot_product_attention'
-OPAQUE_PREFIX = 'prim::PythonOp.'  # how a JIT trace records a torch.autograd.Function
 
 
 def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
@@ -58,8 +57,10 @@ def analyze(model: nn.Module, inputs: tuple) -> dict[str, Any]:
     with torch.no_grad():
         total = analyzer.total()
     skipped = analyzer.unsupported_ops()
-    missed = sorted(op for op in skipped if op.startswith((OPAQUE_PREFIX, 'soft_mm::')) or op == SDPA_OP)
-    if missed:  # opaque (autograd Function, custom op) or matmul-heavy ops the counter cannot see: silently low
+    # an autograd Function (the trace's prim::PythonOp, e.g. ops.precision's exact matmul), a soft_mm custom op or
+    # a matmul-heavy op that the counter cannot see would leave the count silently low
+    missed = sorted(op for op in skipped if op.startswith(('prim::PythonOp.', 'soft_mm::')) or op == SDPA_OP)
+    if missed:
         raise RuntimeError(f'FLOP counter has no handle for {missed}; add one in soft_mm/utils/flops.py')
     by_operator = dict(analyzer.by_operator())
     newton = newton_macs(model, inputs)
