@@ -1,7 +1,8 @@
 """Build hook: ship configs/, tools/ and model-index.yml as ``soft_mm/.mim/``, where openmim looks for them.
 
 Everything else (name, version, dependencies, packages) is declared in pyproject.toml. ``mim train soft_mm
-CONFIG.py``, ``mim test`` and ``mim search soft_mm`` look up ``<installed soft_mm>/.mim/{configs,tools,model-index.yml}``:
+CONFIG.py``, ``mim test`` and ``mim search soft_mm`` look up
+``<installed soft_mm>/.mim/{configs,tools,model-index.yml}``:
 
 - a wheel (``pip wheel``, ``pip install .``, ``python -m build``) gets copies, written into the build folder only;
 - an editable install (``pip install -e .``, ``tools/install.sh``, ``mim install -e .``) gets relative symbolic links

@@ -30,7 +30,7 @@ HAS_TIMM = _installed('timm')
 HAS_MMENGINE = _installed('mmengine')
 
 if HAS_TIMM:
-    from . import models  # noqa: F401  (registers the soft_* timm models)
+    from . import models  # registers the soft_* timm models
     from .models import SoftVisionTransformer
 if HAS_MMENGINE:
     from . import engine  # noqa: F401  (registers the checkpoint and invalid-loss hooks)

@@ -22,9 +22,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
-from tool_process import REPO_ROOT  # noqa: E402  (tests/ is on sys.path: pyproject's pythonpath)
+from tool_process import REPO_ROOT  # tests/ is on sys.path: pyproject's pythonpath
 
-import soft_mm  # noqa: E402
+import soft_mm
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
 # DataLoader workers), computes on one thread: two workers of two threads each on two cores made steps 5-10x slower

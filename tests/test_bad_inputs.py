@@ -199,7 +199,8 @@ def _bad_images(folder: Path) -> dict[str, tuple[Path, str]]:
     (folder / 'images').mkdir()
     (folder / 'text.png').write_text('not an image\n')
     (folder / 'empty.png').write_bytes(b'')
-    return {'missing': (folder / 'missing.png', 'not found'), 'folder': (folder / 'images', 'is a folder, not an image'),
+    return {'missing': (folder / 'missing.png', 'not found'),
+            'folder': (folder / 'images', 'is a folder, not an image'),
             'text': (folder / 'text.png', r'cannot be decoded as an image \(empty, truncated or not an image format\)'),
             'empty': (folder / 'empty.png', r'cannot be decoded as an image \(error\)')}
 
@@ -250,7 +251,8 @@ def test_tools_refuse_another_models_checkpoint(tool_name, tmp_path, load_tool):
     pytest.importorskip('mmdet')
     image, other = _image(tmp_path), tmp_path / 'resnet.pth'
     torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7), 'fc.weight': torch.zeros(10, 64)}}, other)
-    args = [str(image), RETINANET_DEMO, str(other)] if tool_name == 'infer' else [RETINANET_DEMO, str(other), str(image)]
+    args = ([str(image), RETINANET_DEMO, str(other)] if tool_name == 'infer'
+            else [RETINANET_DEMO, str(other), str(image)])
     with pytest.raises(SystemExit, match=rf"^{other} does not fit the model of this config: only 0 of its \d+ weights "
                                          r"are in the file \(its keys start with 'conv1\.', 'fc\.'\): pass a "
                                          r'checkpoint trained with this config\.$'):

@@ -41,7 +41,7 @@ def test_snippet_model_trains_on_demo_data(tmp_path, monkeypatch):
     cfg = Config.fromfile(str(DROP_IN))
     demo_data = Config.fromfile(str(ROOT / 'configs/_base_/datasets/demo_shapes_detection.py'))
     cfg.merge_from_dict(dict(
-        custom_imports=dict(imports=cfg.custom_imports.imports + ['soft_mm.datasets']),
+        custom_imports=dict(imports=[*cfg.custom_imports.imports, 'soft_mm.datasets']),
         # no stochastic depth: a batch of 2 drops a block's branch for both images one time in 100 (at rate 0.1)
         model=dict(backbone=dict(init_cfg=None, drop_path_rate=0.0), bbox_head=dict(num_classes=3)),
         train_dataloader=dict(batch_size=2, num_workers=0, persistent_workers=False,

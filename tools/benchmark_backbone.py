@@ -90,7 +90,8 @@ def build_model(name: str) -> nn.Module:
         return model
     if name in TIMM_MODELS:
         import timm
-        return timm.create_model(TIMM_MODELS[name], pretrained=False, features_only=True)  # no stochastic depth by default
+        # no stochastic depth by default
+        return timm.create_model(TIMM_MODELS[name], pretrained=False, features_only=True)
     from mmdet.registry import MODELS as MMDET_REGISTRY
     from mmdet.utils import register_all_modules
     register_all_modules()
@@ -416,7 +417,8 @@ def main(argv: list[str] | None = None) -> int:
         dtype_text = 'float32' if dtype == 'float32' else 'bfloat16 autocast'
         headers[dtype] = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, {dtype_text}, batch 1, '
                           f'median of {args.repeats} x {args.rounds} round(s) interleaved across models'
-                          f'{" and dtypes" if len(args.dtype) > 1 else ""}; {bench.glibc_malloc_note(args.glibc_malloc)}')
+                          f'{" and dtypes" if len(args.dtype) > 1 else ""}; '
+                          f'{bench.glibc_malloc_note(args.glibc_malloc)}')
         tables.append(markdown([r for r in rows if r['dtype'] == dtype], args.models, sizes, headers[dtype],
                                notes if dtype == args.dtype[-1] else []))
     if TARGET_MODEL in args.models:

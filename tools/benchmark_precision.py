@@ -56,17 +56,17 @@ def plain_math(q, landmarks, v, low_products: bool):
 
 def variants() -> dict[str, Callable]:
     def op(precision, backend):
-        return lambda q, l, v: soft_attention(q, l, v, normalize=True, ridge=0.01, precision=precision,
-                                              backend=backend)
+        return lambda q, lm, v: soft_attention(q, lm, v, normalize=True, ridge=0.01, precision=precision,
+                                               backend=backend)
     return {
         'float32, reference': op('highest', 'reference'),
         'float32, tiled': op('highest', 'tiled'),
         'bf16 products, reference': op('bfloat16', 'reference'),
         'bf16 products, tiled': op('bfloat16', 'tiled'),
-        'plain bfloat16 (baseline of the rule)': lambda q, l, v: plain_soft_attention(q.bfloat16(), l.bfloat16(),
-                                                                                      v.bfloat16()),
-        'bf16 products + bf16 exponent dot (rejected)': lambda q, l, v: plain_math(q, l, v, True),
-        'bf16 exponent dot only (rejected)': lambda q, l, v: plain_math(q, l, v, False),
+        'plain bfloat16 (baseline of the rule)': lambda q, lm, v: plain_soft_attention(q.bfloat16(), lm.bfloat16(),
+                                                                                       v.bfloat16()),
+        'bf16 products + bf16 exponent dot (rejected)': lambda q, lm, v: plain_math(q, lm, v, True),
+        'bf16 exponent dot only (rejected)': lambda q, lm, v: plain_math(q, lm, v, False),
     }
 
 

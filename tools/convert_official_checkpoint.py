@@ -59,7 +59,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('dst', help='output file')
     parser.add_argument('--soft-norm', action='store_true',
                         help='the checkpoint is SOFT-Norm (the *_norm releases); not readable from the weights')
-    parser.add_argument('--key', default='auto', choices=('auto',) + CHECKPOINT_KEYS,
+    parser.add_argument('--key', default='auto', choices=('auto', *CHECKPOINT_KEYS),
                         help='where the weights are; auto takes state_dict or model, EMA weights only if alone')
     parser.add_argument('--no-verify', action='store_true',
                         help='skip the strict load into SoftVisionTransformer (it builds the model)')

@@ -126,7 +126,7 @@ def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[d
         row = dict(tokens=tokens, landmarks=landmarks)
         try:
             row.update(check_case(tokens, landmarks, cfg, device))
-        except Exception as err:  # noqa: BLE001  (recorded, and the check goes on)
+        except Exception as err:  # recorded, and the check goes on
             row.update(ok=False, error=error_line(err))
             print(f'  N={tokens:>5} m={landmarks:>2}: FAIL, {row["error"]}', flush=True)
         rows.append(row)
@@ -149,7 +149,7 @@ def measure(row: dict, forward: Callable, forward_backward: Callable, device: to
         memory.start()
         row['fwd_bwd_ms'] = 1e3 * median_time(forward_backward, device, repeats)
         row['peak_mib'] = memory.peak_mib()
-    except Exception as err:  # noqa: BLE001  (out of memory, an unsupported size, a kernel that fails: recorded)
+    except Exception as err:  # out of memory, an unsupported size, a kernel that fails: recorded
         row['error'] = error_line(err)
     print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()), flush=True)
     return row
@@ -179,8 +179,9 @@ def bench_op(cfg: dict, device: torch.device) -> list[dict]:
             for name, fn in methods.items():
                 leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
                 row = measure(dict(dtype=str(dtype).replace('torch.', ''), tokens=tokens, method=name),
-                              lambda: fn(q, lm, v), lambda: torch.autograd.backward(fn(*leaves), grad), device,
-                              cfg['repeats'])
+                              lambda fn=fn, inputs=(q, lm, v): fn(*inputs),
+                              lambda fn=fn, leaves=leaves, grad=grad: torch.autograd.backward(fn(*leaves), grad),
+                              device, cfg['repeats'])
                 if name == 'triton' and 'fwd_ms' in row:
                     row['fwd_vs_memory_time'] = row['fwd_ms'] / (1e3 * moved / bandwidth)
                     print(f"    triton forward = {row['fwd_vs_memory_time']:.2f}x the time to move q, v and the "
@@ -223,14 +224,14 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     for name, model in build_backbones(image).items():
         model = model.to(device)
 
-        def forward_backward():
+        def forward_backward(model=model):
             torch.autograd.backward([o.float().mean() for o in model(x)])
             model.zero_grad(set_to_none=True)
 
         with torch.autocast(device.type, dtype=torch.bfloat16):
             rows.append(measure(dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}"),
-                                lambda: model.eval()(x), lambda: (model.train(), forward_backward()), device,
-                                cfg['repeats']))
+                                lambda model=model: model.eval()(x),
+                                lambda model=model: (model.train(), forward_backward()), device, cfg['repeats']))
         model.cpu()
     return rows
 
@@ -271,7 +272,7 @@ class Report:
         """``fn()``'s rows under ``name``; if it raises, the error and its traceback are recorded instead."""
         try:
             self.data[name] = fn()
-        except Exception as err:  # noqa: BLE001  (recorded; the next part runs)
+        except Exception as err:  # recorded; the next part runs
             self.data[f'{name}_error'] = error_line(err)
             traceback.print_exc()
         self.save()

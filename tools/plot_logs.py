@@ -44,7 +44,8 @@ def read_scalars(path: str | Path) -> tuple[dict[str, list[tuple[float, float]]]
         try:
             record = json.loads(line)
         except json.JSONDecodeError as error:
-            raise ValueError(f'{path} line {number} is not JSON ({error.msg}): is it an mmengine scalars.json?') from None
+            raise ValueError(f'{path} line {number} is not JSON ({error.msg}): is it an mmengine scalars.json?') \
+                from None
         is_train = any(key.startswith('loss') for key in record)
         step = record.get('iter', record.get('step')) if is_train else record.get('step')
         if step is None:

@@ -1,7 +1,7 @@
 """Full-resolution segmentation on CPU with a SOFT UperNet: time and peak memory of slide and whole-image inference.
 
-    python tools/seg_full_res.py                                   # configs/upernet_soft_small_ade20k.py, random weights
-    python tools/seg_full_res.py --mode slide --size 512x2048      # one mode, one size (HEIGHTxWIDTH)
+    python tools/seg_full_res.py                               # configs/upernet_soft_small_ade20k.py, random weights
+    python tools/seg_full_res.py --mode slide --size 512x2048  # one mode, one size (HEIGHTxWIDTH)
     python tools/seg_full_res.py --checkpoint work_dirs/.../iter_160000.pth
 
 Runs ``model.inference`` (mmseg's ``EncoderDecoder``) on one random image per row: ``slide`` uses the config's

@@ -1,6 +1,7 @@
 """Train any mmengine config (mmdet, mmseg, soft_mm's own) on GPUs or CPUs, alone or distributed.
 
-    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp [--amp-dtype float16|bfloat16]] [--tensorboard] [--cfg-options k=v ...] [--debug]
+    python tools/train.py CONFIG [--work-dir DIR] [--resume [auto|CKPT]] [--amp [--amp-dtype float16|bfloat16]]
+        [--tensorboard] [--cfg-options k=v ...] [--debug]
     bash tools/dist_train.sh CONFIG NUM_PROCS [same options]     # torchrun; gloo on CPU
 
 The registry scope comes from the config's ``default_scope``. Without a GPU the run uses the CPU (gloo for

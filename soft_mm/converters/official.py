@@ -37,12 +37,23 @@ from ..utils.atomic import atomic_save
 from ..utils.checkpoint_files import CheckpointFileError, read_checkpoint
 
 # What users call; the building blocks below (key mapping, arch inference, ...) stay importable from this module.
-__all__ = ['CHECKPOINT_KEYS', 'ConvertedCheckpoint', 'build_classifier_from_checkpoint', 'convert_official_checkpoint',
-           'convert_official_state_dict', 'load_converted_checkpoint', 'load_official_checkpoint',
-           'save_converted_checkpoint',
-           # the authors' key map, beside the model in soft_mm.models.official_layout, importable from here as before
-           'checkpoint_filter_fn', 'infer_arch', 'is_official_layout', 'map_official_key', 'match_arch',
-           'migrate_official_keys']
+__all__ = [
+    'CHECKPOINT_KEYS',
+    'ConvertedCheckpoint',
+    'build_classifier_from_checkpoint',
+    # the authors' key map, beside the model in soft_mm.models.official_layout, importable from here as before
+    'checkpoint_filter_fn',
+    'convert_official_checkpoint',
+    'convert_official_state_dict',
+    'infer_arch',
+    'is_official_layout',
+    'load_converted_checkpoint',
+    'load_official_checkpoint',
+    'map_official_key',
+    'match_arch',
+    'migrate_official_keys',
+    'save_converted_checkpoint',
+]
 
 # Where a state dict may sit in a checkpoint file: timm (state_dict, state_dict_ema), DeiT (model, model_ema).
 CHECKPOINT_KEYS = ('state_dict', 'state_dict_ema', 'model', 'model_ema')
@@ -94,7 +105,7 @@ def select_state_dict(checkpoint: Mapping[str, Any], key: str = 'auto') -> tuple
     (one of :data:`CHECKPOINT_KEYS`) must be present. Returns the state dict and the key used (``''`` for a bare dict).
     """
     if key != 'auto' and key not in CHECKPOINT_KEYS:
-        raise ValueError(f"key={key!r} is not one of {('auto',) + CHECKPOINT_KEYS}")
+        raise ValueError(f"key={key!r} is not one of {('auto', *CHECKPOINT_KEYS)}")
     if key == 'auto':
         found = [k for k in _AUTO_ORDER if isinstance(checkpoint.get(k), Mapping)]
         if found:

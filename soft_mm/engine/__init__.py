@@ -6,4 +6,5 @@ The command-line tools' shared pieces live in :mod:`soft_mm.engine.cli` (importe
 from .amp import CPUAmpOptimWrapper, enable_cpu_bf16_ops
 from .hooks import AtomicCheckpointHook, AttentionHealthHook, InvalidLossError, InvalidLossHook
 
-__all__ = ['AtomicCheckpointHook', 'CPUAmpOptimWrapper', 'enable_cpu_bf16_ops', 'AttentionHealthHook', 'InvalidLossError', 'InvalidLossHook']
+__all__ = ['AtomicCheckpointHook', 'AttentionHealthHook', 'CPUAmpOptimWrapper', 'InvalidLossError', 'InvalidLossHook',
+           'enable_cpu_bf16_ops']

@@ -50,7 +50,8 @@ class ConfigError(ValueError):
 
 
 class InputFileError(ValueError):
-    """An input file (an image) that cannot be used; ``str(error)`` is one sentence: the file, what is wrong, the fix."""
+    """An input file (an image) that cannot be used; ``str(error)`` is one sentence: the file, what is wrong, the
+    fix."""
 
     def __init__(self, path: str, problem: str, advice: str) -> None:
         super().__init__(f'{path} {problem}: {advice}.')
@@ -284,7 +285,7 @@ def _pretrained_inits(node: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[t
             yield keys, init_cfg
     for key, value in node.items():
         if key != 'init_cfg':
-            yield from _pretrained_inits(value, keys + (key,))
+            yield from _pretrained_inits(value, (*keys, key))
 
 
 def _is_local(path: str) -> bool:

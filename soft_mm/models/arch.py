@@ -1,8 +1,9 @@
 """The one table of SOFT architectures, the variant record derived from it, and the validation of custom archs.
 
 Every variant uses head dim 32, a stride-4 conv stem, SOFT attention in stages 1-3 with landmark strides 8/4/2 and
-value-conv kernels 9/5/3, and softmax attention in stage 4 (``stage_attention``; soft-spec §3). ``small`` uses depths 1,3,7,4: the published 24M
-model (the authors' code defines 1,3,20,4, a 38.9M model; a checkpoint of that layout converts to a custom arch).
+value-conv kernels 9/5/3, and softmax attention in stage 4 (``stage_attention``). ``small`` uses depths 1,3,7,4: the
+published 24M model (the authors' code defines 1,3,20,4, a 38.9M model; a checkpoint of that layout converts to a
+custom arch).
 
 :data:`VARIANTS` holds one :class:`Variant` per timm model (``soft_tiny`` ... ``soft_norm_huge``): its arch, plain or
 Norm attention, the published figures and the output channels. The timm entrypoints are generated from it and the

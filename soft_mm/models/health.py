@@ -230,8 +230,8 @@ def format_health_table(report: list[LayerHealth]) -> str:
 
 def health_scalars(report: list[LayerHealth], prefix: str = 'attn_health') -> dict[str, float]:
     """Flat scalars for a logger: ``<prefix>/<layer>/{condition,effective_rank,residual,iters_to_target,
-    branch_ratio,uniformity}`` (worst case over the layer's sets; ``iters_to_target`` only when reached) and the model-wide ``<prefix>/max_condition``,
-    ``max_residual`` and ``min_effective_rank``."""
+    branch_ratio,uniformity}`` (worst case over the layer's sets; ``iters_to_target`` only when reached) and the
+    model-wide ``<prefix>/max_condition``, ``max_residual`` and ``min_effective_rank``."""
     scalars: dict[str, float] = {}
     for layer in report:
         key = f'{prefix}/{layer.short_name}'

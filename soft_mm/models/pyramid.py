@@ -204,8 +204,8 @@ class SoftPyramid(nn.Module):
         rates = [drop_path_rate * i / max(num_blocks - 1, 1) for i in range(num_blocks)]  # linear 0 -> rate
         soft_stage_params = iter(zip(settings['landmark_strides'], settings['v_conv_kernels']))
         stages = []
-        for i, (dim, heads, depth, kind) in enumerate(zip(self.embed_dims, settings['num_heads'], depths,
-                                                           settings['stage_attention'])):
+        for i, (dim, heads, kind) in enumerate(zip(self.embed_dims, settings['num_heads'],
+                                                   settings['stage_attention'])):
             downsample = conv_stem(in_channels, dim) if i == 0 else ConvBNAct(self.embed_dims[i - 1], dim, 2)
             if kind == 'soft':
                 stride, kernel = next(soft_stage_params)

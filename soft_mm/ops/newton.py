@@ -182,7 +182,8 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
 
 
 def exact_inverse(mat: Tensor, ridge: float = 0.0) -> Tensor:
-    """Reference: ``torch.linalg.pinv(mat + ridge * I)`` in at least float32 (autocast off), cast back to ``mat``'s dtype.
+    """Reference: ``torch.linalg.pinv(mat + ridge * I)`` in at least float32 (autocast off), cast back to ``mat``'s
+    dtype.
 
     Args:
         mat: ``(..., M, M)`` floating-point matrices.

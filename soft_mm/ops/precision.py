@@ -99,7 +99,7 @@ def float32_matmul_settings() -> dict[str, str]:
     return {label: owner.fp32_precision for label, owner in switches.items()}
 
 
-class float32_matmul_precision(contextlib.AbstractContextManager):  # noqa: N801  (a context, named as used)
+class float32_matmul_precision(contextlib.AbstractContextManager):  # a context, named as used
     """Context that sets cuBLAS's and oneDNN's float32 matmul precision to ``value`` (``'ieee'``, or ``'tf32'`` as a
     training script's ``allow_tf32 = True`` does) and restores exactly what was set on exit.
 

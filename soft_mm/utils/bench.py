@@ -3,6 +3,7 @@ rate, and (from :mod:`soft_mm.utils.bench_process`) the fresh-process runner and
 from __future__ import annotations
 
 import argparse
+import contextlib
 import statistics
 import time
 from collections.abc import Callable
@@ -77,10 +78,8 @@ class PeakMemory:
             torch.cuda.reset_peak_memory_stats(self.device)
             self.base = torch.cuda.memory_allocated(self.device)
             return
-        try:  # '5' resets the peak RSS to the current RSS (Linux >= 4.0)
+        with contextlib.suppress(OSError):  # '5' resets the peak RSS to the current RSS (Linux >= 4.0)
             Path('/proc/self/clear_refs').write_text('5')
-        except OSError:
-            pass
         self.base = _rss_kib('VmRSS') * 1024
 
     def peak_mib(self) -> float:

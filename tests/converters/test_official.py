@@ -309,11 +309,12 @@ def test_layouts_that_cannot_be_converted_fail_clearly(official_tiny):
     with pytest.raises(ValueError, match='Linear landmark op'):
         convert_official_state_dict(linear_landmarks)
     bad_heads = {**official_tiny, 'block2.0.att.mha.attn.conv.weight': torch.zeros(3, 1, 5, 5)}
-    with pytest.raises(ValueError, match='block2.0 has inconsistent shapes'):
+    with pytest.raises(ValueError, match=r'block2.0 has inconsistent shapes'):
         convert_official_state_dict(bad_heads)
     missing = {k: v for k, v in official_tiny.items() if k != 'block3.1.att.ff2.weight'}
     converted, arch, _ = convert_official_state_dict(missing)
-    with pytest.raises(ValueError, match=r'(?s)does not fit SoftVisionTransformer.*stages\.2\.blocks\.1\.mlp\.fc2\.weight'):
+    fit_error = r'(?s)does not fit SoftVisionTransformer.*stages\.2\.blocks\.1\.mlp\.fc2\.weight'
+    with pytest.raises(ValueError, match=fit_error):
         verify_converted(converted, arch)
 
 

@@ -70,12 +70,11 @@ def test_one_sentence_errors_and_debug(tmp_path):
         torch.load(str(text), weights_only=True)  # an UnpicklingError from deep inside the unpickler
     assert str(exc.value) == (f'{text} is not a PyTorch checkpoint (torch.load cannot read it): pass a .pth file '
                               'written by torch.save (a trained model, or a converted ImageNet checkpoint).')
-    with pytest.raises(Exception):  # noqa: B017  (the original error, not SystemExit, which is no Exception)
-        with one_sentence_errors(debug=True):
-            torch.load(str(text), weights_only=True)
-    with pytest.raises(ZeroDivisionError):  # not the user's mistake: keeps its traceback
-        with one_sentence_errors():
-            _ = 1 / 0
+    # the original error, not SystemExit, which is no Exception
+    with pytest.raises(Exception), one_sentence_errors(debug=True):  # noqa: B017
+        torch.load(str(text), weights_only=True)
+    with pytest.raises(ZeroDivisionError), one_sentence_errors():  # not the user's mistake: keeps its traceback
+        _ = 1 / 0
 
 
 def test_work_dir_defaults():

@@ -124,7 +124,7 @@ def test_invalid_custom_arch(arch, match):
 
 
 def test_unknown_arch_name_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="'base'.*tiny, small, medium, large, huge"):
+    with pytest.raises(ValueError, match=r"'base'.*tiny, small, medium, large, huge"):
         resolve_arch('base')
     with pytest.raises(ValueError, match='tiny, small, medium, large, huge'):
         SOFT(arch='Tiny')

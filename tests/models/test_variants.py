@@ -39,7 +39,8 @@ def test_published_and_arch_settings_are_read_from_the_record():
 
 def test_get_variant_names_the_valid_ones():
     assert get_variant('soft_tiny') is VARIANTS['soft_tiny']
-    with pytest.raises(ValueError, match=r"name='soft_base' is not a SOFT variant; valid names: soft_tiny, .*soft_norm_huge"):
+    with pytest.raises(ValueError,
+                       match=r"name='soft_base' is not a SOFT variant; valid names: soft_tiny, .*soft_norm_huge"):
         get_variant('soft_base')
 
 

@@ -95,5 +95,5 @@ def test_bad_shapes_raise(x_shape, y_shape, match):
 
 
 def test_non_tensor_raises():
-    with pytest.raises(TypeError, match='x must be a torch.Tensor'):
+    with pytest.raises(TypeError, match=r'x must be a torch.Tensor'):
         gaussian_kernel([[0.0]], torch.zeros(1, 1))

@@ -239,7 +239,8 @@ def test_unrolled_backward_is_the_exact_derivative_of_the_truncated_iteration():
     # A non-symmetric matrix, so that no two row or column sums tie (alpha's max is not differentiable at ties).
     gen = torch.Generator().manual_seed(1)
     mat = 3 * torch.eye(5, dtype=torch.float64) + torch.randn(5, 5, generator=gen, dtype=torch.float64)
-    assert torch.autograd.gradcheck(lambda m: newton_inverse(m, num_iters=5, backward='unrolled'), (mat.requires_grad_(),))
+    assert torch.autograd.gradcheck(lambda m: newton_inverse(m, num_iters=5, backward='unrolled'),
+                                    (mat.requires_grad_(),))
 
 
 @pytest.mark.parametrize('ridge', [0.0, 0.02])
@@ -271,7 +272,7 @@ def test_implicit_and_unrolled_gradients_agree_only_after_convergence():
 def test_implicit_backward_refuses_double_backward():
     mat = separated_kernel(4).requires_grad_()
     (grad,) = torch.autograd.grad(newton_inverse(mat).square().sum(), mat, create_graph=True)
-    with pytest.raises(RuntimeError, match='newton_inverse_backward.* no autograd formula'):
+    with pytest.raises(RuntimeError, match=r'newton_inverse_backward.* no autograd formula'):
         grad.sum().backward()
 
 

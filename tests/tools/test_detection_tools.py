@@ -147,8 +147,8 @@ def test_mask_rcnn_demo_learns_resumes_and_tests(tmp_path):
     assert losses and all(math.isfinite(v) for v in losses)
 
     proc = run_tool(['tools/train.py', MASK_RCNN_DEMO, '--work-dir', str(work_dir), '--resume', '--cfg-options',
-                     'train_cfg.max_epochs=2', 'train_dataloader.dataset.indices=16', 'val_dataloader.dataset.indices=8',
-                     'default_hooks.logger.interval=1', SCORE_EVERY_BOX], tmp_path)
+                     'train_cfg.max_epochs=2', 'train_dataloader.dataset.indices=16',
+                     'val_dataloader.dataset.indices=8', 'default_hooks.logger.interval=1', SCORE_EVERY_BOX], tmp_path)
     output = proc.stdout + proc.stderr
     assert 'resumed epoch: 1' in output and 'Epoch(train) [2][2/2]' in output and 'Epoch(train) [1]' not in output
     assert (work_dir / 'epoch_2.pth').is_file()

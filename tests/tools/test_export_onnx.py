@@ -42,7 +42,7 @@ def test_min_side(tool: ModuleType) -> None:
 
 
 def test_export_rejects_size_outside_the_graph_range(tool: ModuleType, tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match='193..8192'):
+    with pytest.raises(ValueError, match=r'193..8192'):
         tool.export(SOFT(SMALL_ARCH).eval(), tmp_path / 'x.onnx', size=(160, 224))
 
 

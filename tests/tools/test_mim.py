@@ -218,5 +218,6 @@ def test_wheel_in_fresh_venv_mim_train_test_search_soft_mm(tmp_path: Path, wheel
     names = _metafile_names()
     assert len(names) == 27 and all(f"'{name}'" in listed for name in names), listed[-3000:]
     shown = _run([*mim, 'search', 'soft_mm', '--config', 'retinanet_soft_small_coco', 'soft_small_in1k', '--field',
-                  'backbone', 'soft-norm', 'parameters(millions)', 'coco/box_ap', 'imagenet-1k/top_1_accuracy'], run_dir, env)
+                  'backbone', 'soft-norm', 'parameters(millions)', 'coco/box_ap', 'imagenet-1k/top_1_accuracy'],
+                 run_dir, env)
     assert all(f in shown for f in ('soft-norm-small', 'soft-small', '34', '24', '42.8', '82.2')), shown

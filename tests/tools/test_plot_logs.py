@@ -51,7 +51,7 @@ def test_unknown_metric_and_missing_run_are_named(run_dir: Path, tmp_path: Path,
     tool = load_tool('plot_logs')
     with pytest.raises(ValueError, match=r"--metrics \['mIoU'\] not in .*coco/bbox_mAP"):
         tool.plot(tool.find_scalars(run_dir), tmp_path / 'x.png', ['mIoU'])
-    with pytest.raises(FileNotFoundError, match='holds no \\*/vis_data/scalars.json'):
+    with pytest.raises(FileNotFoundError, match=r'holds no \*/vis_data/scalars.json'):
         tool.find_scalars(tmp_path / 'nowhere')
 
 

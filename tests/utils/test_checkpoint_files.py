@@ -83,7 +83,7 @@ def test_full_unpickling_only_when_asked(bad_files):
 
 def test_allowed_unpickling_of_a_class_that_is_gone(tmp_path, monkeypatch):
     module = types.ModuleType('soft_mm_test_gone_module')
-    exec('class Trainer:\n    pass\n', module.__dict__)  # noqa: S102 - a class whose module disappears
+    exec('class Trainer:\n    pass\n', module.__dict__)  # a class whose module disappears
     module.Trainer.__module__ = module.__name__
     monkeypatch.setitem(sys.modules, module.__name__, module)
     path = tmp_path / 'old.pth'
