@@ -27,8 +27,8 @@ from tool_process import REPO_ROOT  # tests/ is on sys.path: pyproject's pythonp
 import soft_mm
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
-# DataLoader workers), computes on one thread: two workers of two threads each on two cores made steps 5-10x slower
-# (the OpenMP threads spin while preempted). Without xdist the tests keep torch's default.
+# DataLoader workers), computes on one thread: two workers of two threads each on two cores oversubscribe them (issue
+# 26 reports steps 5-10x slower: the OpenMP threads spin while preempted). Without xdist the tests keep torch's default.
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
     for _variable in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
         os.environ[_variable] = '1'

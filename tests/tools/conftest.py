@@ -21,7 +21,6 @@ class TrainedDemo:
     folder: Path  # where tools/train.py ran (holds the data it wrote, data/shapes)
     work_dir: Path
     checkpoint: Path  # the last checkpoint (work_dir/last_checkpoint)
-    output: str  # tools/train.py's stdout and stderr
     metrics: dict[str, float]  # the coco/... metrics of the final evaluation
 
 
@@ -32,6 +31,5 @@ def retinanet_main_job(tmp_path_factory: pytest.TempPathFactory) -> TrainedDemo:
     folder = tmp_path_factory.mktemp('retinanet_main_job')
     work_dir = folder / 'work_retinanet'
     proc = run_tool(['tools/train.py', RETINANET_DEMO, '--work-dir', str(work_dir)], folder, timeout=2400)
-    output = proc.stdout + proc.stderr
     checkpoint = Path((work_dir / 'last_checkpoint').read_text().strip())
-    return TrainedDemo(folder, work_dir, checkpoint, output, logged_metrics(output))
+    return TrainedDemo(folder, work_dir, checkpoint, logged_metrics(proc.stdout + proc.stderr))
