@@ -3,7 +3,8 @@ a kernel is decorated, so this module is re-imported when that setting changes).
 import triton
 import triton.language as tl
 
-__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'pdot', 'pow2_above', 'round_bf16']
+__all__ = ['backward', 'k_times', 'kernel_block', 'kt_x', 'load_f32', 'nystrom_middle', 'pdot', 'pow2_above',
+           'round_bf16']
 
 
 
@@ -81,7 +82,7 @@ def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb,
          BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
          EMULATE: tl.constexpr):
     # split reduction: program (split, g) sums the blocks split, split + splits, ... of its group in registers and
-    # writes one (MP, DVP) partial sum
+    # writes one (MP, DVP) partial sum (padded: an unmasked store, fewer registers)
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
@@ -105,7 +106,7 @@ def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, 
                                                    BLOCK, MP, DP)
     marks = tl.arange(0, MP)
     cols = tl.arange(0, DVP)
-    mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+    mid = load_f32(mid_ptr + (g * M + marks[:, None]) * DV + cols[None, :], (marks[:, None] < M) & (cols[None, :] < DV))
     out = pdot(k, mid, LOW, EMULATE)
     tl.store(out_ptr + b * sob + hh * soh + rows[:, None] * son + cols[None, :] * sod,
              out.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < DV))
@@ -131,14 +132,15 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
         value_mask = row_ok[:, None] & (cols[None, :] < DV)
         # the order keeps few tiles alive at once (0 spills, triton_config): grad v first, then grad K1 one product
         # at a time
-        gctx = tl.load(gctx_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+        small_mask = (marks[:, None] < M) & (cols[None, :] < DV)
+        gctx = load_f32(gctx_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask)
         grad_v = pdot(k, gctx, LOW, EMULATE)
         tl.store(gv_ptr + b * sgvb + hh * sgvh + rows[:, None] * sgvn + cols[None, :] * sgvd,
                  grad_v.to(gv_ptr.dtype.element_ty), mask=value_mask)
         v = load_f32(v_ptr + b * svb + hh * svh + rows[:, None] * svn + cols[None, :] * svd, value_mask)
         grad_k = pdot(v, tl.trans(gctx), LOW, EMULATE)
         go = load_f32(go_ptr + b * sgb + hh * sgh + rows[:, None] * sgn + cols[None, :] * sgd, value_mask)
-        mid = tl.load(mid_ptr + (g * MP + marks[:, None]) * DVP + cols[None, :])
+        mid = load_f32(mid_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask)
         grad_k += pdot(go, tl.trans(mid), LOW, EMULATE)
         grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
         grad_q = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
@@ -149,3 +151,37 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
     slot = g * splits + split  # one partial sum per program
     tl.store(lsum_ptr + (slot * MP + marks[:, None]) * DP + dims[None, :], lsum)
     tl.store(lcnt_ptr + slot * MP + marks, lcnt)
+
+
+@triton.jit
+def nystrom_middle(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr, DP: tl.constexpr,
+                   NORMALIZE: tl.constexpr):
+    """The whole m×m part of one (sample, head) group in one program, in registers, IEEE float32: the landmark kernel
+    ``A = exp(min(l . l' - |l|^2 / 2 - |l'|^2 / 2, 0))``, ``P = A + ridge I``, the Newton–Schulz start
+    ``V = alpha P^T`` with ``alpha = 1.8 / max(||A||_1 ||A||_inf, floor)``, ``num_iters`` iterations
+    ``V = 2 V - (V P) V``, and the middle matrix ``V``, or ``D^-1/2 V D^-1/2`` with ``D = A 1`` (SOFT-Norm).
+    Writes the inverse ``V`` and the middle matrix, ``(M, M)`` each per group; the padding (rows and columns past M)
+    is zero in every tile, so the iteration on the padded tiles is the iteration on the M×M matrices."""
+    g = tl.program_id(0)
+    marks = tl.arange(0, MP)
+    dims = tl.arange(0, DP)
+    ok = marks < M
+    valid = ok[:, None] & ok[None, :]
+    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], ok[:, None] & (dims[None, :] < D))
+    half_sq = 0.5 * tl.sum(lm * lm, axis=1)
+    exponent = tl.dot(lm, tl.trans(lm), input_precision='ieee') - half_sq[:, None] - half_sq[None, :]
+    a = tl.where(valid, tl.exp(tl.minimum(exponent, 0.0)), 0.0)
+    row_sums = tl.sum(a, axis=1)  # A >= 0: the row sums are those of |A|, and A is symmetric
+    norm_inf = tl.max(row_sums, axis=0)
+    norm_1 = tl.max(tl.sum(a, axis=0), axis=0)
+    alpha = 1.8 / tl.maximum(norm_1 * norm_inf, floor)
+    p = tl.where(valid & (marks[:, None] == marks[None, :]), a + ridge, a)
+    v = alpha * tl.trans(p)
+    for _ in range(num_iters):
+        v = 2.0 * v - tl.dot(tl.dot(v, p, input_precision='ieee'), v, input_precision='ieee')
+    offsets = g * M * M + marks[:, None] * M + marks[None, :]
+    tl.store(inv_ptr + offsets, v, mask=valid)
+    if NORMALIZE:
+        scale = tl.where(ok, 1.0 / tl.sqrt(tl.where(ok, row_sums, 1.0)), 0.0)
+        v = scale[:, None] * v * scale[None, :]
+    tl.store(mid_ptr + offsets, v, mask=valid)

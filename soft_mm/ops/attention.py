@@ -7,14 +7,14 @@ from torch import Tensor
 from .capture import graph_mode
 from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select
 from .kernel import gaussian_kernel
-from .newton import newton_inverse
+from .newton import check_newton_arguments, newton_inverse
 from .precision import Precision, autocast_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
 from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
-from .triton_nystrom import triton_nystrom_products
+from .triton_nystrom import triton_nystrom_middle, triton_nystrom_products
 from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'plain_soft_attention', 'soft_attention']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'Middle', 'plain_soft_attention', 'soft_attention']
 
 
 def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
@@ -88,6 +88,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         ``(B, h, N, d_v)`` attention output.
     """
     _check_attention_inputs(q, landmarks, v)
+    ridge = check_newton_arguments(num_iters, ridge, backward, 'soft_attention')
     if tile_size is not None and (isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 1):
         raise ValueError(f'soft_attention: tile_size must be None (the backend default) or an int >= 1, '
                          f'got {tile_size!r}')
@@ -106,10 +107,14 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         landmarks = landmarks.to(work_dtype)
         if not policy.mixed:
             q, v = q.to(work_dtype), v.to(work_dtype)
-        kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-        kernel_inv = newton_inverse(kernel_landmarks.to(policy.inverse), num_iters=num_iters, ridge=ridge,
-                                    backward=backward)
-        out = chosen.run(q, landmarks, v, kernel_landmarks, kernel_inv, normalize, policy, **options)
+        if chosen.middle is not None and backward == 'implicit' and policy.inverse == torch.float32:
+            middle = Middle(chosen.middle(landmarks, num_iters, ridge, normalize))
+        else:
+            kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
+            kernel_inv = newton_inverse(kernel_landmarks.to(policy.inverse), num_iters=num_iters, ridge=ridge,
+                                        backward=backward)
+            middle = Middle(kernel_inv, _inv_sqrt_row_sums(kernel_landmarks) if normalize else None)
+        out = chosen.run(q, landmarks, v, middle, policy, **options)
     return out.to(out_dtype)
 
 
@@ -118,31 +123,44 @@ def _inv_sqrt_row_sums(kernel_landmarks: Tensor) -> Tensor:
     return kernel_landmarks.sum(-1).rsqrt()
 
 
-def _middle(kernel_landmarks: Tensor, kernel_inv: Tensor, normalize: bool) -> Tensor:
-    """The m×m middle matrix, formed explicitly: ``A^+``, or ``D^-1/2 A^+ D^-1/2`` for SOFT-Norm."""
-    if not normalize:
-        return kernel_inv
-    scale = _inv_sqrt_row_sums(kernel_landmarks)
-    return scale.unsqueeze(-1) * kernel_inv * scale.unsqueeze(-2)
+class Middle:
+    """The m×m middle factor of the products ``K1 @ middle @ (K1^T @ v)``: ``A^+`` (``inverse``), with SOFT-Norm's
+    ``D^-1/2`` (``scale``, ``(B, h, m)``) kept apart, or (``scale`` None) the whole matrix, as a fused kernel
+    returns it."""
+
+    def __init__(self, inverse: Tensor, scale: Tensor | None = None) -> None:
+        self.inverse, self.scale = inverse, scale
+
+    def matrix(self) -> Tensor:
+        """The middle matrix formed explicitly: ``A^+``, or ``D^-1/2 A^+ D^-1/2``."""
+        if self.scale is None:
+            return self.inverse
+        return self.scale.unsqueeze(-1) * self.inverse * self.scale.unsqueeze(-2)
+
+    def apply(self, context: Tensor) -> Tensor:
+        """``middle @ context`` in the inverse's dtype, the scaling applied to the m×d factors (``D^-1/2 (A^+ (D^-1/2
+        context))``: O(m d) instead of forming the matrix)."""
+        context = context.to(self.inverse.dtype)
+        if self.scale is None:
+            return ieee_matmul(self.inverse, context)
+        scale = self.scale.unsqueeze(-1).to(self.inverse.dtype)  # D^-1/2 as (B, h, m, 1)
+        return scale * ieee_matmul(self.inverse, scale * context)
 
 
-def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
-                     normalize: bool, precision: Precision, tile_size: int = DEFAULT_TILE_SIZE) -> Tensor:
+def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision,
+                     tile_size: int = DEFAULT_TILE_SIZE) -> Tensor:
     """The ``'tiled'`` backend: :func:`tiled_nystrom_products` (output in the memory layout of v)."""
-    middle = _middle(kernel_landmarks, kernel_inv, normalize).to(landmarks.dtype)
-    return tiled_nystrom_products(q, landmarks, v, middle, tile_size, products=precision.products)
+    return tiled_nystrom_products(q, landmarks, v, middle.matrix().to(landmarks.dtype), tile_size,
+                                  products=precision.products)
 
 
-def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
-                      normalize: bool, precision: Precision) -> Tensor:
+def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:
     """The ``'triton'`` backend: :func:`triton_nystrom_products` (fused kernels, float32 exponent)."""
-    middle = _middle(kernel_landmarks, kernel_inv, normalize).float()
-    return triton_nystrom_products(q, landmarks.float(), v, middle,
+    return triton_nystrom_products(q, landmarks.float(), v, middle.matrix().float(),
                                    products=precision.products if precision.mixed else None)
 
 
-def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmarks: Tensor, kernel_inv: Tensor,
-                         normalize: bool, precision: Precision) -> Tensor:
+def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:
     """The ``'reference'`` backend: ``K1`` held in full, products in the order ``K1 (middle (K1^T v))``, autograd.
 
     Mixed precision: ``K1`` in the work dtype (the exponent's terms cancel), then ``K1^T v`` and ``K1 (middle c)``
@@ -153,12 +171,7 @@ def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, kernel_landmar
         context = (k1.transpose(-2, -1) @ v.to(k1.dtype)).to(precision.accumulate)  # (B, h, m, d_v)
     else:
         context = ieee_matmul(k1.transpose(-2, -1), v)  # (B, h, m, d_v)
-    if normalize:
-        scale = _inv_sqrt_row_sums(kernel_landmarks).unsqueeze(-1).to(kernel_inv.dtype)  # D^-1/2 as (B, h, m, 1)
-        context = scale * ieee_matmul(kernel_inv, scale * context.to(kernel_inv.dtype))
-    else:
-        context = ieee_matmul(kernel_inv, context.to(kernel_inv.dtype))
-    return ieee_matmul(k1, context.to(k1.dtype))  # (B, h, N, d_v)
+    return ieee_matmul(k1, middle.apply(context).to(k1.dtype))  # (B, h, N, d_v)
 
 
 REFERENCE = register_backend(Backend(
@@ -167,8 +180,8 @@ REFERENCE = register_backend(Backend(
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
     dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
-    compile=True, max_landmarks=TRITON_MAX_DIM,
-    max_head_dim=TRITON_MAX_DIM, check=triton_unsupported_reason))
+    compile=True, max_landmarks=TRITON_MAX_DIM, max_head_dim=TRITON_MAX_DIM, check=triton_unsupported_reason,
+    middle=triton_nystrom_middle))
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
     compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))

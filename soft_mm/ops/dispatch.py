@@ -1,9 +1,10 @@
 """The one dispatch point of the SOFT op: a short list of backends, each declaring what it supports.
 
-:func:`soft_attention` computes the m×m part (landmark kernel, Newton–Schulz inverse) itself and hands the N×m
-products to a backend. Each :class:`Backend` declares the device types, input dtypes and precisions it runs, whether
-it has a backward and a double backward, whether it runs under ``torch.compile`` (a ``torch.library`` custom op with
-a fake kernel, :mod:`soft_mm.ops.library`, so compiled and eager runs take the same kernels) and under export
+:func:`soft_attention` hands the N×m products to a backend and computes the m×m part (landmark kernel, Newton–Schulz
+inverse, SOFT-Norm scaling) itself in torch, unless the backend has a kernel for that too (``middle``: the Triton
+backend's one launch per call). Each :class:`Backend` declares the device types, input dtypes and precisions it runs,
+whether it has a backward and a double backward, whether it runs under ``torch.compile`` (a ``torch.library`` custom
+op with a fake kernel, :mod:`soft_mm.ops.library`, so compiled and eager runs take the same kernels) and under export
 (plain ATen operators valid at every input size: ``torch.export``, ONNX, ``torch.jit.trace``; the mode comes from
 :func:`soft_mm.ops.capture.graph_mode`), and the token count from which automatic selection prefers it. With
 ``backend=None`` the highest-priority backend that fits is taken; a named backend is used if it fits and otherwise
@@ -84,8 +85,9 @@ class Backend:
     Attributes:
         name: what ``soft_attention(..., backend=NAME)`` forces.
         priority: automatic selection tries higher priorities first.
-        run: ``run(q, landmarks, v, kernel_landmarks, kernel_inv, normalize, precision, **options) -> out``; q and v
-            in the input dtype (or the work dtype without mixed precision), the rest in the work dtype.
+        run: ``run(q, landmarks, v, middle, precision, **options) -> out``; q and v in the input dtype (or the work
+            dtype without mixed precision), the landmarks in the work dtype, ``middle`` the m×m factor
+            (:class:`~soft_mm.ops.attention.Middle`: ``A^+`` and SOFT-Norm's scaling, or the whole matrix).
         devices: device types it runs on (``torch.device.type``).
         dtypes: input dtypes it accepts.
         mixed_precision: whether it runs the lower-dtype products of a mixed :class:`Precision`.
@@ -99,6 +101,9 @@ class Backend:
         max_head_dim: the largest head dim d and value dim d_v it takes (None: any).
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
         check: ``check(device_type, forced) -> reason | None``, what the fields cannot say (e.g. a missing package).
+        middle: ``middle(landmarks, num_iters, ridge, normalize) -> (B, h, m, m)`` float32, the whole m×m middle
+            matrix in one kernel with the implicit backward (None: the op computes it in torch). Taken for the
+            default ``backward='implicit'`` with a float32 inverse; within the backend's m and d limits.
     """
 
     name: str
@@ -117,6 +122,7 @@ class Backend:
     max_head_dim: int | None = None
     options: tuple[tuple[str, object], ...] = ()
     check: Callable[[str, bool], str | None] | None = None
+    middle: Callable[..., Tensor] | None = None
 
     def unsupported_reasons(self, call: Call, forced: bool) -> list[str]:
         """Every reason why this backend cannot take ``call`` (empty if it can)."""
@@ -164,6 +170,8 @@ class Backend:
             flags.append(f'd, d_v <= {self.max_head_dim}')
         if self.min_tokens:
             flags.append(f'automatic above {self.min_tokens} tokens')
+        if self.middle is not None:
+            flags.append('fused m×m middle')
         return f'{self.name} (priority {self.priority}): ' + '; '.join(flags)
 
 

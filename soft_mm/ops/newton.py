@@ -8,8 +8,8 @@ from torch import Tensor
 from .capture import exporting
 from .precision import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
 
-__all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'exact_inverse', 'newton_inverse', 'newton_inverse_macs',
-           'newton_schulz_start', 'newton_schulz_step']
+__all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'alpha_floor', 'check_newton_arguments', 'exact_inverse', 'newton_inverse',
+           'newton_inverse_macs', 'newton_schulz_start', 'newton_schulz_step']
 
 BACKWARD_MODES = ('implicit', 'unrolled')
 # Largest ridge, relative to sqrt(||mat||_1 ||mat||_inf), for which alpha * sigma_max(mat + ridge I)^2 < 2 still holds
@@ -42,6 +42,13 @@ def _add_ridge(mat: Tensor, ridge: float) -> Tensor:
     return mat + ridge * eye
 
 
+def alpha_floor(dtype: torch.dtype, ridge: float) -> float:
+    """The floor of ``||mat||_1 ||mat||_inf`` in alpha's denominator. It only matters where convergence is not
+    guaranteed anyway: it keeps a zero matrix finite (V_0 = 0 for ridge = 0) and, for ridge > 0.05 * sqrt(norm
+    product), shrinks alpha so that the ridge cannot make the iteration diverge."""
+    return max(torch.finfo(dtype).tiny, (ridge / _MAX_RELATIVE_RIDGE) ** 2)
+
+
 def newton_schulz_start(mat: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     """``(P, V_0)``: the matrix ``P = mat + ridge I`` that the iteration inverts and its initial guess ``alpha P^T``
     (``mat`` (..., M, M) with M >= 1, in its compute dtype; differentiable if ``mat`` is). Each iteration is then
@@ -49,10 +56,7 @@ def newton_schulz_start(mat: Tensor, ridge: float) -> tuple[Tensor, Tensor]:
     abs_mat = mat.abs()
     norm_1 = abs_mat.sum(-2).amax(-1)  # max column sum, (...)
     norm_inf = abs_mat.sum(-1).amax(-1)  # max row sum, (...)
-    # The floor only matters where convergence is not guaranteed anyway: it keeps a zero matrix finite (V_0 = 0 for
-    # ridge = 0) and, for ridge > 0.05 * sqrt(norm product), shrinks alpha so that the ridge cannot make it diverge.
-    floor = max(torch.finfo(mat.dtype).tiny, (ridge / _MAX_RELATIVE_RIDGE) ** 2)
-    alpha = 1.8 / (norm_1 * norm_inf).clamp_min(floor)
+    alpha = 1.8 / (norm_1 * norm_inf).clamp_min(alpha_floor(mat.dtype, ridge))
     p = _add_ridge(mat, ridge)
     return p, alpha[..., None, None] * p.transpose(-2, -1)
 
@@ -116,6 +120,16 @@ def newton_inverse_macs(shape: tuple[int, ...], num_iters: int) -> int:
     return 2 * int(num_iters) * math.prod(batch) * rows * cols * cols
 
 
+def check_newton_arguments(num_iters: int, ridge: float, backward: str, fn_name: str) -> float:
+    """Validate the iteration's arguments (ValueError naming each); returns ``ridge`` as a float."""
+    if isinstance(num_iters, bool) or not isinstance(num_iters, numbers.Integral) or num_iters < 0:
+        raise ValueError(f'{fn_name}: num_iters must be an int >= 0, got {num_iters!r}')
+    ridge = _check_ridge(ridge, fn_name)
+    if backward not in BACKWARD_MODES:
+        raise ValueError(f'{fn_name}: backward must be one of {BACKWARD_MODES}, got {backward!r}')
+    return ridge
+
+
 def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
     """Moore–Penrose inverse of every matrix in a batch by the Newton–Schulz iteration.
 
@@ -167,11 +181,7 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
         ``(..., M, M)`` approximations of ``(mat + ridge I)^+`` in the dtype of ``mat``.
     """
     _check_matrix(mat, 'newton_inverse')
-    if isinstance(num_iters, bool) or not isinstance(num_iters, numbers.Integral) or num_iters < 0:
-        raise ValueError(f'newton_inverse: num_iters must be an int >= 0, got {num_iters!r}')
-    ridge = _check_ridge(ridge, 'newton_inverse')
-    if backward not in BACKWARD_MODES:
-        raise ValueError(f'newton_inverse: backward must be one of {BACKWARD_MODES}, got {backward!r}')
+    ridge = check_newton_arguments(num_iters, ridge, backward, 'newton_inverse')
     with no_autocast(mat.device), ieee_float32_matmuls():
         work = mat.to(compute_dtype(mat.dtype))
         if backward == 'implicit' and not exporting():

@@ -10,7 +10,7 @@ blocks cost no memory traffic any more: the partial sums are one per program, no
 """
 
 __all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_DIM', 'NUM_WARPS', 'PRODUCTS_CODES', 'SPLIT_PROGRAMS',
-           'padded', 'split_count']
+           'middle_warps', 'padded', 'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (kt_x, k_times)
 BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
@@ -27,6 +27,12 @@ PRODUCTS_CODES = {'float32': 0, 'bfloat16': 1, 'float16': 2}
 def padded(n: int) -> int:
     """A size as a tile dimension: the next power of two, at least 16 (``tl.dot``'s minimum)."""
     return max(16, 1 << (int(n) - 1).bit_length())
+
+
+def middle_warps(num_landmarks: int) -> int:
+    """Warps of the m×m kernel (``nystrom_middle``, one program per (sample, head) holding three padded m×m float32
+    tiles): 4 up to m = 32, 8 at 64, 16 at 128, about 16 registers per thread for each tile."""
+    return max(4, padded(num_landmarks) // 8)
 
 
 def split_count(num_tokens: int, block: int, groups: int) -> int:

@@ -1,7 +1,8 @@
 """The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers and spills.
 
-Every kernel that :mod:`soft_mm.ops.triton_nystrom` can launch (``kt_x``, ``k_times``, ``backward``), in every dtype
-combination the precision policy hands it (:data:`LAUNCH_DTYPES`), is compiled by ``triton.compile(ASTSource(...),
+Every kernel that :mod:`soft_mm.ops.triton_nystrom` can launch (``kt_x``, ``k_times``, ``backward`` in every dtype
+combination the precision policy hands them, :data:`LAUNCH_DTYPES`; ``nystrom_middle``, the m×m part, float32, plain
+and SOFT-Norm: :data:`MIDDLE_VARIANTS`) is compiled by ``triton.compile(ASTSource(...),
 target=GPUTarget('cuda', arch, 32))`` to a cubin for each target architecture (sm_80 Ampere, sm_90 Hopper by
 default) — the real GPU code, with the real bfloat16 branches, not the interpreter's emulation — and
 ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads each cubin's registers per
@@ -27,7 +28,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'format_table', 'resource_usage']
+__all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS', 'format_table', 'resource_usage']
 
 ARCHS = (80, 90)
 KERNELS = ('kt_x', 'k_times', 'backward')
@@ -36,6 +37,8 @@ KERNELS = ('kt_x', 'k_times', 'backward')
 # cast to the products' dtype
 LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
                  *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
+# the m×m kernel's rows: (its name in the table, NORMALIZE); its tensors are float32 whatever the inputs' dtype
+MIDDLE_VARIANTS = (('nystrom_middle', False), ('nystrom_middle_norm', True))
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
 _Q_POINTERS = ('q_ptr', 'gq_ptr')
@@ -79,6 +82,15 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     return signature, constants
 
 
+def _middle_signature(fn, normalize: bool, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
+    """``ASTSource``'s signature and constants of a launch of ``nystrom_middle``."""
+    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), NORMALIZE=normalize)
+    floats = ('ridge', 'floor')
+    signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')
+                 else 'fp32' if name in floats else 'i32' for name in fn.arg_names}
+    return signature, constants
+
+
 def _parse_resources(text: str) -> dict[str, int]:
     """``REG:252 STACK:0 SHARED:0 LOCAL:0 ...`` of cuobjdump's one function -> ``{'registers': 252, ...}``."""
     fields = dict(re.findall(r'(\w+):(\d+)', text.split('Function', 1)[1]))
@@ -93,25 +105,31 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     from triton.compiler import ASTSource
 
     kernels = _load('soft_mm_triton_kernels_aot', _KERNELS_FILE)
+    launches = []  # (table name, kernel, q, v, products, signature, constants, warps)
+    for name in KERNELS:
+        fn = getattr(kernels, name)
+        for q, v, products in LAUNCH_DTYPES:
+            launches.append((name, fn, q, v, products,
+                             *_signature(fn, q, v, products, num_landmarks, head_dim), _CONFIG.NUM_WARPS))
+    for label, normalize in MIDDLE_VARIANTS:
+        fn = kernels.nystrom_middle
+        launches.append((label, fn, 'fp32', '-', 'fp32', *_middle_signature(fn, normalize, num_landmarks, head_dim),
+                         _CONFIG.middle_warps(num_landmarks)))
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for name in KERNELS:
-            fn = getattr(kernels, name)
-            for q, v, products in LAUNCH_DTYPES:
-                signature, constants = _signature(fn, q, v, products, num_landmarks, head_dim)
-                for arch in archs:
-                    compiled = triton.compile(ASTSource(fn, signature, constants),
-                                              target=GPUTarget('cuda', arch, 32),
-                                              options=dict(num_warps=_CONFIG.NUM_WARPS))
-                    cubin = Path(folder) / f'{name}_{arch}.cubin'
-                    cubin.write_bytes(compiled.asm['cubin'])
-                    dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
-                                          capture_output=True, text=True).stdout
-                    mma = sorted(set(re.findall(r'(?:wgmma\.mma_async|mma\.sync)\.\S+', compiled.asm['ptx'])))
-                    rows.append(dict(kernel=name, q=q, v=v, products=products, arch=f'sm_{arch}',
-                                     num_landmarks=num_landmarks, head_dim=head_dim, num_warps=_CONFIG.NUM_WARPS,
-                                     block=constants['BLOCK'], tensor_core_instructions=mma,
-                                     **_parse_resources(dump)))
+        for label, fn, q, v, products, signature, constants, warps in launches:
+            for arch in archs:
+                compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', arch, 32),
+                                          options=dict(num_warps=warps))
+                cubin = Path(folder) / f'{label}_{arch}.cubin'
+                cubin.write_bytes(compiled.asm['cubin'])
+                dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
+                                      capture_output=True, text=True).stdout
+                mma = sorted(set(re.findall(r'(?:wgmma\.mma_async|mma\.sync)\.\S+', compiled.asm['ptx'])))
+                rows.append(dict(kernel=label, q=q, v=v, products=products, arch=f'sm_{arch}',
+                                 num_landmarks=num_landmarks, head_dim=head_dim, num_warps=warps,
+                                 block=constants.get('BLOCK'), tensor_core_instructions=mma,
+                                 **_parse_resources(dump)))
     return rows
 
 
@@ -151,12 +169,12 @@ def format_table(rows: list[dict]) -> str:
     by_key: dict[tuple, dict] = {}
     for row in rows:
         by_key.setdefault((row['kernel'], row['q'], row['v'], row['products']), {})[row['arch']] = row
-    head = f'{"kernel":<9} {"q":<5} {"v":<5} {"products":<9}'
+    head = f'{"kernel":<19} {"q":<5} {"v":<5} {"products":<9}'
     lines = [head + ''.join(f'{arch + " regs / spill B":>22}' for arch in archs)]
     for (kernel, q, v, products), per_arch in by_key.items():
         cells = ''.join(f'{r["registers"]:>14} / {r["stack_bytes"] + r["local_bytes"]:<5}' if r else f'{"-":>22}'
                         for r in (per_arch.get(arch) for arch in archs))
-        lines.append(f'{kernel:<9} {q:<5} {v:<5} {products:<9}{cells}')
+        lines.append(f'{kernel:<19} {q:<5} {v:<5} {products:<9}{cells}')
     return '\n'.join(lines)
 
 

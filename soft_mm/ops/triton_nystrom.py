@@ -34,10 +34,23 @@ import os
 import torch
 from torch import Tensor
 
+from .kernel import augment_kernel_cols, augment_kernel_rows
 from .library import products_op
-from .triton_config import BLOCK_N, BLOCK_N_BACKWARD, MAX_DIM, NUM_WARPS, PRODUCTS_CODES, padded, split_count
+from .newton import alpha_floor
+from .precision import ieee_float32_matmuls
+from .triton_config import (
+    BLOCK_N,
+    BLOCK_N_BACKWARD,
+    MAX_DIM,
+    NUM_WARPS,
+    PRODUCTS_CODES,
+    middle_warps,
+    padded,
+    split_count,
+)
 
-__all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_products', 'unsupported_reason']
+__all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products',
+           'unsupported_reason']
 
 def triton_available() -> bool:
     return importlib.util.find_spec('triton') is not None
@@ -81,14 +94,6 @@ def _strides(t: Tensor) -> tuple[int, ...]:
     return tuple(t.stride())
 
 
-def _padded(t: Tensor, rows: int, cols: int) -> Tensor:
-    """``(B, h, r, c)`` float32 -> ``(B*h, rows, cols)`` contiguous float32, zero-padded."""
-    b, h, r, c = t.shape
-    out = t.new_zeros(b * h, rows, cols, dtype=torch.float32)
-    out[:, :r, :c] = t.reshape(b * h, r, c)
-    return out
-
-
 class _Launch:
     """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
     tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
@@ -114,11 +119,11 @@ class _Launch:
                     num_warps=NUM_WARPS)
 
     def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: int) -> Tensor:
-        """``K1^T x`` as ``(B, h, m, d_v)`` float32: the kernel's per-program partial sums, summed here."""
-        parts = q.new_empty(self.groups, self.splits, self.mp, self.dvp, dtype=torch.float32)
+        """``K1^T x`` as ``(B, h, m, d_v)`` float32, contiguous: the kernel's per-program partial sums, summed here."""
+        parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.kt_x[self.split_grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
                                            **self.meta(low))
-        return parts.sum(1)[:, :self.m, :self.dv].reshape(self.batch, self.heads, self.m, self.dv)
+        return parts[..., :self.m, :self.dv].sum(2)  # the padding dropped by the sum itself
 
 
 def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor]:
@@ -126,10 +131,10 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: int) 
     lm = landmarks.contiguous()
     launch = _Launch(q, lm, v)
     context = launch.kt_x(q, lm, v, low)  # K1^T v
-    mixed = middle.float() @ context
+    mixed = middle.float() @ context  # contiguous (B, h, m, d_v), as the kernels read it
     out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
-    launch.kernels.k_times[launch.grid](q, lm, _padded(mixed, launch.mp, launch.dvp), out, *launch.sizes(),
-                                        *_strides(q), *_strides(out), **launch.meta(low))
+    launch.kernels.k_times[launch.grid](q, lm, mixed, out, *launch.sizes(), *_strides(q), *_strides(out),
+                                        **launch.meta(low))
     return out.to(v.dtype), context, mixed
 
 
@@ -141,19 +146,16 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     grad_mixed = _Launch(q, lm, v).kt_x(q, lm, grad_out, low)  # K1^T grad_out
     launch = _Launch(q, lm, v, BLOCK_N_BACKWARD)
     grad_middle = grad_mixed @ context.transpose(-2, -1)
-    grad_context = middle.float().transpose(-2, -1) @ grad_mixed
+    grad_context = middle.float().transpose(-2, -1) @ grad_mixed  # contiguous (B, h, m, d_v)
     grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
     grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
-    lsum = q.new_empty(launch.groups, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
-    lcnt = q.new_empty(launch.groups, launch.splits, launch.mp, dtype=torch.float32)
-    launch.kernels.backward[launch.split_grid](
-        q, lm, v, grad_out, _padded(mixed, launch.mp, launch.dvp), _padded(grad_context, launch.mp, launch.dvp),
-        grad_q, grad_v, lsum, lcnt, *launch.sizes(), *_strides(q), *_strides(v), *_strides(grad_out),
-        *_strides(grad_q), *_strides(grad_v), **launch.meta(low))
     batch, heads, m, d = lm.shape
-    sums = lsum.sum(1)[:, :m, :d].reshape(batch, heads, m, d)
-    counts = lcnt.sum(1)[:, :m].reshape(batch, heads, m, 1)
-    grad_landmarks = (sums - lm * counts).to(lm.dtype)
+    lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
+    lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
+    launch.kernels.backward[launch.split_grid](
+        q, lm, v, grad_out, mixed.contiguous(), grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
+        *_strides(q), *_strides(v), *_strides(grad_out), *_strides(grad_q), *_strides(grad_v), **launch.meta(low))
+    grad_landmarks = (lsum[..., :m, :d].sum(2) - lm * lcnt[..., :m, :].sum(2)).to(lm.dtype)
     return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle.to(middle.dtype)
 
 
@@ -184,3 +186,94 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
     if products in (torch.bfloat16, torch.float16):
         v = v.to(products)
     return _triton_products(q, landmarks, v, middle, PRODUCTS_CODES[name])
+
+
+def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
+    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of ``nystrom_middle``
+    (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
+    lm = landmarks.float().contiguous()
+    batch, heads, m, d = lm.shape
+    middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
+    _kernels().nystrom_middle[(batch * heads,)](
+        lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
+        NORMALIZE=normalize, num_warps=middle_warps(m))
+    return middle, inverse
+
+
+def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, normalize: bool) -> Tensor:
+    """The landmarks' gradient through the middle matrix (the real kernel of
+    ``soft_mm::triton_nystrom_middle_backward``), in torch, IEEE float32: the inverse's gradient is the exact
+    inverse's at the final iterate, ``-V^T grad_V V^T``, as :func:`~soft_mm.ops.newton.newton_inverse`'s implicit
+    backward (alpha is not differentiated); SOFT-Norm adds the row sums' share; ``A = exp(min(E, 0))`` passes it to
+    the exponent where ``E <= 0``, and ``E_ij = l_i . l_j - |l_i|^2 / 2 - |l_j|^2 / 2`` to the landmarks."""
+    with ieee_float32_matmuls():
+        lm = landmarks.float()
+        exponent = augment_kernel_rows(lm) @ augment_kernel_cols(lm).transpose(-2, -1)
+        kernel = exponent.clamp_max(0.0).exp()
+        grad_middle = grad_middle.float()
+        grad_kernel = torch.zeros_like(kernel)
+        if normalize:
+            scale = kernel.sum(-1, keepdim=True).rsqrt()  # D^-1/2, (B, h, m, 1)
+            weighted = grad_middle * inverse
+            grad_scale = weighted @ scale + weighted.transpose(-2, -1) @ scale
+            grad_kernel = grad_kernel + (-0.5 * scale.pow(3) * grad_scale)  # dD_i / dA_ij = 1: along each row
+            grad_middle = scale * grad_middle * scale.transpose(-2, -1)
+        inverse_t = inverse.transpose(-2, -1)
+        grad_kernel = grad_kernel - inverse_t @ grad_middle @ inverse_t
+        grad_exponent = torch.where(exponent <= 0.0, grad_kernel * kernel, 0.0)
+        both = grad_exponent + grad_exponent.transpose(-2, -1)
+        return (both @ lm - both.sum(-1, keepdim=True) * lm).to(landmarks.dtype)
+
+
+_middle_op = torch.library.custom_op('soft_mm::triton_nystrom_middle', _middle_forward, mutates_args=(),
+                                     schema='(Tensor landmarks, int num_iters, float ridge, bool normalize) '
+                                            '-> (Tensor, Tensor)')
+_middle_backward_op = torch.library.custom_op(
+    'soft_mm::triton_nystrom_middle_backward', _middle_backward, mutates_args=(),
+    schema='(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool normalize) -> Tensor')
+
+
+@_middle_op.register_fake
+def _(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
+    shape = (*landmarks.shape[:-1], landmarks.shape[-2])
+    return landmarks.new_empty(shape, dtype=torch.float32), landmarks.new_empty(shape, dtype=torch.float32)
+
+
+_middle_backward_op.register_fake(lambda grad_middle, landmarks, inverse, normalize: torch.empty_like(landmarks))
+
+
+def _middle_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+    landmarks, _, _, normalize = inputs
+    ctx.save_for_backward(landmarks, output[1])
+    ctx.normalize = normalize
+
+
+def _middle_backward_fn(ctx, grad_middle: Tensor, grad_inverse: Tensor | None) -> tuple:
+    # the inverse is returned for the backward only: nothing downstream reads it, its gradient is 0
+    landmarks, inverse = ctx.saved_tensors
+    return _middle_backward_op(grad_middle, landmarks, inverse, ctx.normalize), None, None, None
+
+
+_middle_op.register_autograd(_middle_backward_fn, setup_context=_middle_setup_context)
+
+
+def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> Tensor:
+    """The m×m middle matrix of the SOFT op in one kernel launch per call: ``A^+`` by ``num_iters`` Newton–Schulz
+    iterations of ``A + ridge I``, or SOFT-Norm's ``D^-1/2 A^+ D^-1/2``, with ``A`` the landmarks' Gaussian kernel;
+    one program per (sample, head), everything in registers, IEEE float32. The same iteration as
+    :func:`~soft_mm.ops.newton.newton_inverse` (same start, same alpha, same order of products) up to float32
+    rounding; differentiable in the landmarks (the implicit backward of ``newton_inverse``).
+
+    Args:
+        landmarks: ``(B, h, m, d)`` scaled landmarks, m and d up to :data:`MAX_DIM`.
+        num_iters: Newton–Schulz iterations, an int >= 0.
+        ridge: a float >= 0.
+        normalize: SOFT-Norm's scaling.
+
+    Returns:
+        ``(B, h, m, m)`` float32.
+    """
+    if max(landmarks.shape[2], landmarks.shape[3]) > MAX_DIM:
+        raise ValueError(f'triton_nystrom_middle: m and d must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
+                         f'd={landmarks.shape[3]}')
+    return _middle_op(landmarks, int(num_iters), float(ridge), bool(normalize))[0]
