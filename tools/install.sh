@@ -9,7 +9,9 @@
 #
 # Environment switches:
 #   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm)
-#   FORCE_CUDA=1    build mmcv's CUDA ops too (needs nvcc; also chosen automatically when torch sees a GPU)
+#   FORCE_CUDA=1    build mmcv's CUDA ops too (needs nvcc of torch's CUDA major version; also chosen automatically
+#                   when torch sees a GPU); TORCH_CUDA_ARCH_LIST (default without a visible GPU: "8.0;9.0") picks the
+#                   architectures
 #   MAX_JOBS        parallel compile jobs for mmcv (default: number of cores)
 #   SOFT_MM_WITH_MIM=0  skip openmim (installed by default, then what its dependencies downgrade is re-pinned;
 #                       tests/tools/test_mim.py needs it)
@@ -71,6 +73,14 @@ main() {
   WITH_CUDA=0
   if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
     command -v nvcc >/dev/null 2>&1 || die "CUDA ops were requested (FORCE_CUDA=1 or a visible GPU) but nvcc is not on PATH; install the CUDA toolkit or unset FORCE_CUDA."
+    TORCH_CUDA=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    NVCC_CUDA=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
+    [ -n "$TORCH_CUDA" ] || die "CUDA ops were requested but the installed torch is a CPU build; install a CUDA build of torch $TORCH_VERSION or unset FORCE_CUDA."
+    [ "${TORCH_CUDA%%.*}" = "${NVCC_CUDA%%.*}" ] || die "torch was built with CUDA $TORCH_CUDA but nvcc is CUDA $NVCC_CUDA; put an nvcc of CUDA ${TORCH_CUDA%%.*} first on PATH (e.g. pip install 'nvidia-cuda-nvcc==${TORCH_CUDA%%.*}.*') or unset FORCE_CUDA."
+    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+      export TORCH_CUDA_ARCH_LIST="8.0;9.0"  # no GPU to ask: Ampere and Hopper, not every architecture torch knows
+      echo "no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (set it to choose others)"
+    fi
     WITH_CUDA=1
   fi
   OPS_KIND=$([ "$WITH_CUDA" = 1 ] && echo cuda || echo cpu)

@@ -1,0 +1,78 @@
+"""tools/install.sh's checks before a CUDA build of mmcv, run for real with pip made a no-op: an nvcc whose CUDA
+major version differs from torch's stops the install with one sentence naming both and the way out; without a GPU to
+ask, the build targets Ampere and Hopper (TORCH_CUDA_ARCH_LIST="8.0;9.0") instead of every architecture."""
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def executable(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+def run_installer(tmp_path: Path, nvcc_release: str, until: str | None = None, **env) -> tuple[int | None, str, str]:
+    """``(exit status, stdout, stderr)`` of the installer with FORCE_CUDA=1, an nvcc that reports ``nvcc_release``,
+    ``pip`` a no-op (everything it would install is installed) and a cache holding an mmcv wheel for CUDA ops, so
+    nothing is built or downloaded; stopped (status None) once a line of its output contains ``until``."""
+    bin_dir = tmp_path / 'bin'
+    bin_dir.mkdir()
+    executable(bin_dir / 'python', '#!/bin/sh\n[ "$1" = -m ] && [ "$2" = pip ] && exit 0\n'
+                                   f'exec {sys.executable} "$@"\n')
+    executable(bin_dir / 'nvcc', '#!/bin/sh\n'
+                                 f'echo "Cuda compilation tools, release {nvcc_release}, V{nvcc_release}.1"\n')
+    py_tag = f'cp{sys.version_info.major}{sys.version_info.minor}'
+    wheels = tmp_path / 'cache' / 'wheels' / f'mmcv-2.1.0-{py_tag}-torch{torch.__version__.replace("+", "_")}-cuda'
+    wheels.mkdir(parents=True)
+    (wheels / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl').write_bytes(b'')
+    environment = {key: value for key, value in os.environ.items() if key != 'TORCH_CUDA_ARCH_LIST'}
+    environment.update(PATH=f'{bin_dir}:{os.environ["PATH"]}', PYTHON=str(bin_dir / 'python'), FORCE_CUDA='1',
+                       SOFT_MM_CACHE=str(tmp_path / 'cache'), SOFT_MM_WITH_MIM='0', SOFT_MM_WITH_MMDEPLOY='0', **env)
+    proc = subprocess.Popen(['bash', str(ROOT / 'tools' / 'install.sh')], env=environment, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    lines = []
+    for line in proc.stdout:
+        lines.append(line)
+        if until is not None and until in line:
+            os.killpg(proc.pid, 9)
+            proc.wait()
+            return None, ''.join(lines), proc.stderr.read()
+    proc.wait(timeout=600)
+    return proc.returncode, ''.join(lines), proc.stderr.read()
+
+
+def test_an_nvcc_of_another_cuda_major_version_stops_the_install_with_one_sentence(tmp_path):
+    status, out, err = run_installer(tmp_path, '12.4')
+    assert status == 1
+    if torch.version.cuda is None:
+        expected = ('soft_mm install failed: CUDA ops were requested but the installed torch is a CPU build; install '
+                    'a CUDA build of torch 2.14.1 or unset FORCE_CUDA.')
+    else:
+        major = torch.version.cuda.split('.')[0]
+        expected = (f'soft_mm install failed: torch was built with CUDA {torch.version.cuda} but nvcc is CUDA 12.4; '
+                    f"put an nvcc of CUDA {major} first on PATH (e.g. pip install 'nvidia-cuda-nvcc=={major}.*') "
+                    'or unset FORCE_CUDA.')
+    assert err.strip().splitlines()[-1] == expected, err[-2000:]
+    assert 'cached wheel' not in out and 'building from source' not in out  # stopped before mmcv's build
+
+
+@pytest.mark.skipif(torch.version.cuda is None, reason='needs a CUDA build of torch (the installer refuses a CPU one)')
+def test_without_a_gpu_the_cuda_ops_target_ampere_and_hopper(tmp_path):
+    if torch.cuda.is_available():
+        pytest.skip('a GPU is visible: the architectures come from it')
+    status, out, err = run_installer(tmp_path, torch.version.cuda, until='reusing the cached wheel')
+    assert 'no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=8.0;9.0' in out, (out[-2000:], err)
+    assert status is None and f'-torch{torch.__version__.replace("+", "_")}-cuda/mmcv-2.1.0' in out
+    (tmp_path / 'chosen').mkdir()
+    status, out, err = run_installer(tmp_path / 'chosen', torch.version.cuda, until='reusing the cached wheel',
+                                     TORCH_CUDA_ARCH_LIST='9.0')
+    assert status is None and 'no GPU visible' not in out, (out[-2000:], err)  # a list the user set is kept
