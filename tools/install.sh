@@ -77,6 +77,23 @@ main() {
     NVCC_CUDA=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
     [ -n "$TORCH_CUDA" ] || die "CUDA ops were requested but the installed torch is a CPU build; install a CUDA build of torch $TORCH_VERSION or unset FORCE_CUDA."
     [ "${TORCH_CUDA%%.*}" = "${NVCC_CUDA%%.*}" ] || die "torch was built with CUDA $TORCH_CUDA but nvcc is CUDA $NVCC_CUDA; put an nvcc of CUDA ${TORCH_CUDA%%.*} first on PATH (e.g. pip install 'nvidia-cuda-nvcc==${TORCH_CUDA%%.*}.*') or unset FORCE_CUDA."
+    if [ -z "${CUDA_HOME:-}" ]; then
+      # the toolkit nvcc belongs to (torch would guess it from nvcc's folder, wrong for a wrapper in /usr/local/bin,
+      # and then link against a libcudart that is not there)
+      echo '' > "$LOG_DIR/probe.cu"
+      TOP=$(nvcc --dryrun -c "$LOG_DIR/probe.cu" -o "$LOG_DIR/probe.o" 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
+      CUDA_HOME=$(cd "$TOP/.." 2>/dev/null && pwd -P) || die "cannot tell which CUDA toolkit nvcc belongs to; set CUDA_HOME to its root (the folder holding bin/nvcc and lib64)."
+      export CUDA_HOME
+      echo "CUDA_HOME=$CUDA_HOME (nvcc's toolkit)"
+    fi
+    if [ ! -e "$CUDA_HOME/include/cusparse.h" ]; then
+      # torch's CUDA headers include cusparse.h and cublas_v2.h; a toolkit without the math libraries lacks them, the
+      # nvidia-* wheels that torch depends on ship them
+      WHEEL_INCLUDES=$("$PY" -c 'import glob, os, nvidia; print(":".join(sorted({os.path.dirname(h) for root in nvidia.__path__ for h in glob.glob(os.path.join(root, "*", "include", "cusparse.h"))})))' 2>/dev/null || true)
+      [ -n "$WHEEL_INCLUDES" ] || die "torch's CUDA headers need cusparse.h, which is neither in $CUDA_HOME/include nor in an nvidia-* wheel; install the CUDA toolkit's math libraries (cuSPARSE, cuBLAS) or pip install torch's nvidia-cusparse and nvidia-cublas wheels."
+      export CPATH="$WHEEL_INCLUDES${CPATH:+:$CPATH}"
+      echo "CUDA math headers from torch's nvidia wheels: CPATH=$CPATH"
+    fi
     if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
       export TORCH_CUDA_ARCH_LIST="8.0;9.0"  # no GPU to ask: Ampere and Hopper, not every architecture torch knows
       echo "no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (set it to choose others)"
