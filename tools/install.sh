@@ -82,7 +82,7 @@ main() {
       # and then link against a libcudart that is not there)
       echo '' > "$LOG_DIR/probe.cu"
       TOP=$(nvcc --dryrun -c "$LOG_DIR/probe.cu" -o "$LOG_DIR/probe.o" 2>&1 | sed -n 's/^#\$ TOP=//p' | head -n 1)
-      CUDA_HOME=$(cd "$TOP" 2>/dev/null && pwd -P) || die "cannot tell which CUDA toolkit nvcc belongs to; set CUDA_HOME to its root (the folder holding bin/nvcc and lib64)."
+      CUDA_HOME=$([ -n "$TOP" ] && cd "$TOP" 2>/dev/null && pwd -P) || die "cannot tell which CUDA toolkit nvcc belongs to; set CUDA_HOME to its root (the folder holding bin/nvcc and lib64)."
       export CUDA_HOME
       echo "CUDA_HOME=$CUDA_HOME (nvcc's toolkit)"
     fi

@@ -1,6 +1,8 @@
 """tools/install.sh's checks before a CUDA build of mmcv, run for real with pip made a no-op: an nvcc whose CUDA
-major version differs from torch's stops the install with one sentence naming both and the way out; without a GPU to
-ask, the build targets Ampere and Hopper (TORCH_CUDA_ARCH_LIST="8.0;9.0") instead of every architecture."""
+major version differs from torch's stops the install with one sentence naming both and the way out; a toolkit without
+the math libraries' headers (cusparse.h, which torch's CUDA headers include) gets them from torch's nvidia wheels;
+without a GPU to ask, the build targets Ampere and Hopper (TORCH_CUDA_ARCH_LIST="8.0;9.0") instead of every
+architecture."""
 from __future__ import annotations
 
 import os
@@ -69,10 +71,17 @@ def test_an_nvcc_of_another_cuda_major_version_stops_the_install_with_one_senten
 def test_without_a_gpu_the_cuda_ops_target_ampere_and_hopper(tmp_path):
     if torch.cuda.is_available():
         pytest.skip('a GPU is visible: the architectures come from it')
-    status, out, err = run_installer(tmp_path, torch.version.cuda, until='reusing the cached wheel')
+    # a toolkit of nvcc and the runtime only, as on this machine: the math headers come from torch's nvidia wheels
+    toolkit = tmp_path / 'toolkit'
+    (toolkit / 'include').mkdir(parents=True)
+    status, out, err = run_installer(tmp_path, torch.version.cuda, until='reusing the cached wheel',
+                                     CUDA_HOME=str(toolkit))
+    assert "CUDA math headers from torch's nvidia wheels: CPATH=" in out and '/nvidia/' in out, (out[-2000:], err)
     assert 'no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=8.0;9.0' in out, (out[-2000:], err)
     assert status is None and f'-torch{torch.__version__.replace("+", "_")}-cuda/mmcv-2.1.0' in out
     (tmp_path / 'chosen').mkdir()
+    (toolkit / 'include' / 'cusparse.h').write_text('')
     status, out, err = run_installer(tmp_path / 'chosen', torch.version.cuda, until='reusing the cached wheel',
-                                     TORCH_CUDA_ARCH_LIST='9.0')
+                                     TORCH_CUDA_ARCH_LIST='9.0', CUDA_HOME=str(toolkit))
     assert status is None and 'no GPU visible' not in out, (out[-2000:], err)  # a list the user set is kept
+    assert 'CPATH' not in out  # the toolkit has the headers
