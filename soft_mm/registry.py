@@ -4,9 +4,10 @@
   is registered in mmengine's root ``MODELS``, which every downstream registry falls back to, and in soft_mm's own
   child registry (scope ``soft_mm``).
 * The demo datasets (``SyntheticShapesDataset`` for mmdet, ``SyntheticShapesSegDataset`` for mmseg,
-  ``SyntheticClassesDataset`` for mmpretrain) and mmpretrain's ``SoftTimmClassifier`` are registered in mmengine's root
-  registries as small factories that import their module on first use, so ``import soft_mm`` does not import mmdet,
-  mmseg or mmpretrain; importing the module registers the class itself in its package's registry as well.
+  ``SyntheticClassesDataset`` for mmpretrain: the list is :data:`soft_mm.datasets.DATASET_CLASSES`) and mmpretrain's
+  ``SoftTimmClassifier`` are registered in mmengine's root registries as small factories that import their module on
+  first use, so ``import soft_mm`` does not import mmdet, mmseg or mmpretrain; importing the module registers the
+  class itself in its package's registry as well. This is the only place they are registered from.
 * soft_mm's image loading (``CheckedLoadImageFromFile``, which names an image it cannot load) is registered in
   mmengine's root ``TRANSFORMS`` the same lazy way (its module imports mmcv).
 * The objects mmengine stores in its checkpoints are allow-listed for ``torch.load(weights_only=True)`` (torch >= 2.6),
@@ -24,15 +25,13 @@ from mmengine.registry import MODELS as MMENGINE_MODELS
 from mmengine.registry import TRANSFORMS as MMENGINE_TRANSFORMS
 from mmengine.registry import Registry
 
+from .datasets import DATASET_CLASSES
+
 MODELS = Registry('model', parent=MMENGINE_MODELS, scope='soft_mm', locations=['soft_mm.models'])
 
 # name -> module defining the class (imported on first build): classes that subclass mmdet's, mmseg's or
 # mmpretrain's own, so defining them imports that package
-LAZY_DATASETS = {
-    'SyntheticShapesDataset': 'soft_mm.datasets.shapes_dataset',
-    'SyntheticShapesSegDataset': 'soft_mm.datasets.shapes_seg_dataset',
-    'SyntheticClassesDataset': 'soft_mm.datasets.classes_dataset',
-}
+LAZY_DATASETS = DATASET_CLASSES  # the datasets package's list
 LAZY_MODELS = {'SoftTimmClassifier': 'soft_mm.models.mmpretrain_classifier'}
 LAZY_TRANSFORMS = {'CheckedLoadImageFromFile': 'soft_mm.datasets.image_loading'}
 

@@ -7,15 +7,13 @@ pytest.importorskip('mmdet')
 from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
-
-from soft_mm.models.arch import out_channels
+from model_checks import out_channels, published_params_m
 
 CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
-# published parameters (millions) of the full COCO models (80 classes), soft-spec §3
-PUBLISHED_PARAMS_M = {
-    'retinanet': dict(tiny=23, small=34, medium=55, large=74),
-    'mask_rcnn': dict(tiny=33, small=44, medium=65, large=84),
-}
+# published parameters (millions) of the full COCO models (80 classes), as the metafiles state them
+PUBLISHED_PARAMS_M = {method: {arch: published_params_m(f'{method}_soft_{arch}_coco')
+                               for arch in ('tiny', 'small', 'medium', 'large')}
+                      for method in ('retinanet', 'mask_rcnn')}
 CASES = [(method, arch) for method, sizes in PUBLISHED_PARAMS_M.items() for arch in sizes]
 
 
@@ -30,7 +28,7 @@ def test_published_recipe(method, arch):
     backbone = cfg.model.backbone
     assert (backbone.type, backbone.arch, backbone.soft_norm) == ('SOFT', arch, True)
     assert backbone.init_cfg == dict(type='Pretrained', checkpoint=f'checkpoints/soft_norm_{arch}_in1k.pth')
-    assert cfg.model.neck.in_channels == out_channels(arch)  # the variant record's
+    assert cfg.model.neck.in_channels == out_channels(arch)  # the arch zoo's
     assert dict(cfg.optim_wrapper.optimizer) == dict(type='AdamW', lr=1e-4, weight_decay=1e-4)
     assert cfg.train_cfg.max_epochs == 12
     assert [s.milestones for s in cfg.param_scheduler if s.type == 'MultiStepLR'] == [[8, 11]]

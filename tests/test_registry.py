@@ -99,3 +99,29 @@ def test_custom_imports_in_an_mmdet_config(tmp_path):
             print(type(ROOT.build(cfg.model)).__name__)
     """)
     assert out.split() == ['soft_mm.models.backbone', 'SOFT', '[128,', '320,', '512]', 'SOFT']
+
+
+def test_datasets_are_registered_from_the_datasets_list():
+    """One list of the demo dataset classes (soft_mm.datasets.DATASET_CLASSES): ``import soft_mm`` registers each in
+    mmengine's root DATASETS as a factory that imports its module on first build."""
+    from mmengine.registry import DATASETS
+
+    from soft_mm.datasets import DATASET_CLASSES
+    from soft_mm.registry import LAZY_DATASETS
+
+    assert LAZY_DATASETS is DATASET_CLASSES
+    assert sorted(DATASET_CLASSES) == ['SyntheticClassesDataset', 'SyntheticShapesDataset', 'SyntheticShapesSegDataset']
+    for name in DATASET_CLASSES:
+        factory = DATASETS.get(name)
+        assert factory.__name__ == name and factory.generates_missing_data is True
+
+
+def test_importing_the_datasets_imports_no_framework():
+    """``import soft_mm.datasets`` registers nothing of its own and imports neither mmdet, mmseg nor mmpretrain; a
+    dataset class is imported (with its framework) on first use."""
+    out = run_fresh_python("""
+        import sys
+        import soft_mm.datasets
+        print(sorted(m for m in ('mmdet', 'mmseg', 'mmpretrain') if m in sys.modules) or 'none')
+    """)
+    assert out.split() == ['none']

@@ -5,7 +5,8 @@
     python tools/get_flops.py --config CONFIG [--shape H W]  # an mmdet/mmseg config: backbone and whole model
     python tools/get_flops.py --checkpoint CONVERTED         # the classifier of tools/convert_official_checkpoint.py
 
-FLOPs are multiply-accumulates (one fused multiply-add = 1), the convention of the published table. mmengine counts
+FLOPs are multiply-accumulates (one fused multiply-add = 1), the convention of the published table, which is read from
+the ImageNet metafile (configs/metafiles/soft_imagenet.yml). mmengine counts
 conv, linear, matmul/bmm, norms, upsampling and pooling; one handle is added through ``set_op_handle``, for PyTorch's
 ``scaled_dot_product_attention`` (stage 4). The trace records soft_mm's Newton-Schulz inverse as plain matmuls; the
 tool shows their share as its own ``newton_inverse`` operator (counted by ``soft_mm.utils.flops.newton_macs``).
@@ -17,19 +18,35 @@ from __future__ import annotations
 import argparse
 import os.path as osp
 import sys
+from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from mmengine.analysis import parameter_count
 from torch import nn
 
 from soft_mm.converters import build_classifier_from_checkpoint
 from soft_mm.converters.official import match_arch
 from soft_mm.engine.cli import load_config, one_sentence_errors
-from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, PUBLISHED, SoftVisionTransformer, variant_name
+from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SoftVisionTransformer, variant_name
 from soft_mm.utils.flops import analyze
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
+# beside configs/ in the checkout and in an installed soft_mm/.mim
+IMAGENET_METAFILE = Path(__file__).resolve().parents[1] / 'configs' / 'metafiles' / 'soft_imagenet.yml'
+
+
+def published_figures() -> dict[str, dict[str, Any]]:
+    """``{timm model name: {'params_m': ..., 'gflops': ...}}``: the published parameters (millions) and GFLOPs at
+    224x224 of each classifier, as the ImageNet metafile states them."""
+    figures = {}
+    for model in yaml.safe_load(IMAGENET_METAFILE.read_text())['Models']:
+        meta = model['Metadata']
+        if 'FLOPs (billions)' in meta:  # the published classifiers (the demo has none)
+            figures[meta['Backbone Model']] = {'params_m': meta['Parameters (millions)'],
+                                               'gflops': meta['FLOPs (billions)']}
+    return figures
 
 
 def classifier(arch: str, soft_norm: bool) -> SoftVisionTransformer:
@@ -68,8 +85,9 @@ def print_table(rows: list[dict[str, Any]], shape: tuple[int, int]) -> None:
               f"{'published G':>13}")
     print(header)
     print('-' * len(header))
+    figures = published_figures()
     for row in rows:
-        published = PUBLISHED[row['arch']]
+        published = figures[row['variant']]
         newton = row['by_operator'].get('newton_inverse', 0)
         print(f"{row['variant']:<18}{row['params']:>13,}{row['params'] / 1e6:>8.2f}{published['params_m']:>13}"
               f"{_gmacs(row['flops']):>8}{_gmacs(row['flops'] - newton):>12}{published['gflops']:>13}")
@@ -179,13 +197,14 @@ def report(args: argparse.Namespace) -> int:
     if args.checkpoint:
         model = build_classifier_from_checkpoint(args.checkpoint).eval()
         stats = analyze(model, (torch.randn(1, 3, *shape),))
-        arch = match_arch(model.arch_settings)  # a table name, or None for a custom arch (no published numbers)
-        print_single(osp.basename(args.checkpoint), stats, shape, PUBLISHED.get(arch) if shape == (224, 224) else None)
+        arch = match_arch(model.arch_settings)  # a zoo name, or None for a custom arch (no published numbers)
+        published = published_figures().get(variant_name(arch, model.soft_norm)) if arch else None
+        print_single(osp.basename(args.checkpoint), stats, shape, published if shape == (224, 224) else None)
         return 0
     if args.arch:
         stats = analyze(classifier(args.arch, args.soft_norm), (torch.randn(1, 3, *shape),))
-        print_single(variant_name(args.arch, args.soft_norm), stats, shape,
-                     PUBLISHED[args.arch] if shape == (224, 224) else None)
+        name = variant_name(args.arch, args.soft_norm)
+        print_single(name, stats, shape, published_figures()[name] if shape == (224, 224) else None)
         return 0
     print_table(classifier_table(shape), shape)
     return 0

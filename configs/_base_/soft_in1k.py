@@ -1,7 +1,7 @@
 # SOFT ImageNet-1k classification with mmpretrain: its ImageNet data (data/imagenet/{train,val}/<class>/*.JPEG; the
 # train pipeline is timm's DeiT recipe: RandomResizedCrop 224 bicubic, flip, RandAugment rand-m9-mstd0.5-inc1, random
 # erasing 0.25; test: resize 256, center crop 224; top-1/top-5), its AdamW schedule and runtime, and the authors'
-# settings on top (soft-spec §3): 300 epochs, lr 1e-3 per 1024 images scaled by the real batch size, no weight decay
+# settings on top (the SOFT paper): 300 epochs, lr 1e-3 per 1024 images scaled by the real batch size, no weight decay
 # on norms, biases, position embeddings and the cls token, 10 warm-up epochs from 1e-6, then cosine to 5e-5 (at
 # batch 1024), grad clip 1.0, Mixup 0.8 / CutMix 1.0, label smoothing 0.1, drop path 0.1, EMA 0.99996.
 # The classifier is soft_mm's timm model (timm.create_model(model_name)) inside mmpretrain's TimmClassifier

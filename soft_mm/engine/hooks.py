@@ -12,7 +12,6 @@ import glob
 import math
 import os
 import os.path as osp
-import time
 
 import torch
 from mmengine.dist import is_main_process
@@ -23,10 +22,6 @@ from mmengine.registry import HOOKS
 from ..models.settings import is_int
 from ..ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
-
-# Test-only: seconds to wait between writing a checkpoint's temporary file and renaming it, so that a test can kill
-# the run in the middle of a checkpoint write.
-PAUSE_ENV = 'SOFT_MM_TEST_CHECKPOINT_PAUSE_S'
 
 
 @HOOKS.register_module()
@@ -73,10 +68,6 @@ class AtomicCheckpointHook(CheckpointHook):
                                meta=meta, by_epoch=self.by_epoch, backend_args=self.backend_args, **self.args)
         if not is_main_process():  # Runner.save_checkpoint writes on the main process only
             return
-        pause = float(os.environ.get(PAUSE_ENV) or 0)
-        if pause > 0:
-            runner.logger.info(f'{PAUSE_ENV}: pausing {pause:g} s before publishing {self.last_ckpt}')
-            time.sleep(pause)
         publish(temp, self.last_ckpt)
         atomic_write_text(osp.join(runner.work_dir, 'last_checkpoint'), self.last_ckpt)
         if outdated is not None:

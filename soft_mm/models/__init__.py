@@ -3,15 +3,15 @@
 Everything here needs torch and timm; the mm backbone :class:`SOFT` (an mmengine ``BaseModule``) also needs mmengine
 and is imported on first access, so the pyramid and the classifier import where mmengine is not installed.
 """
-from .arch import ARCH_SETTINGS, PUBLISHED, resolve_arch, variant_name
+from .arch import ARCH_SETTINGS, resolve_arch, variant_name
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block
 from .classifier import SoftVisionTransformer
 from .pyramid import SoftPyramid, SoftStage
 from .settings import AUTHORS_SETTINGS, AttentionSettings
 
-__all__ = ['ARCH_SETTINGS', 'AUTHORS_SETTINGS', 'PUBLISHED', 'SOFT', 'AttentionSettings', 'Block', 'SoftAttention',
-           'SoftPyramid', 'SoftStage', 'SoftVisionTransformer', 'SoftmaxAttention', 'resolve_arch', 'variant_name']
+__all__ = ['ARCH_SETTINGS', 'AUTHORS_SETTINGS', 'SOFT', 'AttentionSettings', 'Block', 'SoftAttention', 'SoftPyramid',
+           'SoftStage', 'SoftVisionTransformer', 'SoftmaxAttention', 'resolve_arch', 'variant_name']
 
 
 def __getattr__(name: str):

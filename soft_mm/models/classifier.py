@@ -1,5 +1,6 @@
-"""``SoftVisionTransformer``: the ImageNet classifier, with timm entrypoints ``soft_{tiny..huge}`` and
-``soft_norm_{tiny..huge}`` (generated from the variant record, :data:`~soft_mm.models.arch.VARIANTS`).
+"""``SoftVisionTransformer``: the ImageNet classifier, with the ten timm entrypoints ``soft_{tiny..huge}`` and
+``soft_norm_{tiny..huge}`` (one per arch of :data:`~soft_mm.models.arch.ARCH_SETTINGS` and plain or Norm attention;
+their published figures are in ``configs/metafiles/soft_imagenet.yml``).
 
 Pretrained weights the timm way: no weights are hosted, so ``pretrained=True`` needs a file, either
 ``pretrained_cfg_overlay=dict(file=path)`` or ``checkpoint_path=path`` (timm's ``create_model``). The file may be
@@ -18,7 +19,7 @@ import torch
 from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
-from .arch import VARIANTS, Variant
+from .arch import ARCH_SETTINGS, variant_name
 from .official_layout import checkpoint_filter_fn
 from .pyramid import SoftPyramid
 from .settings import attention_settings
@@ -156,7 +157,11 @@ def _cfg(**kwargs: Any) -> dict[str, Any]:
                 first_conv='stages.0.downsample.0.conv', classifier='head', license='mit', **kwargs)
 
 
-default_cfgs = generate_default_cfgs({f'{name}.in1k': _cfg() for name in VARIANTS})
+# timm model name -> (arch, soft_norm): soft_tiny ... soft_huge, then soft_norm_tiny ... soft_norm_huge
+TIMM_MODELS: dict[str, tuple[str, bool]] = {variant_name(arch, soft_norm): (arch, soft_norm)
+                                            for soft_norm in (False, True) for arch in ARCH_SETTINGS}
+
+default_cfgs = generate_default_cfgs({f'{name}.in1k': _cfg() for name in TIMM_MODELS})
 
 
 def _weight_source_given(kwargs: dict[str, Any]) -> bool:
@@ -168,31 +173,75 @@ def _weight_source_given(kwargs: dict[str, Any]) -> bool:
     return False
 
 
-def _create(variant: Variant, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
+def _create_soft(name: str, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
+    """Build the timm model ``name`` (a key of :data:`TIMM_MODELS`) with timm's pretrained-weight handling."""
+    arch, soft_norm = TIMM_MODELS[name]
     if pretrained and not _weight_source_given(kwargs):
-        raise ValueError(f"pretrained=True: no {variant.name} weights are hosted; pass the file, the authors' release "
+        raise ValueError(f"pretrained=True: no {name} weights are hosted; pass the file, the authors' release "
                          "or a soft_mm checkpoint, as pretrained_cfg_overlay=dict(file=path) (or use pretrained=False "
                          'with checkpoint_path=path)')
     out_indices = kwargs.pop('out_indices', 4)
-    return build_model_with_cfg(SoftVisionTransformer, variant.name, pretrained, arch=variant.arch,
-                                soft_norm=variant.soft_norm, pretrained_filter_fn=checkpoint_filter_fn,
+    return build_model_with_cfg(SoftVisionTransformer, name, pretrained, arch=arch, soft_norm=soft_norm,
+                                pretrained_filter_fn=checkpoint_filter_fn,
                                 feature_cfg=dict(feature_cls='getter', out_indices=out_indices), **kwargs)
 
 
-def _entrypoint(variant: Variant) -> Any:
-    """The timm entrypoint of one variant; timm registers it under its ``__name__``."""
-
-    def create(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
-        return _create(variant, pretrained, **kwargs)
-
-    create.__name__ = create.__qualname__ = variant.name
-    create.__module__ = __name__
-    create.__doc__ = (f'{variant.title} ImageNet classifier: {variant.num_params:,} parameters (1000 classes), '
-                      f'published {variant.gflops} GFLOPs at 224x224 and top-1 {variant.top1}.')
-    return create
+# The ten timm entrypoints: one arch of ARCH_SETTINGS each, plain SOFT attention or SOFT-Norm. Adding an arch adds two.
+@register_model
+def soft_tiny(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Tiny ImageNet classifier (plain SOFT attention, arch 'tiny')."""
+    return _create_soft('soft_tiny', pretrained, **kwargs)
 
 
-# soft_tiny, ..., soft_norm_huge: module attributes (importable by name) and timm models
-for _variant in VARIANTS.values():
-    globals()[_variant.name] = register_model(_entrypoint(_variant))
-del _variant
+@register_model
+def soft_small(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Small ImageNet classifier (plain SOFT attention, arch 'small')."""
+    return _create_soft('soft_small', pretrained, **kwargs)
+
+
+@register_model
+def soft_medium(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Medium ImageNet classifier (plain SOFT attention, arch 'medium')."""
+    return _create_soft('soft_medium', pretrained, **kwargs)
+
+
+@register_model
+def soft_large(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Large ImageNet classifier (plain SOFT attention, arch 'large')."""
+    return _create_soft('soft_large', pretrained, **kwargs)
+
+
+@register_model
+def soft_huge(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Huge ImageNet classifier (plain SOFT attention, arch 'huge')."""
+    return _create_soft('soft_huge', pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_tiny(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Tiny ImageNet classifier (SOFT-Norm attention, arch 'tiny')."""
+    return _create_soft('soft_norm_tiny', pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_small(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Small ImageNet classifier (SOFT-Norm attention, arch 'small')."""
+    return _create_soft('soft_norm_small', pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_medium(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Medium ImageNet classifier (SOFT-Norm attention, arch 'medium')."""
+    return _create_soft('soft_norm_medium', pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_large(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Large ImageNet classifier (SOFT-Norm attention, arch 'large')."""
+    return _create_soft('soft_norm_large', pretrained, **kwargs)
+
+
+@register_model
+def soft_norm_huge(pretrained: bool = False, **kwargs: Any) -> SoftVisionTransformer:
+    """SOFT-Norm-Huge ImageNet classifier (SOFT-Norm attention, arch 'huge')."""
+    return _create_soft('soft_norm_huge', pretrained, **kwargs)

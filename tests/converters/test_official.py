@@ -2,7 +2,7 @@
 authors' forward pass by a converted model.
 
 The authors' model cannot be installed here, so ``official_forward`` below is an independent functional reference of
-their forward pass (plain torch, written from the facts of soft-spec §1-3; it uses neither soft_mm.ops nor
+their forward pass (plain torch, written from the SOFT paper's description; it uses neither soft_mm.ops nor
 soft_mm.models) that reads the OFFICIAL-layout state dict directly.
 """
 from __future__ import annotations

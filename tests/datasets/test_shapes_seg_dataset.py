@@ -193,7 +193,7 @@ def _build(**kwargs):
     pytest.importorskip('mmseg')
     from mmseg.registry import DATASETS
 
-    import soft_mm.datasets  # noqa: F401  (registers SyntheticShapesSegDataset)
+    import soft_mm  # noqa: F401  (registers SyntheticShapesSegDataset, built through mmengine's root DATASETS)
 
     return DATASETS.build(dict(type='SyntheticShapesSegDataset', _scope_='mmseg', **kwargs))
 

@@ -137,7 +137,7 @@ def test_mmdet_dataset_writes_missing_data(tmp_path):
     pytest.importorskip('mmdet')
     from mmdet.registry import DATASETS
 
-    import soft_mm.datasets  # noqa: F401  (registers SyntheticShapesDataset)
+    import soft_mm  # noqa: F401  (registers SyntheticShapesDataset, built through mmengine's root DATASETS)
 
     root = tmp_path / 'generated'
     dataset = DATASETS.build(dict(

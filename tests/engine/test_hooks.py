@@ -11,11 +11,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from soft_mm.engine.hooks import PAUSE_ENV, InvalidLossHook
+from soft_mm.engine.hooks import InvalidLossHook
 from soft_mm.utils.checkpoint_files import read_checkpoint
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / 'tests' / 'engine' / 'toy_training.py'
+# a sitecustomize that holds every checkpoint write open (just before the rename that publishes it)
+CHECKPOINT_WRITE_HOLD = ROOT / 'tests' / 'engine' / 'checkpoint_write_hold'
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -32,11 +34,13 @@ def _train(work_dir: Path, *args: str, check: bool = True) -> subprocess.Complet
 
 def kill_during_checkpoint_write(command: list[str], work_dir: Path, cwd: Path | None = None,
                                  timeout: float = 600) -> Path:
-    """Start ``command`` with the checkpoint write paused, SIGKILL it once a temporary checkpoint file exists.
+    """Start ``command`` with its checkpoint writes held open (``CHECKPOINT_WRITE_HOLD``), SIGKILL it once a
+    temporary checkpoint file exists.
 
     Returns the temporary file that was being written.
     """
-    proc = subprocess.Popen(command, env=_env(**{PAUSE_ENV: '600'}), cwd=cwd, stdout=subprocess.DEVNULL,
+    python_path = os.pathsep.join(filter(None, [str(CHECKPOINT_WRITE_HOLD), os.environ.get('PYTHONPATH')]))
+    proc = subprocess.Popen(command, env=_env(PYTHONPATH=python_path), cwd=cwd, stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + timeout
     try:

@@ -1,16 +1,17 @@
-"""Tests of the one arch table: published parameter counts, and the validation of custom arch dicts."""
+"""Tests of the arch zoo: the published parameter counts, and the validation of custom arch dicts."""
 from __future__ import annotations
 
 import pytest
 import torch
+from model_checks import VARIANTS
 
-from soft_mm.models import ARCH_SETTINGS, PUBLISHED, SOFT, SoftVisionTransformer, resolve_arch
-from soft_mm.models.arch import VARIANTS
+from soft_mm.models import ARCH_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch, variant_name
 
-# soft-spec §3, as the variant record states them: the authors' tiny/medium/large/huge definitions and small with
-# depths 1,3,7,4 (1000 classes, conv landmarks, cls token, position embeddings).
+# The exact parameter counts as the ImageNet metafile states them (the SOFT paper's models: the authors'
+# tiny/medium/large/huge definitions and small with depths 1,3,7,4; 1000 classes, conv landmarks, cls token, position
+# embeddings).
 PARAMS = {v.arch: v.num_params for v in VARIANTS.values()}
-TABLE = {  # dims, heads, depths: soft-spec §3 copied here, the independent check of the record
+TABLE = {  # dims, heads, depths: the SOFT paper's table copied here, the independent check of the zoo
     'tiny': ((64, 128, 320, 512), (2, 4, 10, 16), (1, 2, 3, 2)),
     'small': ((64, 128, 320, 512), (2, 4, 10, 16), (1, 3, 7, 4)),
     'medium': ((64, 128, 288, 512), (2, 4, 9, 16), (1, 3, 29, 5)),
@@ -37,10 +38,10 @@ def test_classifier_parameter_counts(arch):
     plain = num_params_on_meta(SoftVisionTransformer, arch, num_classes=1000, landmark_mode='conv')
     norm = num_params_on_meta(SoftVisionTransformer, arch, soft_norm=True, num_classes=1000, landmark_mode='conv')
     assert plain == norm == PARAMS[arch]
-    assert int(plain / 1e6) == PUBLISHED[arch]['params_m']  # the paper truncates: 45.8M -> 45M
+    assert int(plain / 1e6) == VARIANTS[variant_name(arch, False)].params_m  # the paper truncates: 45.8M -> 45M
 
 
-def test_table_matches_the_spec():
+def test_zoo_matches_the_papers_table():
     assert list(ARCH_SETTINGS) == list(TABLE)
     for arch, (dims, heads, depths) in TABLE.items():
         settings = resolve_arch(arch)
@@ -94,7 +95,7 @@ def test_custom_arch_defaults():
 
 
 def test_authors_small_layout_as_a_custom_arch():
-    # the authors' code defines small with depths 1,3,20,4: 38.9M parameters, not the published 24M (soft-spec §3)
+    # the authors' code defines small with depths 1,3,20,4: 38.9M parameters, not the published 24M (the SOFT paper)
     arch = {**resolve_arch('small'), 'depths': (1, 3, 20, 4)}
     assert round(num_params_on_meta(SoftVisionTransformer, arch) / 1e5) == 389
 

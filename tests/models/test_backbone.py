@@ -9,11 +9,10 @@ import pytest
 import torch
 from torch import nn
 
-from soft_mm.models import SOFT, SoftAttention, SoftVisionTransformer
+from soft_mm.models import ARCH_SETTINGS, SOFT, SoftAttention, SoftVisionTransformer
 from soft_mm.models import pyramid as pyramid_module
-from soft_mm.models.arch import VARIANTS
 
-TINY_DIMS = VARIANTS['soft_tiny'].out_channels
+TINY_DIMS = ARCH_SETTINGS['tiny']['embed_dims']
 # A narrow custom arch (same strides, landmark strides and kernels as the published ones) for the tests of settings,
 # where the width of the published models only costs time.
 NARROW_ARCH = {'embed_dims': (16, 32, 48, 64), 'num_heads': (1, 2, 2, 2), 'depths': (1, 2, 2, 2)}

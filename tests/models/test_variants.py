@@ -1,17 +1,19 @@
-"""The variant record (soft_mm.models.arch.VARIANTS): the timm entrypoints are generated from it, and every config's
-channel lists are the record's."""
+"""The ten timm classifiers: the arch zoo (soft_mm.models.arch.ARCH_SETTINGS) times plain / SOFT-Norm, each an explicit
+entrypoint of soft_mm/models/classifier.py; the variant record of the tests (tests/model_checks.py), read from the
+ImageNet metafile; and every config's channel lists against the zoo."""
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from pathlib import Path
 
 import pytest
 import timm
 import torch
+from model_checks import VARIANTS, Variant, get_variant, out_channels
 
-from soft_mm.models import PUBLISHED, SoftVisionTransformer, resolve_arch
+from soft_mm.models import ARCH_SETTINGS, SoftVisionTransformer, resolve_arch, variant_name
 from soft_mm.models import classifier as classifier_module
-from soft_mm.models.arch import VARIANTS, Variant, get_variant, out_channels
 
 CONFIGS = Path(__file__).resolve().parents[2] / 'configs'
 
@@ -28,11 +30,13 @@ def test_record_has_ten_variants_in_table_order():
         norm_small.top1 = 90.0
 
 
-def test_published_and_arch_settings_are_read_from_the_record():
+def test_record_is_the_zoo_times_plain_and_norm():
+    assert list(VARIANTS) == [variant_name(arch, soft_norm) for soft_norm in (False, True) for arch in ARCH_SETTINGS]
     for variant in VARIANTS.values():
-        published = PUBLISHED[variant.arch]
-        assert published['params_m'] == variant.params_m and published['gflops'] == variant.gflops
-        assert published['top1'][int(variant.soft_norm)] == variant.top1
+        assert variant.name == variant_name(variant.arch, variant.soft_norm)
+        # plain and Norm of an arch have the same tensors and the same published size and cost
+        twin = VARIANTS[variant_name(variant.arch, not variant.soft_norm)]
+        assert (twin.num_params, twin.params_m, twin.gflops) == (variant.num_params, variant.params_m, variant.gflops)
         assert resolve_arch(variant.arch)['embed_dims'] == variant.out_channels
         assert variant.params_m == int(variant.num_params / 1e6)  # the paper truncates: 45.8M -> 45M
 
@@ -50,20 +54,28 @@ def test_timm_lists_exactly_the_record():
     assert timm.list_pretrained('soft*') == []  # no hosted weights: pretrained=True needs a file
 
 
+def test_timm_registers_the_zoo_times_plain_and_norm():
+    zoo = {variant_name(arch, soft_norm) for arch in ARCH_SETTINGS for soft_norm in (False, True)}
+    assert len(zoo) == 10
+    assert set(timm.list_models('soft*')) == set(timm.list_models(module='classifier')) == zoo
+    assert set(classifier_module.TIMM_MODELS) == zoo
+
+
 @pytest.mark.parametrize('name', list(VARIANTS))
-def test_entrypoint_is_generated_from_its_variant(name):
+def test_entrypoint_is_written_out_for_its_variant(name):
     variant = VARIANTS[name]
     entrypoint = getattr(classifier_module, name)  # importable: from soft_mm.models.classifier import soft_tiny
     assert entrypoint is timm.models.model_entrypoint(name)
     assert (entrypoint.__name__, entrypoint.__qualname__, entrypoint.__module__) == (
         name, name, 'soft_mm.models.classifier')
-    assert variant.title in entrypoint.__doc__ and f'{variant.num_params:,} parameters' in entrypoint.__doc__
+    assert f'@register_model\ndef {name}(' in inspect.getsource(classifier_module)  # a grep finds its definition
+    assert variant.title in entrypoint.__doc__
     with torch.device('meta'):
         model = timm.create_model(name)
     assert isinstance(model, SoftVisionTransformer)
     assert model.soft_norm is variant.soft_norm and model.arch_settings == resolve_arch(variant.arch)
     assert model.pretrained_cfg['architecture'] == name
-    assert sum(p.numel() for p in model.parameters()) == variant.num_params
+    assert sum(p.numel() for p in model.parameters()) == variant.num_params  # the metafile's exact count
 
 
 def test_out_channels_of_custom_archs():
@@ -77,10 +89,10 @@ def test_out_channels_of_custom_archs():
 # ---------------------------------------------------------------------------------------------------------------------
 # The configs' channel lists
 #
-# mmengine's python configs cannot import soft_mm to read the record: an import statement switches
+# mmengine's python configs cannot import soft_mm to read the arch zoo: an import statement switches
 # Config.fromfile to the lazy-import ("new style") parser, where `_base_ = 'mmdet::...'` inheritance is refused (it
 # is kept only when `_base_` happens to come first in the file, an accident of mmengine's ast walk). So each config
-# states its lists and this test checks every one against the record.
+# states its lists and this test checks every one against the zoo.
 
 
 def _soft_configs() -> list[Path]:
@@ -90,7 +102,7 @@ def _soft_configs() -> list[Path]:
 
 
 def _channel_lists(model: dict) -> list[tuple[str, object, object]]:
-    """``(where, stated, record)`` for every neck / decode-head / auxiliary-head channel setting of ``model``."""
+    """``(where, stated, zoo)`` for every neck / decode-head / auxiliary-head channel setting of ``model``."""
     backbone = model['backbone']
     channels = out_channels(backbone['arch'])
     channels = [channels[i] for i in backbone.get('out_indices', range(len(channels)))]
@@ -128,7 +140,7 @@ def test_config_channel_lists_are_the_records(path):
     found = _channel_lists(model)
     assert found, f'{path.name} states no channel list'
     for where, stated, expected in found:
-        assert stated == expected, f'{path.name}: {where} = {stated}, the record says {expected}'
+        assert stated == expected, f'{path.name}: {where} = {stated}, the arch zoo says {expected}'
 
 
 def test_channel_check_can_fail():

@@ -6,10 +6,11 @@ from pathlib import Path
 
 import pytest
 import torch
+from model_checks import VARIANTS
 
 from soft_mm.converters import save_converted_checkpoint
 from soft_mm.converters.official import make_meta
-from soft_mm.models import PUBLISHED, SoftmaxAttention, SoftVisionTransformer
+from soft_mm.models import SoftmaxAttention, SoftVisionTransformer
 
 TOOL = Path(__file__).resolve().parents[2] / 'tools' / 'get_flops.py'
 # One block per stage, 49 landmarks per SOFT stage at 224x224: cheap to trace.
@@ -54,7 +55,7 @@ def test_arch_tiny_report(tool, capsys):
     newton = 40 * 2 * 20 * 49 ** 3 / 1e9
     assert abs(total - without_newton - newton) <= 0.01  # both printed to 0.01
     assert abs(without_newton - 1.96) <= 0.02 * 1.96
-    published = PUBLISHED['tiny']['gflops']
+    published = VARIANTS['soft_tiny'].gflops  # the metafile's
     assert abs(without_newton - published) < 0.05 * published
     assert 'newton_inverse' in out and 'not counted (no mmengine handle: element-wise' in out and 'exp' in out
 
@@ -93,10 +94,9 @@ def test_detection_config_whole_model(tool, capsys):
 def test_table_of_all_ten_classifiers(tool, capsys):
     assert tool.main([]) == 0
     out = capsys.readouterr().out
-    for arch, published in PUBLISHED.items():
-        for prefix in ('soft_', 'soft_norm_'):
-            row = re.search(rf'^{prefix}{arch}\s+([\d,]+)\s+([\d.]+)\s+\d+\s+([\d.]+)\s+([\d.]+)', out, re.MULTILINE)
-            assert row, f'{prefix}{arch} missing'
-            params_m, without_newton = float(row[2]), float(row[4])
-            assert abs(params_m - published['params_m']) < 1.0
-            assert abs(without_newton - published['gflops']) < 0.05 * published['gflops']
+    for name, published in VARIANTS.items():  # the metafile's figures
+        row = re.search(rf'^{name}\s+([\d,]+)\s+([\d.]+)\s+\d+\s+([\d.]+)\s+([\d.]+)', out, re.MULTILINE)
+        assert row, f'{name} missing'
+        params_m, without_newton = float(row[2]), float(row[4])
+        assert abs(params_m - published.params_m) < 1.0
+        assert abs(without_newton - published.gflops) < 0.05 * published.gflops
