@@ -7,8 +7,8 @@
 Methods (stage-1 setting of SOFT-Small: ``--dim`` 64 channels, ``--heads`` 2 of 32 dims, 7x7 = 49 landmarks):
 
 * ``soft_op``: ``soft_mm.ops.soft_attention`` on given q, landmarks (49, pooled from q) and v: the op alone.
-* ``plain_math``: the same math written plainly in PyTorch (kernel, Newton-Schulz, three products; :func:`plain_math`),
-  the baseline the op's speed-up is measured against in the same run.
+* ``plain_math``: the same math written plainly in PyTorch (``soft_mm.ops.naive_soft_attention``: the N×m kernel in
+  full, Newton-Schulz, three products), the baseline the op's speed-up is measured against in the same run.
 * ``soft_conv``, ``soft_avg``, ``soft_norm_conv``, ``soft_norm_avg``: the whole ``soft_mm.models.SoftAttention`` layer
   (projections, landmark sampler, value conv), plain and SOFT-Norm, conv and avg landmarks.
 * ``sdpa``: exact softmax attention, ``F.scaled_dot_product_attention`` on (1, heads, N, 32).
@@ -47,6 +47,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from soft_mm.ops import naive_soft_attention
 from soft_mm.utils.bench import (
     PeakMemory,
     add_glibc_malloc_argument,
@@ -67,22 +68,6 @@ LANDMARK_GRID = 7
 NEWTON_ITERS = 20
 SR_RATIO = 8  # PVT's stage-1 spatial reduction
 SGEMM_SIZE = 1024
-
-
-def plain_math(q: torch.Tensor, landmarks: torch.Tensor, v: torch.Tensor, num_iters: int = NEWTON_ITERS,
-               ridge: float = 0.0) -> torch.Tensor:
-    """SOFT's math written plainly: ``K1 A^+ K1^T v`` with the N×m kernel held in full (q (B,h,N,d) -> (B,h,N,d_v))."""
-    def kernel(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-        sq_dist = x.pow(2).sum(-1, keepdim=True) + y.pow(2).sum(-1).unsqueeze(-2) - 2 * x @ y.transpose(-2, -1)
-        return torch.exp(-0.5 * sq_dist.clamp_min(0))
-
-    k1, a = kernel(q, landmarks), kernel(landmarks, landmarks)
-    alpha = 1.8 / (a.abs().sum(-2).amax(-1) * a.abs().sum(-1).amax(-1))
-    a = a + ridge * torch.eye(a.shape[-1], dtype=a.dtype, device=a.device)
-    inv = alpha[..., None, None] * a.transpose(-2, -1)
-    for _ in range(num_iters):
-        inv = 2 * inv - inv @ a @ inv
-    return k1 @ (inv @ (k1.transpose(-2, -1) @ v))
 
 
 def nystrom_softmax(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, hw_shape: tuple[int, int],
@@ -174,7 +159,7 @@ def build_case(method: str, hw_shape: tuple[int, int], dim: int, heads: int,
     if method == 'soft_op':
         from soft_mm.ops import soft_attention
         return (lambda: soft_attention(q, landmarks, v)), [q, landmarks, v]
-    return (lambda: plain_math(q, landmarks, v)), [q, landmarks, v]
+    return (lambda: naive_soft_attention(q, landmarks, v)), [q, landmarks, v]
 
 
 def run_worker(spec: dict[str, Any]) -> dict[str, Any]:

@@ -3,11 +3,11 @@
     python tools/benchmark_precision.py [--tokens 16384 65536] [--landmarks 49] [--head-dim 32] [--heads 2]
         [--repeats 5] [--threads 2]
 
-For each token count: the float64 reference (the plain math in float64), then forward and forward+backward of
-``soft_attention`` in float32 (``precision='highest'``) and with bfloat16 products (the policy under bfloat16
-autocast), on each backend that takes the call, beside two rejected alternatives written out here: the whole op in
-plain bfloat16 (the FlashAttention rule's baseline) and the bfloat16 products with the kernel exponent's dot products
-in bfloat16 too. Errors are relative Frobenius errors of the output and of grad q; times are medians, rounds
+For each token count: the float64 reference (``soft_mm.ops.naive_soft_attention``, the plain math, in float64),
+then forward and forward+backward of ``soft_attention`` in float32 (``precision='highest'``) and with bfloat16
+products (the policy under bfloat16 autocast), on each backend that takes the call, beside the plain math in
+bfloat16 (the FlashAttention rule's baseline) and two rejected alternatives written out here: the bfloat16 products
+with the kernel exponent's dot products in bfloat16 too, and those dot products alone in bfloat16. Errors are relative Frobenius errors of the output and of grad q; times are medians, rounds
 interleaved across the variants. The inputs imitate a trained layer: scaled queries of std 0.42, m landmarks near
 m of them, unit values.
 """
@@ -21,76 +21,63 @@ from collections.abc import Callable
 
 import torch
 
-from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
-from soft_mm.ops.attention import plain_soft_attention
+from soft_mm.ops import gaussian_kernel, naive_soft_attention, newton_inverse, soft_attention
 from soft_mm.ops.dispatch import DispatchError
-from soft_mm.utils.bench import relative_error
+from soft_mm.utils.precision_rule import outputs_and_grads, relative_error, rule_inputs
+
+SETTINGS = dict(normalize=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 
 
-def make_inputs(num_tokens: int, num_landmarks: int, head_dim: int, heads: int, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    q = 0.42 * torch.randn(1, heads, num_tokens, head_dim, generator=gen)
-    picks = torch.randint(num_tokens, (num_landmarks,), generator=gen)
-    landmarks = q[:, :, picks] + 0.05 * torch.randn(1, heads, num_landmarks, head_dim, generator=gen)
-    v = torch.randn(1, heads, num_tokens, head_dim, generator=gen)
-    grad_out = torch.randn(1, heads, num_tokens, head_dim, generator=gen)
-    return (q, landmarks, v), grad_out
-
-
-def plain_math(q, landmarks, v, low_products: bool):
+def rejected(q, landmarks, v, low_products: bool):
     """The rejected alternatives: the SOFT-Norm math in float32 with the exponent's dot products in bfloat16, and with
-    ``low_products`` the two products with v too (the plain math itself is ``plain_soft_attention``)."""
+    ``low_products`` the two products with v in bfloat16 too (float32 accumulation; the plain math itself is
+    :func:`~soft_mm.ops.naive_soft_attention`)."""
     low = torch.bfloat16
     dot = (q.to(low) @ landmarks.to(low).transpose(-2, -1)).float()
     exponent = dot - 0.5 * q.pow(2).sum(-1, keepdim=True) - 0.5 * landmarks.pow(2).sum(-1).unsqueeze(-2)
-    k1 = exponent.clamp_max(0).exp()
+    k1 = exponent.clamp_max(0).exp().to(low if low_products else torch.float32)
     kernel_landmarks = gaussian_kernel(landmarks, landmarks)
-    inverse = newton_inverse(kernel_landmarks, 20, 0.01)
+    inverse = newton_inverse(kernel_landmarks, 20, SETTINGS['ridge'])
     scale = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)
-    if low_products:
-        k1 = k1.to(low)
-        context = (k1.transpose(-2, -1) @ v.to(low)).float()
-        return k1 @ (scale * (inverse @ (scale * context))).to(low)
-    return k1 @ (scale * (inverse @ (scale * (k1.transpose(-2, -1) @ v))))
+    context = (k1.transpose(-2, -1) @ v.to(k1.dtype)).float()
+    return k1 @ (scale * (inverse @ (scale * context))).to(k1.dtype)
 
 
 def variants() -> dict[str, Callable]:
     def op(precision, backend):
-        return lambda q, lm, v: soft_attention(q, lm, v, normalize=True, ridge=0.01, precision=precision,
-                                               backend=backend)
+        return lambda q, lm, v: soft_attention(q, lm, v, precision=precision, backend=backend, **SETTINGS)
     return {
         'float32, reference': op('highest', 'reference'),
         'float32, tiled': op('highest', 'tiled'),
         'bf16 products, reference': op('bfloat16', 'reference'),
         'bf16 products, tiled': op('bfloat16', 'tiled'),
-        'plain bfloat16 (baseline of the rule)': lambda q, lm, v: plain_soft_attention(q.bfloat16(), lm.bfloat16(),
-                                                                                       v.bfloat16()),
-        'bf16 products + bf16 exponent dot (rejected)': lambda q, lm, v: plain_math(q, lm, v, True),
-        'bf16 exponent dot only (rejected)': lambda q, lm, v: plain_math(q, lm, v, False),
+        'plain bfloat16 (baseline of the rule)': lambda q, lm, v: naive_soft_attention(
+            q.bfloat16(), lm.bfloat16(), v.bfloat16(), **SETTINGS),
+        'bf16 products + bf16 exponent dot (rejected)': lambda q, lm, v: rejected(q, lm, v, True),
+        'bf16 exponent dot only (rejected)': lambda q, lm, v: rejected(q, lm, v, False),
     }
 
 
-def run(fn, inputs, grad_out, backward: bool):
-    leaves = [t.detach().clone().requires_grad_(backward) for t in inputs]
+def forward_backward(fn, inputs, grad_out) -> None:
+    """The timed forward+backward: one forward, the backward into q."""
+    leaves = [t.detach().clone().requires_grad_() for t in inputs]
     out = fn(*leaves)
-    if not backward:
-        return out.detach(), None
-    (grad_q,) = torch.autograd.grad(out, leaves[:1], grad_out.to(out.dtype))
-    return out.detach(), grad_q
+    torch.autograd.grad(out, leaves[:1], grad_out.to(out.dtype))
 
 
 def bench(num_tokens: int, args) -> list[tuple]:
-    inputs, grad_out = make_inputs(num_tokens, args.landmarks, args.head_dim, args.heads)
-    ref_out, ref_grad = run(plain_soft_attention, [t.double() for t in inputs], grad_out.double(), True)
+    inputs, grad_out = rule_inputs(num_tokens, args.landmarks, args.head_dim, batch=1, heads=args.heads)
+    reference = outputs_and_grads(lambda *t: naive_soft_attention(*t, **SETTINGS), [t.double() for t in inputs],
+                                  grad_out.double())
     table = {}
     for name, fn in variants().items():
         try:
-            out, grad_q = run(fn, inputs, grad_out, True)
+            out, grad_q, *_ = outputs_and_grads(fn, inputs, grad_out)
         except DispatchError as err:
             print(f'  {name}: skipped ({err})')
             continue
-        table[name] = dict(fn=fn, out_err=relative_error(out, ref_out), grad_err=relative_error(grad_q, ref_grad),
-                           fwd=[], fwdbwd=[])
+        table[name] = dict(fn=fn, out_err=relative_error(out, reference[0]),
+                           grad_err=relative_error(grad_q, reference[1]), fwd=[], fwdbwd=[])
     for _ in range(args.repeats):  # rounds interleaved across variants
         for row in table.values():
             with torch.no_grad():
@@ -98,7 +85,7 @@ def bench(num_tokens: int, args) -> list[tuple]:
                 row['fn'](*inputs)
                 row['fwd'].append(time.perf_counter() - start)
             start = time.perf_counter()
-            run(row['fn'], inputs, grad_out, True)
+            forward_backward(row['fn'], inputs, grad_out)
             row['fwdbwd'].append(time.perf_counter() - start)
     base = statistics.median(table['float32, reference']['fwdbwd']) if 'float32, reference' in table else None
     rows = []

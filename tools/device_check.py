@@ -54,61 +54,58 @@ import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
 import soft_mm  # noqa: E402
-from soft_mm.ops import soft_attention  # noqa: E402
-from soft_mm.ops.attention import plain_soft_attention  # noqa: E402
+from soft_mm.ops import naive_soft_attention, soft_attention  # noqa: E402
 from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
 from soft_mm.ops.triton_cubins import format_table, resource_usage  # noqa: E402
 from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
-from soft_mm.utils.bench import PeakMemory, relative_error, timed  # noqa: E402
+from soft_mm.utils.bench import PeakMemory, timed  # noqa: E402
+from soft_mm.utils.precision_rule import (  # noqa: E402
+    outputs_and_grads,
+    relative_error,
+    rule_errors,
+    rule_inputs,
+    within_rule,
+)
 
 FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),
             batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5)
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
              image=(64, 96), repeats=1)
+SETTINGS = dict(normalize=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 
 
 def op_inputs(tokens: int, landmarks: int, cfg: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    gen = torch.Generator(device='cpu').manual_seed(seed)
-    shape = (cfg['batch'], cfg['heads'], tokens, cfg['head_dim'])
-    q = 0.42 * torch.randn(shape, generator=gen, dtype=torch.float64)
-    picks = torch.randint(tokens, (landmarks,), generator=gen)
-    lm = q[:, :, picks] + 0.05 * torch.randn(*shape[:2], landmarks, shape[3], generator=gen, dtype=torch.float64)
-    v = torch.randn(shape, generator=gen, dtype=torch.float64)
-    grad = torch.randn(shape, generator=gen, dtype=torch.float64)
+    """``[q, landmarks, v, grad_out]`` of the FlashAttention rule (a trained layer's magnitudes), drawn in float64."""
+    (q, lm, v), grad = rule_inputs(tokens, landmarks, cfg['head_dim'], cfg['batch'], cfg['heads'], seed=seed,
+                                   dtype=torch.float64)
     return [t.to(device=device, dtype=dtype) for t in (q, lm, v, grad)]
-
-
-def outputs_and_grads(fn: Callable, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    q, lm, v, grad = tensors
-    leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
-    out = fn(*leaves)
-    return [out.detach(), *torch.autograd.grad(out, leaves, grad.to(out.dtype))]
 
 
 def check_case(tokens: int, landmarks: int, cfg: dict, device: torch.device) -> dict:
     """One correctness case (see :func:`check_correctness`)."""
     def fused(*t):
-        return soft_attention(*t, normalize=True, ridge=0.01, backend='triton')
+        return soft_attention(*t, backend='triton', **SETTINGS)
 
     def reference32(*t):
-        return soft_attention(*t, normalize=True, ridge=0.01, backend='reference')
+        return soft_attention(*t, backend='reference', **SETTINGS)
 
-    tensors = op_inputs(tokens, landmarks, cfg, device, torch.float64)
-    exact = outputs_and_grads(plain_soft_attention, tensors)
-    as_float = [t.float() for t in tensors]
-    err32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
+    *tensors, grad = op_inputs(tokens, landmarks, cfg, device, torch.float64)
+    exact = outputs_and_grads(lambda *t: naive_soft_attention(*t, **SETTINGS), tensors, grad)
+
+    def float32_error(fn: Callable) -> float:
+        results = outputs_and_grads(fn, [t.float() for t in tensors], grad.float())
+        return max(relative_error(a, b) for a, b in zip(results, exact))
+
+    err32 = float32_error(fused)
     with float32_matmul_precision('tf32'):  # as a training script with allow_tf32 = True: the op must not see it
-        tf32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(fused, as_float), exact))
-    ref32 = max(relative_error(a, b) for a, b in zip(outputs_and_grads(reference32, as_float), exact))
+        tf32 = float32_error(fused)
+    ref32 = float32_error(reference32)
     row = dict(float32_error=err32, float32_error_tf32_on=tf32, reference_float32_error=ref32)
     ok = max(err32, tf32) <= max(3e-5, 4 * ref32)
     line = f'float32 {err32:.1e} (TF32 on globally {tf32:.1e}, reference backend {ref32:.1e})'
     for name, dtype in (('bf16', torch.bfloat16), ('f16', torch.float16)):
-        low = [t.to(dtype) for t in tensors]
-        exact_low = outputs_and_grads(plain_soft_attention, [t.double() for t in low])
-        errors = [relative_error(a, b) for a, b in zip(outputs_and_grads(fused, low), exact_low)]
-        plain = [relative_error(a, b) for a, b in zip(outputs_and_grads(plain_soft_attention, low), exact_low)]
-        ok = ok and all(e <= 0.5 * p for e, p in zip(errors, plain))
+        errors, plain = rule_errors(fused, [t.to(dtype) for t in tensors], dtype, grad.to(dtype), **SETTINGS)
+        ok = ok and within_rule(errors, plain)
         row.update({f'{name}_errors': errors, f'plain_{name}_errors': plain})
         ratio = max(e / p for e, p in zip(errors, plain))
         line += f'; {str(dtype).replace("torch.", "")} {max(errors):.1e}, at most {ratio:.2f}x the plain math\'s'
@@ -171,9 +168,8 @@ def bench_op(cfg: dict, device: torch.device) -> list[dict]:
             q, lm, v, grad = op_inputs(tokens, cfg['landmarks'], cfg, device, dtype)
             moved = 3 * q.numel() * q.element_size()  # q, v and the output, once
             methods = {
-                'triton': lambda q, lm, v: soft_attention(q, lm, v, normalize=True, ridge=0.01, backend='triton'),
-                'reference': lambda q, lm, v: soft_attention(q, lm, v, normalize=True, ridge=0.01,
-                                                             backend='reference'),
+                'triton': lambda q, lm, v: soft_attention(q, lm, v, backend='triton', **SETTINGS),
+                'reference': lambda q, lm, v: soft_attention(q, lm, v, backend='reference', **SETTINGS),
                 'sdpa': lambda q, lm, v: F.scaled_dot_product_attention(q, q, v),
             }
             for name, fn in methods.items():

@@ -14,7 +14,7 @@ from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
 from .triton_nystrom import triton_nystrom_middle, triton_nystrom_products
 from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'Middle', 'plain_soft_attention', 'soft_attention']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'Middle', 'soft_attention']
 
 
 def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
@@ -185,21 +185,3 @@ TRITON = register_backend(Backend(
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
     compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))
-
-
-def plain_soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, normalize: bool = True, ridge: float = 0.01,
-                         num_iters: int = 20) -> Tensor:
-    """The SOFT math written plainly in the inputs' dtype, autocast off, with no backend and no precision policy:
-    the baseline of the FlashAttention rule (a low-precision path's error against float64 is compared with this
-    function's error in the same precision). ``newton_inverse`` still inverts in float32, as for any caller."""
-    with no_autocast(q.device):
-        k1 = gaussian_kernel(q, landmarks)
-        kernel_landmarks = gaussian_kernel(landmarks, landmarks)
-        inverse = newton_inverse(kernel_landmarks, num_iters, ridge)
-        context = k1.transpose(-2, -1) @ v
-        if normalize:
-            scale = _inv_sqrt_row_sums(kernel_landmarks).unsqueeze(-1)
-            context = scale * (inverse @ (scale * context))
-        else:
-            context = inverse @ context
-        return k1 @ context

@@ -15,7 +15,7 @@ import torch
 from .bench_process import GLIBC_MALLOC_TUNING, add_glibc_malloc_argument, glibc_malloc_note, run_in_fresh_process
 
 __all__ = ['GLIBC_MALLOC_TUNING', 'PeakMemory', 'add_glibc_malloc_argument', 'gemm_gflops', 'glibc_malloc_note',
-           'parse_size', 'relative_error', 'run_in_fresh_process', 'size_arg', 'sync', 'timed']
+           'parse_size', 'run_in_fresh_process', 'size_arg', 'sync', 'timed']
 
 
 def parse_size(text: str) -> tuple[int, int]:
@@ -36,12 +36,6 @@ def size_arg(text: str) -> tuple[int, int]:
     except ValueError:
         raise argparse.ArgumentTypeError(f'{text!r} is not a size H or HxW of positive integers (e.g. 512x512)') \
             from None
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    """``||a - b|| / ||b||`` (Frobenius norms) in float64: the error of ``a`` against the reference ``b``."""
-    b = b.double()
-    return ((a.double() - b).norm() / b.norm()).item()
 
 
 def sync(device: torch.device) -> None:

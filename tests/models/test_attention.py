@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from soft_mm.models import SoftAttention, SoftmaxAttention
+from soft_mm.utils.precision_rule import relative_error
 
 
 def smooth_tokens(h: int, w: int, dim: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:
@@ -44,10 +45,6 @@ def full_attention_reference(attn: SoftAttention, x: torch.Tensor, hw_shape: tup
         local = F.conv2d(v_map, weight, padding=weight.shape[-1] // 2, groups=c)
         out = out + local.reshape(b, attn.num_heads, attn.head_dim, n).transpose(-2, -1)
     return attn.proj(out.transpose(1, 2).reshape(b, n, c))
-
-
-def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((out - ref).norm() / ref.norm()).item()
 
 
 def test_error_against_full_attention_falls_as_landmark_grid_grows():

@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from soft_mm.ops import exact_inverse, gaussian_kernel, newton_inverse
+from soft_mm.utils.precision_rule import relative_error
 
 
 def separated_kernel(m: int, seed: int = 0) -> torch.Tensor:
@@ -34,10 +35,6 @@ def duplicated_landmark_kernel(jitter: float) -> torch.Tensor:
 
 def max_error(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.double() - b.double()).abs().max().item()
-
-
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
 
 
 def test_well_conditioned_matches_pinv_after_20_iterations():

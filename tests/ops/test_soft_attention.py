@@ -4,7 +4,8 @@ import torch
 import torch.nn.functional as F
 from torch.overrides import TorchFunctionMode
 
-from soft_mm.ops import gaussian_kernel, soft_attention
+from soft_mm.ops import gaussian_kernel, naive_soft_attention, soft_attention
+from soft_mm.utils.precision_rule import relative_error
 
 
 def random_inputs(batch=2, heads=3, num_tokens=32, num_landmarks=6, head_dim=4, value_dim=5, spread=1.0, seed=0,
@@ -29,10 +30,6 @@ def reference_attention(q, landmarks, v, normalize=False, ridge=0.0):
     return k1 @ middle @ k1.transpose(-2, -1) @ v
 
 
-def relative_error(a: torch.Tensor, b: torch.Tensor) -> float:
-    return ((a.double() - b.double()).norm() / b.double().norm()).item()
-
-
 def test_every_token_as_landmark_reproduces_full_attention():
     gen = torch.Generator().manual_seed(0)
     q = 2.0 * torch.randn(2, 2, 16, 4, generator=gen, dtype=torch.float64)  # well separated: cond(A) < 5
@@ -54,6 +51,20 @@ def test_matches_float64_pinv_reference(normalize, ridge):
     # The setting is applied: the other value of `normalize` is far from this reference.
     other = soft_attention(q, landmarks, v, num_iters=30, normalize=not normalize, ridge=ridge)
     assert relative_error(other, reference) > 1e-2
+
+
+@pytest.mark.parametrize('normalize', [False, True])
+def test_naive_reference_is_soft_attention(normalize):
+    # the plain math (the FlashAttention rule's baseline, the benchmarks' plain-PyTorch SOFT) computes the op's function
+    gen = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 2, 50, 4, generator=gen, dtype=torch.float64)
+    landmarks = 2 * torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, 50, 3, generator=gen, dtype=torch.float64)
+    expected = soft_attention(q, landmarks, v, normalize=normalize, ridge=0.01)
+    torch.testing.assert_close(naive_soft_attention(q, landmarks, v, normalize=normalize, ridge=0.01), expected,
+                               rtol=1e-12, atol=1e-12)
+    with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast off inside: the inputs' dtype throughout
+        assert naive_soft_attention(q.float(), landmarks.float(), v.float()).dtype == torch.float32
 
 
 def test_num_iters_and_backward_are_applied():

@@ -1,0 +1,76 @@
+"""The FlashAttention rule for the low-precision paths of the SOFT op, and the one relative error of the tests and
+the benchmarks.
+
+A fast path run in bfloat16 or float16 is measured against float64 and compared with the SOFT math written plainly in
+the same low precision (:func:`~soft_mm.ops.naive_soft_attention`): its error in the output and in every gradient
+must be at most :data:`RULE_FRACTION` of the plain math's, both measured against float64 on the same rounded inputs
+(as FlashAttention is held to a multiple of the error of standard attention in the same precision). The op's tests
+apply it to every backend (``tests/ops``), and ``benchmarks/device_check.py`` on a GPU.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+from torch import Tensor
+
+from ..ops.naive import naive_soft_attention
+
+__all__ = ['RULE_FRACTION', 'outputs_and_grads', 'relative_error', 'rule_errors', 'rule_inputs', 'within_rule']
+
+RULE_FRACTION = 0.5  # each error of a fast path at most this fraction of the plain math's in the same precision
+
+
+def relative_error(a: Tensor, b: Tensor) -> float:
+    """``||a - b|| / ||b||`` (Frobenius norms, computed in float64): the error of ``a`` against the reference ``b``."""
+    b = b.double()
+    return ((a.double() - b).norm() / b.norm()).item()
+
+
+def outputs_and_grads(fn: Callable[..., Tensor], inputs: Sequence[Tensor], grad_out: Tensor) -> tuple[Tensor, ...]:
+    """``fn(*inputs)`` on fresh leaf copies of ``inputs``, then its output and the gradients of every input for the
+    output gradient ``grad_out`` (cast to the output's dtype): ``(out, grad_inputs[0], ...)``, all detached."""
+    leaves = tuple(t.detach().clone().requires_grad_() for t in inputs)
+    out = fn(*leaves)
+    grads = torch.autograd.grad(out, leaves, grad_out.to(out.dtype))
+    return (out.detach(), *grads)
+
+
+def rule_inputs(num_tokens: int, num_landmarks: int, head_dim: int = 32, batch: int = 2, heads: int = 2,
+                value_dim: int | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
+                ) -> tuple[tuple[Tensor, Tensor, Tensor], Tensor]:
+    """``((q, landmarks, v), grad_out)`` that imitate a trained layer: scaled queries of std 0.42, ``num_landmarks``
+    landmarks near as many of the queries, unit values of ``value_dim`` (default ``head_dim``) channels and a unit
+    output gradient, drawn in ``dtype`` on the CPU from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    q = 0.42 * torch.randn(batch, heads, num_tokens, head_dim, generator=gen, dtype=dtype)
+    picks = torch.randint(num_tokens, (num_landmarks,), generator=gen)
+    landmarks = q[:, :, picks] + 0.05 * torch.randn(batch, heads, num_landmarks, head_dim, generator=gen, dtype=dtype)
+    v = torch.randn(batch, heads, num_tokens, value_dim or head_dim, generator=gen, dtype=dtype)
+    grad_out = torch.randn(v.shape, generator=gen, dtype=dtype)
+    return (q, landmarks, v), grad_out
+
+
+def rule_errors(fast: Callable[..., Tensor], inputs: Sequence[Tensor], low_dtype: torch.dtype, grad_out: Tensor,
+                **kwargs) -> tuple[list[float], list[float]]:
+    """``(fast errors, plain errors)``: the relative errors of the output and of the gradients of q, landmarks and v
+    against :func:`~soft_mm.ops.naive_soft_attention` in float64 on the inputs as given; ``fast(*inputs)`` runs on the
+    inputs as given, the plain math on them rounded to ``low_dtype`` (``kwargs`` go to the naive reference: the
+    settings ``fast`` uses, e.g. ``normalize=True, ridge=0.01``). The rule holds when :func:`within_rule`."""
+    def naive(*tensors: Tensor) -> Tensor:
+        return naive_soft_attention(*tensors, **kwargs)
+
+    reference = outputs_and_grads(naive, [t.double() for t in inputs], grad_out.double())
+    results = outputs_and_grads(fast, inputs, grad_out)
+    plain = outputs_and_grads(naive, [t.to(low_dtype) for t in inputs], grad_out.to(low_dtype))
+    for tensors in (results, plain):
+        dtypes = {t.dtype for t in tensors}
+        if not dtypes <= {low_dtype, inputs[0].dtype}:
+            raise AssertionError(f'outputs and gradients in {dtypes}, not in {low_dtype} or the inputs\' dtype')
+    return ([relative_error(a, b) for a, b in zip(results, reference)],
+            [relative_error(a, b) for a, b in zip(plain, reference)])
+
+
+def within_rule(fast_errors: Sequence[float], plain_errors: Sequence[float]) -> bool:
+    """Whether every fast error is at most :data:`RULE_FRACTION` of the plain math's (:func:`rule_errors`)."""
+    return all(fast <= RULE_FRACTION * plain for fast, plain in zip(fast_errors, plain_errors))
