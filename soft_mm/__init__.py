@@ -6,8 +6,8 @@ timm, and the objects mmengine stores in its checkpoints for ``torch.load(weight
 :mod:`soft_mm.registry`).
 
 It registers with the frameworks that are installed: without mmengine (a bare GPU machine with torch, triton and
-timm, where ``tools/device_check.py`` runs) the mmengine registrations are skipped, and without timm the models too,
-so the op layer :mod:`soft_mm.ops` imports with torch alone. A framework that is installed but fails to import
+timm, where ``benchmarks/device_check.py`` runs) the mmengine registrations are skipped, and without timm the models
+too, so the op layer :mod:`soft_mm.ops` imports with torch alone. A framework that is installed but fails to import
 (e.g. mmengine without a dependency of yapf) still raises its own error.
 """
 import importlib

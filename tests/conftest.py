@@ -1,5 +1,5 @@
-"""Shared test fixtures: tools loaded by path, and random checkpoints in the authors' (fudan-zvg/SOFT) layout,
-generated from their key/shape lists.
+"""Shared test fixtures: tools and benchmarks loaded by path, and random checkpoints in the authors' (fudan-zvg/SOFT)
+layout, generated from their key/shape lists.
 
 ``converters/official_keys/soft_<size>.txt`` list every key and shape of the authors' five model definitions (the
 second header line gives their parameter count); the tensors are random with the magnitudes of a trained network.
@@ -69,25 +69,32 @@ assert _TESTED.is_relative_to((REPO_ROOT / 'soft_mm').resolve()), (
     f'install this checkout (pip install --no-deps -e {REPO_ROOT}, or bash tools/install.sh) or put {REPO_ROOT} '
     f'first on PYTHONPATH')
 
-_TOOLS: dict[str, ModuleType] = {}
+_SCRIPTS: dict[Path, ModuleType] = {}
 
 
-def _load_tool(name: str) -> ModuleType:
-    """Import ``tools/<name>.py`` once per session under a unique module name (``tools/test.py`` would shadow the
-    standard library's ``test``)."""
-    if name not in _TOOLS:
-        module_name = 'soft_mm_tools_' + name.replace('/', '_')  # 'deploy/export_onnx' -> tools/deploy/export_onnx.py
-        spec = importlib.util.spec_from_file_location(module_name, REPO_ROOT / 'tools' / f'{name}.py')
+def _load_script(path: Path) -> ModuleType:
+    """Import the script at ``path`` once per session under a unique module name (``tools/test.py`` would shadow the
+    standard library's ``test``): ``tools/deployment/export_onnx.py`` -> ``soft_mm_tools_deployment_export_onnx``."""
+    if path not in _SCRIPTS:
+        module_name = 'soft_mm_' + '_'.join(path.relative_to(REPO_ROOT).with_suffix('').parts)
+        spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _TOOLS[name] = module
-    return _TOOLS[name]
+        _SCRIPTS[path] = module
+    return _SCRIPTS[path]
 
 
 @pytest.fixture(scope='session')
 def load_tool() -> Callable[[str], ModuleType]:
-    """``load_tool('get_flops')`` -> the module of ``tools/get_flops.py``."""
-    return _load_tool
+    """``load_tool('analysis_tools/get_flops')`` -> the module of ``tools/analysis_tools/get_flops.py``."""
+    return lambda name: _load_script(REPO_ROOT / 'tools' / f'{name}.py')
+
+
+@pytest.fixture(scope='session')
+def load_benchmark() -> Callable[[str], ModuleType]:
+    """``load_benchmark('attention')`` -> the module of ``benchmarks/attention.py`` (the harness beside it imports as
+    ``harness``: pyproject's pythonpath puts benchmarks/ on ``sys.path``)."""
+    return lambda name: _load_script(REPO_ROOT / 'benchmarks' / f'{name}.py')
 
 KEYS_DIR = Path(__file__).parent / 'converters' / 'official_keys'
 OFFICIAL_VARIANTS = ('tiny', 'small', 'medium', 'large', 'huge')

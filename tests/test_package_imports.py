@@ -1,7 +1,8 @@
 """``import soft_mm`` registers with the frameworks that are installed: on a bare GPU machine (torch, triton, timm; no
-mm* package, no OpenCV) the op layer, the models and the benchmark helpers import, and where timm is missing too the
-op layer still imports and runs (``soft_mm.ops`` needs torch alone). Each runs in a child process in which the
-missing packages cannot be imported (tests/tool_process.py's blocker), from a folder outside the checkout."""
+mm* package, no OpenCV) the op layer, the models, the precision rule and the benchmarks' harness import, and where
+timm is missing too the op layer still imports and runs (``soft_mm.ops`` needs torch alone). Each runs in a child
+process in which the missing packages cannot be imported (tests/tool_process.py's blocker), from a folder outside the
+checkout."""
 import subprocess
 import sys
 
@@ -10,7 +11,7 @@ from tool_process import BARE_GPU_MACHINE_LACKS, REPO_ROOT, blocked_imports_env
 
 def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
     env = blocked_imports_env(tmp_path / 'site', blocked)
-    env['PYTHONPATH'] += f':{REPO_ROOT}'
+    env['PYTHONPATH'] += f':{REPO_ROOT}:{REPO_ROOT / "benchmarks"}'
     proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=tmp_path, capture_output=True, text=True,
                           check=False, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -18,7 +19,7 @@ def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
 
 
 def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
-    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.utils.bench\n'
+    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.utils.precision_rule, soft_mm.utils.sizes\n'
             'from soft_mm.ops import soft_attention\n'
             'q = torch.randn(1, 2, 30, 8, dtype=torch.float64)\n'
             'out = soft_attention(q, q[:, :, :30], q, num_iters=40, ridge=0.0, backend="reference")\n'
@@ -35,7 +36,7 @@ def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
 
 
 def test_without_mm_packages_the_timm_models_register_and_the_backbone_says_what_it_needs(tmp_path):
-    code = ('import sys, soft_mm, timm, soft_mm.utils.bench\n'
+    code = ('import sys, soft_mm, timm, soft_mm.utils.precision_rule, harness\n'
             'from soft_mm.models import SoftPyramid, SoftVisionTransformer\n'
             'print(soft_mm.HAS_MMENGINE, soft_mm.HAS_TIMM, "soft_norm_small" in timm.list_models("soft_*"),\n'
             '      soft_mm.SoftVisionTransformer is SoftVisionTransformer)\n'

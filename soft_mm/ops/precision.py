@@ -1,7 +1,7 @@
 """The one precision policy of the SOFT op: which dtype each step runs in, from device, input dtype and autocast.
 
 The SOFT op has four kinds of arithmetic, with different needs. Errors against float64 and times below are one run
-of ``python tools/benchmark_precision.py`` on the 2-core CPU (SOFT-Norm, m = 49 landmarks near some of the queries,
+of ``python benchmarks/precision.py`` on the 2-core CPU (SOFT-Norm, m = 49 landmarks near some of the queries,
 d = 32, 2 heads; output / grad q errors):
 
 * the N×m **products with v** — ``K1^T v`` and ``K1 (M c)`` — run in bfloat16 with float32 accumulation: at 65k

@@ -136,10 +136,13 @@ def test_wheel_ships_configs_tools_and_model_index_for_mim(wheel: Path) -> None:
             'soft_mm/.mim/configs/retinanet_soft_tiny_demo.py',
             'soft_mm/.mim/configs/_base_/demo_runtime.py'} <= set(expected)
     with zipfile.ZipFile(wheel) as archive:
-        shipped = {name: archive.read(name) for name in archive.namelist() if name.startswith('soft_mm/.mim/')}
+        names = archive.namelist()
+        shipped = {name: archive.read(name) for name in names if name.startswith('soft_mm/.mim/')}
     assert sorted(set(expected) - set(shipped)) == [], 'missing from the wheel'
     assert sorted(set(shipped) - set(expected)) == [], 'in the wheel but not in the checkout'
     assert [name for name in expected if shipped[name] != expected[name]] == []
+    # the benchmarks (benchmarks/, beside tools/) stay in the checkout: not in .mim, not in the wheel at all
+    assert not [name for name in names if 'benchmark' in name or 'device_check' in name], 'a benchmark in the wheel'
 
 
 # what a checkout holds besides its sources (.gitignore's build outputs, data and run outputs, and soft_mm/.mim, the

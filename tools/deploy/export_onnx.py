@@ -26,8 +26,8 @@ import torch
 from torch import nn
 
 from soft_mm.engine.cli import ConfigError, load_config, one_sentence_errors
-from soft_mm.utils.bench import size_arg
 from soft_mm.utils.checkpoint_files import CheckpointFileError, read_checkpoint, state_dict_of
+from soft_mm.utils.sizes import size_arg
 
 MAX_SIDE = 8192
 DEFAULT_EXPORT_SIZE = (224, 224)

@@ -45,7 +45,7 @@ from soft_mm.engine.cli import (
     use_checked_image_loading,
 )
 from soft_mm.utils import check_data_paths
-from soft_mm.utils.bench import size_arg
+from soft_mm.utils.sizes import size_arg
 
 ONNX_FILE = 'end2end.onnx'
 OPSET = 17

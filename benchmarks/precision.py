@@ -1,15 +1,16 @@
 """Error against float64 and time of the SOFT op under each precision policy and backend, side by side.
 
-    python tools/benchmark_precision.py [--tokens 16384 65536] [--landmarks 49] [--head-dim 32] [--heads 2]
+    python benchmarks/precision.py [--tokens 16384 65536] [--landmarks 49] [--head-dim 32] [--heads 2]
         [--repeats 5] [--threads 2]
 
 For each token count: the float64 reference (``soft_mm.ops.naive_soft_attention``, the plain math, in float64),
 then forward and forward+backward of ``soft_attention`` in float32 (``precision='highest'``) and with bfloat16
 products (the policy under bfloat16 autocast), on each backend that takes the call, beside the plain math in
 bfloat16 (the FlashAttention rule's baseline) and two rejected alternatives written out here: the bfloat16 products
-with the kernel exponent's dot products in bfloat16 too, and those dot products alone in bfloat16. Errors are relative Frobenius errors of the output and of grad q; times are medians, rounds
-interleaved across the variants. The inputs imitate a trained layer: scaled queries of std 0.42, m landmarks near
-m of them, unit values.
+with the kernel exponent's dot products in bfloat16 too, and those dot products alone in bfloat16. Errors are
+relative Frobenius errors of the output and of grad q; times are medians, rounds interleaved across the variants.
+The inputs imitate a trained layer (``soft_mm.utils.precision_rule.rule_inputs``): scaled queries of std 0.42, m
+landmarks near m of them, unit values.
 """
 from __future__ import annotations
 

@@ -1,30 +1,27 @@
 """Full-resolution segmentation on CPU with a SOFT UperNet: time and peak memory of slide and whole-image inference.
 
-    python tools/seg_full_res.py                               # configs/upernet_soft_small_ade20k.py, random weights
-    python tools/seg_full_res.py --mode slide --size 512x2048  # one mode, one size (HEIGHTxWIDTH)
-    python tools/seg_full_res.py --checkpoint work_dirs/.../iter_160000.pth
+    python benchmarks/seg_full_res.py                     # configs/upernet_soft_small_ade20k.py, random weights
+    python benchmarks/seg_full_res.py --mode slide --size 512x2048        # one mode, one size (HEIGHTxWIDTH)
+    python benchmarks/seg_full_res.py --checkpoint work_dirs/.../iter_160000.pth
 
 Runs ``model.inference`` (mmseg's ``EncoderDecoder``) on one random image per row: ``slide`` uses the config's
 ``test_cfg`` (512x512 windows, stride 341 for the ADE20K configs), ``whole`` the full image in one pass. Each row runs
-in a fresh process, so "peak MiB" is that process's peak resident memory (``ru_maxrss``) above the memory it held
-after building the model: what the inference itself needed.
+in a fresh process (:func:`harness.run_in_fresh_process`, in this process's environment), so "peak MiB" is the rise of
+that process's peak resident memory above the memory it held after building the model (:class:`harness.PeakMemory`):
+what the inference itself needed.
 """
 from __future__ import annotations
 
 import argparse
 import json
-import resource
-import subprocess
 import sys
 import time
+
+from harness import PeakMemory, run_in_fresh_process
 
 DEFAULT_CONFIG = 'configs/upernet_soft_small_ade20k.py'
 DEFAULT_ROWS = (('slide', (512, 2048)), ('whole', (1024, 2048)))
 MODES = ('slide', 'whole')
-
-
-def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
 
 
 def run_one(config: str, mode: str, size: tuple[int, int], checkpoint: str | None = None,
@@ -63,14 +60,15 @@ def run_one(config: str, mode: str, size: tuple[int, int], checkpoint: str | Non
     image = torch.randn(1, 3, height, width)
     meta = [{'img_shape': (height, width), 'ori_shape': (height, width), 'pad_shape': (height, width),
              'padding_size': [0, 0, 0, 0]}]
-    base = _rss_mib()
+    memory = PeakMemory(torch.device('cpu'))
+    memory.start()
     start = time.perf_counter()
     with torch.no_grad():
         logits = model.inference(image, meta)
     seconds = time.perf_counter() - start
     row = {'mode': mode, 'size': [height, width],
            'test_cfg': {k: list(v) if isinstance(v, tuple) else v for k, v in test_cfg.items()},
-           'logits_shape': list(logits.shape), 'seconds': seconds, 'peak_mib': _rss_mib() - base,
+           'logits_shape': list(logits.shape), 'seconds': seconds, 'peak_mib': memory.peak_mib(),
            'finite': bool(torch.isfinite(logits).all())}
     if return_logits:
         row['logits'] = logits
@@ -78,7 +76,7 @@ def run_one(config: str, mode: str, size: tuple[int, int], checkpoint: str | Non
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    from soft_mm.utils.bench import size_arg
+    from soft_mm.utils.sizes import size_arg
 
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--config', default=DEFAULT_CONFIG)
@@ -88,26 +86,25 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument('--crop', type=int, help='slide window side (default: the config test_cfg.crop_size)')
     parser.add_argument('--stride', type=int, help='slide stride (default: the config test_cfg.stride)')
     parser.add_argument('--threads', type=int, help='torch.set_num_threads in each run')
-    parser.add_argument('--in-process', action='store_true', help=argparse.SUPPRESS)
+    parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.in_process:
-        if args.threads:
+    if args.worker:
+        spec = json.loads(args.worker)
+        if spec['threads']:
             import torch
-            torch.set_num_threads(args.threads)
-        print(json.dumps(run_one(args.config, args.mode, args.size, args.checkpoint, args.crop, args.stride)))
+            torch.set_num_threads(spec['threads'])
+        print(json.dumps(run_one(spec['config'], spec['mode'], tuple(spec['size']), spec['checkpoint'], spec['crop'],
+                                 spec['stride'])))
         return []
     rows_to_run = [(args.mode, args.size or dict(DEFAULT_ROWS)[args.mode])] if args.mode else list(DEFAULT_ROWS)
     rows = []
     for mode, (height, width) in rows_to_run:
-        command = [sys.executable, __file__, '--in-process', '--config', args.config, '--mode', mode,
-                   '--size', f'{height}x{width}']
-        for flag in ('checkpoint', 'crop', 'stride', 'threads'):
-            if getattr(args, flag):
-                command += [f'--{flag}', str(getattr(args, flag))]
-        done = subprocess.run(command, capture_output=True, text=True, check=False)
-        if done.returncode:
-            sys.exit(f'{mode} {height}x{width} failed:\n{done.stderr[-2000:]}')
-        rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        spec = dict(config=args.config, mode=mode, size=[height, width], checkpoint=args.checkpoint, crop=args.crop,
+                    stride=args.stride, threads=args.threads)
+        row, stderr = run_in_fresh_process(__file__, spec, glibc_malloc=None)
+        if row is None:
+            sys.exit(f'{mode} {height}x{width} failed:\n{stderr[-2000:]}')
+        rows.append(row)
     print(f'{args.config} on CPU ({"random weights" if not args.checkpoint else args.checkpoint})')
     print(f'{"mode":>6} {"H x W":>11} {"test_cfg":>34} {"seconds":>8} {"peak MiB":>9}')
     for row in rows:

@@ -1,4 +1,4 @@
-"""tools/seg_full_res.py: slide and whole-image inference of a SOFT UperNet, at a reduced size."""
+"""benchmarks/seg_full_res.py: slide and whole-image inference of a SOFT UperNet, at a reduced size."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -18,8 +18,8 @@ def test_ade20k_configs_test_by_sliding_512_windows() -> None:
         assert test_cfg == {'mode': 'slide', 'crop_size': (512, 512), 'stride': (341, 341)}, name
 
 
-def test_slide_and_whole_inference_at_a_reduced_size(load_tool) -> None:
-    tool = load_tool('seg_full_res')
+def test_slide_and_whole_inference_at_a_reduced_size(load_benchmark) -> None:
+    tool = load_benchmark('seg_full_res')
     # 3 x 4 windows of 64 px with stride 43 over 150 x 193 (odd sides: the last window is shifted back inside)
     slide = tool.run_one(DEMO, 'slide', (150, 193), crop=64, stride=43)
     whole = tool.run_one(DEMO, 'whole', (150, 193))
@@ -29,10 +29,10 @@ def test_slide_and_whole_inference_at_a_reduced_size(load_tool) -> None:
     assert slide['test_cfg'] == {'mode': 'slide', 'crop_size': [64, 64], 'stride': [43, 43]}
 
 
-def test_one_window_slide_equals_whole(load_tool) -> None:
+def test_one_window_slide_equals_whole(load_benchmark) -> None:
     import torch
 
-    tool = load_tool('seg_full_res')
+    tool = load_benchmark('seg_full_res')
     # a window as large as the image: slide inference is the whole-image pass (same seed, same random weights)
     slide = tool.run_one(DEMO, 'slide', (96, 128), crop=128, stride=128, return_logits=True)['logits']
     whole = tool.run_one(DEMO, 'whole', (96, 128), return_logits=True)['logits']
@@ -43,7 +43,7 @@ def test_one_window_slide_equals_whole(load_tool) -> None:
     assert (tiled - whole).abs().max() > 1e-3
 
 
-def test_bad_mode_is_named(load_tool) -> None:
-    tool = load_tool('seg_full_res')
+def test_bad_mode_is_named(load_benchmark) -> None:
+    tool = load_benchmark('seg_full_res')
     with pytest.raises(ValueError, match="mode must be one of \\('slide', 'whole'\\)"):
         tool.run_one(DEMO, 'tiles', (64, 64))

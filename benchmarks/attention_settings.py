@@ -1,8 +1,8 @@
 """What an attention setting costs: forward+backward time of SOFT backbones that differ only in their attention
 settings, timed in one process with the rounds interleaved (so drift hits every variant alike), as ratios to the first.
 
-    python tools/benchmark_settings.py                       # the remedies of docs/advanced/attention_health.md
-    python tools/benchmark_settings.py --variants landmark_mode=avg landmark_mode=conv --size 128x128 --batch 8
+    python benchmarks/attention_settings.py                  # the remedies of docs/advanced/attention_health.md
+    python benchmarks/attention_settings.py --variants landmark_mode=avg landmark_mode=conv --size 128x128 --batch 8
 
 Each variant is a comma-separated list of ``AttentionSettings`` fields (``landmark_mode=avg,newton_iters=30``) applied
 to ``SOFT(arch, soft_norm=True, drop_path_rate=0)`` after ``init_weights()`` with seed 0; training mode, a random
@@ -18,6 +18,7 @@ import torch
 
 from soft_mm.models import SOFT
 from soft_mm.models.settings import FIELDS, attention_settings
+from soft_mm.utils.sizes import parse_size
 
 DEFAULT_VARIANTS = ('landmark_mode=avg', 'landmark_mode=conv', 'landmark_mode=avg,newton_iters=30',
                     'landmark_mode=avg,newton_backward=unrolled', 'landmark_mode=avg,landmark_grid=14')
@@ -75,11 +76,11 @@ def main(argv: list[str] | None = None) -> list[tuple[str, float]]:
     parser.add_argument('--rounds', type=int, default=5, help='timed rounds after one warm-up round')
     args = parser.parse_args(argv)
     try:
-        size = tuple(int(s) for s in args.size.lower().split('x'))
-        if len(size) != 2 or min(size) < 32:
+        size = parse_size(args.size)
+        if min(size) < 32:
             raise ValueError
     except ValueError:
-        parser.error(f'--size must be HxW with both sides >= 32, got {args.size!r}')
+        parser.error(f'--size must be H or HxW with both sides >= 32, got {args.size!r}')
     if args.batch < 1 or args.rounds < 1:
         parser.error('--batch and --rounds must be >= 1')
     try:

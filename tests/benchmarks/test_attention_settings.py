@@ -1,4 +1,4 @@
-"""tools/benchmark_settings.py: variants parsed into validated attention settings, one row per variant."""
+"""benchmarks/attention_settings.py: variants parsed into validated attention settings, one row per variant."""
 from __future__ import annotations
 
 import pytest
@@ -6,8 +6,8 @@ import pytest
 from soft_mm.models.settings import attention_settings
 
 
-def test_variants_are_parsed_and_validated(load_tool):
-    tool = load_tool('benchmark_settings')
+def test_variants_are_parsed_and_validated(load_benchmark):
+    tool = load_benchmark('attention_settings')
     assert tool.parse_variant('landmark_mode=avg,newton_iters=30,newton_ridge=0.001') == {
         'landmark_mode': 'avg', 'newton_iters': 30, 'newton_ridge': 0.001}
     with pytest.raises(ValueError, match="'iters=3' is not FIELD=VALUE with FIELD one of landmark_mode"):
@@ -30,8 +30,8 @@ def fake_clock(durations: list[float]):
     return clock
 
 
-def test_one_row_per_variant_with_its_settings_and_the_ratio_to_the_first(load_tool, capsys, monkeypatch):
-    tool = load_tool('benchmark_settings')
+def test_one_row_per_variant_with_its_settings_and_the_ratio_to_the_first(load_benchmark, capsys, monkeypatch):
+    tool = load_benchmark('attention_settings')
     built = {}
     build_variant = tool.build_variant
 

@@ -1,4 +1,4 @@
-"""tools/benchmark_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs, from one whole graph per
+"""benchmarks/torch_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs, from one whole graph per
 input size that runs the eager code of the model (``soft_mm.ops.capture.exporting()`` False) and the eager kernels,
 the hand-written ones as custom-op nodes."""
 from __future__ import annotations
@@ -22,8 +22,8 @@ ATOL = 1e-4  # float32, outputs of magnitude ~5
 
 
 @pytest.fixture(scope='module')
-def tool(load_tool) -> ModuleType:
-    return load_tool('benchmark_compile')
+def tool(load_benchmark) -> ModuleType:
+    return load_benchmark('torch_compile')
 
 
 def _model() -> SOFT:

@@ -1,8 +1,8 @@
 """Time, peak memory and FLOP rate of SOFT attention against softmax attentions as the token count grows.
 
-    python tools/benchmark_attention.py                  # 3k .. 267k tokens, all methods, CPU (<= 10 min on 2 cores)
-    python tools/benchmark_attention.py --sizes 56 200x334 --methods soft_op plain_math --repeats 5
-    python tools/benchmark_attention.py --device cuda --out work_dirs/bench_attention_cuda
+    python benchmarks/attention.py                  # 3k .. 267k tokens, all methods, CPU (<= 10 min on 2 cores)
+    python benchmarks/attention.py --sizes 56 200x334 --methods soft_op plain_math --repeats 5
+    python benchmarks/attention.py --device cuda --out work_dirs/bench_attention_cuda
 
 Methods (stage-1 setting of SOFT-Small: ``--dim`` 64 channels, ``--heads`` 2 of 32 dims, 7x7 = 49 landmarks):
 
@@ -45,18 +45,11 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
+from harness import PeakMemory, add_glibc_malloc_argument, gemm_gflops, glibc_malloc_note, run_in_fresh_process, timed
 from torch import nn
 
 from soft_mm.ops import naive_soft_attention
-from soft_mm.utils.bench import (
-    PeakMemory,
-    add_glibc_malloc_argument,
-    gemm_gflops,
-    glibc_malloc_note,
-    parse_size,
-    run_in_fresh_process,
-    timed,
-)
+from soft_mm.utils.sizes import parse_size, size_arg
 
 SOFT_LAYERS = {'soft_conv': ('conv', False), 'soft_avg': ('avg', False), 'soft_norm_conv': ('conv', True),
                'soft_norm_avg': ('avg', True)}
@@ -286,8 +279,8 @@ def plot(rows: list[dict[str, Any]], methods: list[str], title: str, path: Path)
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--sizes', nargs='+', default=list(DEFAULT_SIZES),
-                        help='token maps, H (square) or HxW (default: %(default)s)')
+    parser.add_argument('--sizes', nargs='+', type=size_arg, default=[parse_size(s) for s in DEFAULT_SIZES],
+                        help=f'token maps, H (square) or HxW (default: {" ".join(DEFAULT_SIZES)})')
     parser.add_argument('--methods', nargs='+', default=list(METHODS), choices=METHODS, metavar='METHOD',
                         help=f'methods to run (default: all of {", ".join(METHODS)})')
     parser.add_argument('--dim', type=int, default=64, help='channels (default: 64, SOFT stage 1)')
@@ -303,10 +296,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.worker:
         return args
-    try:
-        args.hw_shapes = [parse_size(s) for s in args.sizes]
-    except ValueError as err:
-        parser.error(f'--sizes must be positive integers H or HxW, got {err}')
     if args.dim % args.heads:
         parser.error(f'--dim ({args.dim}) must be divisible by --heads ({args.heads})')
     if args.repeats < 1:
@@ -330,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
           f'landmarks<={LANDMARK_GRID ** 2}; median of {args.repeats}')
     print(f"{'method':>16} {'map':>9} {'tokens':>7} {'fwd ms':>9} {'fwd+bwd ms':>11} {'fwd MiB':>8} "
           f"{'f+b MiB':>8} {'GFLOP/s':>8} {'sgemm':>7}")
-    for hw_shape in sorted(args.hw_shapes, key=lambda s: s[0] * s[1]):
+    for hw_shape in sorted(args.sizes, key=lambda s: s[0] * s[1]):
         tokens = hw_shape[0] * hw_shape[1]
         for method in args.methods:
             flops_fwd, flops_fwd_bwd = case_flops(method, hw_shape, args.dim, args.heads)

@@ -1,4 +1,4 @@
-"""Tests of tools/benchmark_attention.py: its baselines compute what they claim (the plain math is the library's naive
+"""Tests of benchmarks/attention.py: its baselines compute what they claim (the plain math is the library's naive
 reference, tested in tests/ops/test_soft_attention.py), and a tiny run writes its outputs."""
 import json
 import subprocess
@@ -10,12 +10,12 @@ import torch
 import torch.nn.functional as F
 
 ROOT = Path(__file__).resolve().parents[2]
-TOOL = ROOT / 'tools' / 'benchmark_attention.py'
+TOOL = ROOT / 'benchmarks' / 'attention.py'
 
 
 @pytest.fixture(scope='module')
-def tool(load_tool):
-    return load_tool('benchmark_attention')
+def tool(load_benchmark):
+    return load_benchmark('attention')
 
 
 def test_nystrom_softmax_with_every_token_as_landmark_is_exact_softmax(tool):
@@ -74,4 +74,4 @@ def test_every_case_builds_and_runs_forward_and_backward(tool, method):
 def test_rejects_bad_sizes():
     proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '0'], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2
-    assert '--sizes must be positive' in proc.stderr
+    assert "argument --sizes: '0' is not a size H or HxW of positive integers" in proc.stderr

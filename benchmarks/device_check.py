@@ -1,16 +1,17 @@
 """The prepared GPU check: the SOFT op's Triton backend tested on the device, then timed against the PyTorch paths
 and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command, under 5 minutes on one GPU.
 
-    python tools/device_check.py                 # on a CUDA machine: prints the tables, writes device_check.json
-    python tools/device_check.py --smoke         # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
+    python benchmarks/device_check.py            # on a CUDA machine: prints the tables, writes device_check.json
+    python benchmarks/device_check.py --smoke    # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
 
-Needs torch, triton and timm only (no mm* package, no network): it imports the op layer and the pyramid, which
-import with torch and timm alone. Run it from the repository root or from anywhere (``python
-/path/to/soft_mm/tools/device_check.py``: the tool puts its own checkout first on ``sys.path``), or install the
-checkout offline first, without build isolation (which would fetch setuptools from an index)::
+Needs torch, triton and timm only (no mm* package, no network): it imports the op layer, the pyramid and the
+benchmarks' harness (beside it), which import with torch and timm alone. Run it from the repository root or from
+anywhere (``python /path/to/soft_mm/benchmarks/device_check.py``: the script puts its own checkout first on
+``sys.path``), or install the checkout offline first, without build isolation (which would fetch setuptools from an
+index)::
 
-    PYTHONPATH=/path/to/soft_mm python /path/to/soft_mm/tools/device_check.py
-    pip install --no-deps --no-build-isolation -e /path/to/soft_mm   # or this, then python tools/device_check.py
+    PYTHONPATH=/path/to/soft_mm python /path/to/soft_mm/benchmarks/device_check.py
+    pip install --no-deps --no-build-isolation -e /path/to/soft_mm   # or this, then python benchmarks/device_check.py
 
 (the install needs setuptools >= 77 already installed there, for pyproject's ``license = "MIT"``; checked offline
 with ``--no-index`` against setuptools 81).
@@ -23,12 +24,13 @@ Parts:
 1. correctness on the device: the Triton backend's outputs and gradients against the float64 reference at
    (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32 (float32 within 3e-5, also with TF32 switched
    on globally as training scripts do; bfloat16 and float16 within half the error of the plain math in that dtype,
-   the FlashAttention rule); the exit status is 1 if any case fails;
+   the FlashAttention rule of :mod:`soft_mm.utils.precision_rule`); the exit status is 1 if any case fails;
 2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16, float16 and float32,
    forward and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same
    q, v (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to
    move q, v and the output once through memory at the device's measured copy bandwidth;
-3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory;
+3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory
+   (:func:`harness.build_backbone`: SOFT-Norm-Small, timm's Swin-T and ConvNeXt-T);
 4. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
    and spilled bytes per kernel and dtypes (:mod:`soft_mm.ops.triton_cubins`, the table its test holds at 0 spills).
 """
@@ -37,7 +39,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import traceback
 from collections.abc import Callable
@@ -52,13 +53,13 @@ if str(ROOT) not in sys.path:  # this checkout's soft_mm, from any working direc
 
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from harness import PeakMemory, build_backbone, median_time  # noqa: E402
 
 import soft_mm  # noqa: E402
 from soft_mm.ops import naive_soft_attention, soft_attention  # noqa: E402
 from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
 from soft_mm.ops.triton_cubins import format_table, resource_usage  # noqa: E402
 from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
-from soft_mm.utils.bench import PeakMemory, timed  # noqa: E402
 from soft_mm.utils.precision_rule import (  # noqa: E402
     outputs_and_grads,
     relative_error,
@@ -72,6 +73,7 @@ FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
              image=(64, 96), repeats=1)
 SETTINGS = dict(normalize=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
+BACKBONES = ('soft_norm_small', 'swin_t', 'convnext_t')
 
 
 def op_inputs(tokens: int, landmarks: int, cfg: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
@@ -131,11 +133,6 @@ def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[d
     return rows
 
 
-def median_time(fn: Callable, device: torch.device, repeats: int) -> float:
-    fn()  # warm-up (and Triton's compilation)
-    return statistics.median(timed(fn, device) for _ in range(repeats))
-
-
 def measure(row: dict, forward: Callable, forward_backward: Callable, device: torch.device, repeats: int) -> dict:
     """Fill ``row`` with the forward time (no grad), the forward+backward time and its peak memory, or the error
     (out of memory, an unsupported size); prints it."""
@@ -186,39 +183,12 @@ def bench_op(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
-class PyramidMaps(torch.nn.Module):
-    """The SOFT backbone's forward (the four maps) without mmengine: :class:`~soft_mm.models.SOFT` is an mmengine
-    ``BaseModule``, which a bare GPU machine does not have; the modules and the computation are the same."""
-
-    def __init__(self, pyramid: torch.nn.Module) -> None:
-        super().__init__()
-        self.pyramid = pyramid
-
-    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-        return self.pyramid.forward_pyramid(x)[0]
-
-
-def build_backbones(image: tuple[int, int]) -> dict[str, torch.nn.Module]:
-    import timm
-
-    from soft_mm.models.pyramid import SoftPyramid
-
-    soft = SoftPyramid('small', soft_norm=True, drop_path_rate=0.0)
-    soft.init_pyramid_weights()
-    return {
-        'soft_norm_small': PyramidMaps(soft),
-        'swin_t': timm.create_model('swin_tiny_patch4_window7_224', pretrained=False, features_only=True,
-                                    img_size=image, drop_path_rate=0.0),
-        'convnext_t': timm.create_model('convnext_tiny', pretrained=False, features_only=True),
-    }
-
-
 def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     rows = []
     image = cfg['image']
     x = torch.randn(cfg['batch'], 3, *image, device=device)
-    for name, model in build_backbones(image).items():
-        model = model.to(device)
+    for name in BACKBONES:
+        model = build_backbone(name, image).to(device)
 
         def forward_backward(model=model):
             torch.autograd.backward([o.float().mean() for o in model(x)])

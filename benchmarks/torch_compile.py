@@ -1,8 +1,8 @@
 """Speed of the SOFT backbone under ``torch.compile`` next to eager, and the largest difference of their outputs.
 
-    python tools/benchmark_compile.py                                  # SOFT-Tiny, 1x3x224x224 and 1x3x512x512, CPU
-    python tools/benchmark_compile.py --arch small --sizes 800x1333 --dynamic --repeats 5
-    python tools/benchmark_compile.py --arch small --soft-norm --sizes 800x1344 --dtype bfloat16 --freezing
+    python benchmarks/torch_compile.py                                 # SOFT-Tiny, 1x3x224x224 and 1x3x512x512, CPU
+    python benchmarks/torch_compile.py --arch small --sizes 800x1333 --dynamic --repeats 5
+    python benchmarks/torch_compile.py --arch small --soft-norm --sizes 800x1344 --dtype bfloat16 --freezing
 
 Prints one row per input size: eager time, compiled time (medians of ``--repeats`` interleaved rounds after
 warm-up), their ratio, the one-off compile time, ``max |compiled - eager|`` over the four outputs, and the error of
@@ -10,7 +10,8 @@ each against the model run in float64 (``max |out - exact| / max |exact|``, the 
 ``--backend inductor`` (the default) needs a C++ compiler on CPU; when it cannot compile, the tool says so and falls
 back to ``aot_eager`` (same graph capture, no code generation), so the outputs are still compared. ``--dtype
 bfloat16`` runs eager and compiled forwards under bfloat16 autocast; ``--freezing`` sets inductor's ``freezing``
-(weights folded into the graph as constants, for inference). Timings are noisy on a shared machine: compare ratios
+(weights folded into the graph as constants, for inference) for the run, restored after it
+(:func:`harness.inductor_freezing`). Timings are noisy on a shared machine: compare ratios
 of one run.
 """
 from __future__ import annotations
@@ -23,10 +24,11 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
+from harness import inductor_freezing
 from torch import nn
 
 from soft_mm.models import SOFT
-from soft_mm.utils.bench import size_arg
+from soft_mm.utils.sizes import size_arg
 
 FALLBACK_BACKEND = 'aot_eager'
 
@@ -51,15 +53,13 @@ def inference(dtype: torch.dtype = torch.float32, device_type: str = 'cpu') -> I
 
 
 def compile_backbone(model: nn.Module, sample: torch.Tensor, backend: str = 'inductor', dynamic: bool | None = None,
-                     dtype: torch.dtype = torch.float32, freezing: bool = False,
+                     dtype: torch.dtype = torch.float32,
                      ) -> tuple[Callable[[torch.Tensor], tuple[torch.Tensor, ...]], str, float]:
-    """``torch.compile(model)`` run once on ``sample`` (under :func:`inference` in ``dtype``; ``freezing``: inductor's
-    weight freezing); falls back to :data:`FALLBACK_BACKEND` if ``backend`` fails.
+    """``torch.compile(model)`` run once on ``sample`` (under :func:`inference` in ``dtype``); falls back to
+    :data:`FALLBACK_BACKEND` if ``backend`` fails.
 
     Returns the compiled callable, the backend used and the seconds the first (compiling) call took.
     """
-    import torch._inductor.config as inductor_config
-    inductor_config.freezing = freezing
     for name in dict.fromkeys([backend, FALLBACK_BACKEND]):
         torch._dynamo.reset()
         start = time.perf_counter()
@@ -81,38 +81,41 @@ def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = '
             batch: int = 1, dynamic: bool | None = None, seed: int = 0, dtype: torch.dtype = torch.float32,
             freezing: bool = False, float64_errors: bool = False) -> list[dict]:
     """One row per ``(height, width)``: eager and compiled seconds, compile seconds, max abs output difference
-    (both forwards under :func:`inference` in ``dtype``); with ``float64_errors`` also the error of each against the
-    model run in float64 (:func:`relative_error`)."""
+    (both forwards under :func:`inference` in ``dtype``; ``freezing``: inductor's weight freezing for every compilation
+    of the run); with ``float64_errors`` also the error of each against the model run in float64
+    (:func:`max_norm_error`)."""
     generator = torch.Generator().manual_seed(seed)
     rows = []
     compiled, used = None, backend
-    for height, width in sizes:
-        x = torch.randn(batch, model.in_channels, height, width, generator=generator)
-        if compiled is None or not dynamic:
-            compiled, used, compile_s = compile_backbone(model, x, backend, dynamic, dtype, freezing)
-        else:
-            start = time.perf_counter()
+    with inductor_freezing(freezing):
+        for height, width in sizes:
+            x = torch.randn(batch, model.in_channels, height, width, generator=generator)
+            if compiled is None or not dynamic:
+                compiled, used, compile_s = compile_backbone(model, x, backend, dynamic, dtype)
+            else:
+                start = time.perf_counter()
+                with inference(dtype, x.device.type):
+                    compiled(x)
+                compile_s = time.perf_counter() - start
             with inference(dtype, x.device.type):
-                compiled(x)
-            compile_s = time.perf_counter() - start
-        with inference(dtype, x.device.type):
-            eager_out = model(x)
-            compiled_out = compiled(x)
-            eager_s, compiled_s = _median_times([lambda x=x: model(x), lambda x=x, fn=compiled: fn(x)], repeats)
-        diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(eager_out, compiled_out))
-        row = {'size': (height, width), 'backend': used, 'eager_s': eager_s, 'compiled_s': compiled_s,
-               'compile_s': compile_s, 'max_abs_diff': diff}
-        if float64_errors:
-            with torch.no_grad():
-                exact = copy.deepcopy(model).double()(x.double())
-            row['eager_error'] = relative_error(eager_out, exact)
-            row['compiled_error'] = relative_error(compiled_out, exact)
-        rows.append(row)
+                eager_out = model(x)
+                compiled_out = compiled(x)
+                eager_s, compiled_s = _median_times([lambda x=x: model(x), lambda x=x, fn=compiled: fn(x)], repeats)
+            diff = max(float((a.float() - b.float()).abs().max()) for a, b in zip(eager_out, compiled_out))
+            row = {'size': (height, width), 'backend': used, 'eager_s': eager_s, 'compiled_s': compiled_s,
+                   'compile_s': compile_s, 'max_abs_diff': diff}
+            if float64_errors:
+                with torch.no_grad():
+                    exact = copy.deepcopy(model).double()(x.double())
+                row['eager_error'] = max_norm_error(eager_out, exact)
+                row['compiled_error'] = max_norm_error(compiled_out, exact)
+            rows.append(row)
     return rows
 
 
-def relative_error(outs: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> float:
-    """The largest ``max |out - exact| / max |exact|`` over the output maps."""
+def max_norm_error(outs: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> float:
+    """The largest ``max |out - exact| / max |exact|`` over the output maps (a max-norm error, as the recorded runs
+    give it; the Frobenius relative error is :func:`soft_mm.utils.precision_rule.relative_error`)."""
     return max(float((o.double() - e).abs().max() / e.abs().max()) for o, e in zip(outs, exact))
 
 

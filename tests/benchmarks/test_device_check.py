@@ -1,6 +1,6 @@
-"""tools/device_check.py, the prepared GPU check, run with --smoke: tiny sizes on CPU under the Triton interpreter, so
-the script that a lent GPU runs once is known to work end to end, on a machine like the lent one (no mm* package, no
-OpenCV) and started from outside the repository."""
+"""benchmarks/device_check.py, the prepared GPU check, run with --smoke: tiny sizes on CPU under the Triton
+interpreter, so the script that a lent GPU runs once is known to work end to end, on a machine like the lent one (no
+mm* package, no OpenCV) and started from outside the repository."""
 import json
 import subprocess
 import sys
@@ -26,7 +26,7 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     out = tmp_path / 'device_check.json'
     env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
     # from a folder outside the checkout, the checkout not on PYTHONPATH: the tool finds its own soft_mm
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / 'tools/device_check.py'), '--smoke', '--out', str(out)],
+    proc = subprocess.run([sys.executable, str(REPO_ROOT / 'benchmarks/device_check.py'), '--smoke', '--out', str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
@@ -43,8 +43,8 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     assert 'sm_80 regs / spill B' in proc.stdout
 
 
-def test_a_failing_case_is_recorded_and_the_check_goes_on(load_tool, tmp_path, monkeypatch):
-    tool = load_tool('device_check')
+def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_path, monkeypatch):
+    tool = load_benchmark('device_check')
     calls = []
 
     def check_case(tokens, landmarks, cfg, device):

@@ -1,9 +1,9 @@
-"""Backbones at detection and segmentation resolutions: SOFT against mmdet's PVT, PVTv2 and Swin and timm's ConvNeXt
-and EfficientViT, in float32 or under bfloat16 autocast.
+"""Backbones at detection and segmentation resolutions: SOFT against mmdet's PVT and PVTv2 and timm's Swin,
+ConvNeXt and EfficientViT (:func:`harness.build_backbone`), in float32 or under bfloat16 autocast.
 
-    python tools/benchmark_backbone.py           # SOFT-Norm-Small, Swin-T, PVT-Small at 512^2, 1333x800, 2x, 4x
-    python tools/benchmark_backbone.py --full    # all eleven backbones
-    python tools/benchmark_backbone.py --models soft_norm_small swin_t convnext_t efficientvit_b2 \
+    python benchmarks/backbones.py           # SOFT-Norm-Small, Swin-T, PVT-Small at 512^2, 1333x800, 2x, 4x
+    python benchmarks/backbones.py --full    # all eleven backbones
+    python benchmarks/backbones.py --models soft_norm_small swin_t convnext_t efficientvit_b2 \
         --sizes 800x1344 1600x2688 --dtype bfloat16 --rounds 3
 
 Sizes are H x W of the (padded) input: 1333x800 images are padded to 800x1344 (divisible by 32, as mmdet's
@@ -11,14 +11,14 @@ Sizes are H x W of the (padded) input: 1333x800 images are padded to 800x1344 (d
 1600x2688). Each (model, size) runs in a fresh subprocess (batch 1, eval mode for the forward, train mode for
 forward+backward, which backpropagates a random projection of every output map; ``--dtype bfloat16`` runs both under
 ``torch.autocast``), ``--rounds`` times with the rounds interleaved across models so that drift hits every model
-alike (medians over rounds): parameters, multiply-accumulates (mmengine's ``FlopAnalyzer`` through
-``tools/get_flops.py``, which counts a multiply-add once, up to ``--flops-max-pixels`` because tracing large inputs
-is slow), median forward and forward+backward time, the achieved GFLOP/s of the forward (2 x MACs / time) and its
-fraction of the machine's GEMM rate in that dtype (a 4096^2 matmul timed in the same process), the rise of the peak
-RSS (CUDA: allocator peak) during forward+backward, and, for SOFT, the forward time of each stage (from pre-hooks on
-the stages' downsampling layers). Forward+backward is measured up to ``--train-max-pixels``; a model whose forward
-took longer than ``--max-case-s`` is not run at larger sizes (noted). Growth ratios compare the largest size with
-800x1344.
+alike (medians over rounds): parameters, multiply-accumulates (mmengine's ``FlopAnalyzer`` with soft_mm's op
+handles, as ``tools/get_flops.py`` counts them: a multiply-add once; up to ``--flops-max-pixels`` because tracing
+large inputs is slow), median forward and forward+backward time, the achieved GFLOP/s of the forward (2 x MACs /
+time) and its fraction of the machine's GEMM rate in that dtype (a 4096^2 matmul timed in the same process), the rise
+of the peak RSS (CUDA: allocator peak) during forward+backward, and, for SOFT, the forward time of each stage (from
+pre-hooks on the stages' downsampling layers). Forward+backward is measured up to ``--train-max-pixels``; a model
+whose forward took longer than ``--max-case-s`` is not run at larger sizes (noted). Growth ratios compare the largest
+size with 800x1344.
 
 ``--dtype float32 bfloat16`` runs both dtypes in one run (the rounds interleaved across models and dtypes) and then
 also prints the SOFT-Norm-Small targets (:data:`TARGETS`: its speed against Swin-T and ConvNeXt-T, against its own
@@ -36,29 +36,14 @@ import time
 from pathlib import Path
 from typing import Any
 
+import harness
 import torch
 from torch import nn
 
-from soft_mm.utils import bench
 from soft_mm.utils.flops import analyze
+from soft_mm.utils.sizes import parse_size, size_arg
 
-# mmdet registry configs with the published arch settings; SOFT models come from soft_mm.
-MMDET_MODELS: dict[str, dict[str, Any]] = {
-    'pvt_t': dict(type='PyramidVisionTransformer', num_layers=[2, 2, 2, 2]),
-    'pvt_s': dict(type='PyramidVisionTransformer', num_layers=[3, 4, 6, 3]),
-    'pvtv2_b1': dict(type='PyramidVisionTransformerV2', embed_dims=64, num_layers=[2, 2, 2, 2]),
-    'pvtv2_b2': dict(type='PyramidVisionTransformerV2', embed_dims=64, num_layers=[3, 4, 6, 3]),
-    'swin_t': dict(type='SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24],
-                   window_size=7, out_indices=(0, 1, 2, 3)),
-}
-SOFT_MODELS = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
-               'soft_norm_small': ('small', True)}
-# the same backbones without the fused first-linear-and-GELU of their MLPs (soft_mm.ops.fused), for an A/B
-UNFUSED_SUFFIX = '_unfused'
-SOFT_MODELS.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_MODELS.items())})
-# timm models with features_only=True (the four stride-4..32 maps a detector's neck takes)
-TIMM_MODELS = {'convnext_t': 'convnext_tiny', 'efficientvit_b2': 'efficientvit_b2'}
-MODELS = (*SOFT_MODELS, *MMDET_MODELS, *TIMM_MODELS)
+MODELS = harness.BACKBONES
 DTYPES = ('float32', 'bfloat16')
 GEMM_SIZE = 4096
 DEFAULT_MODELS = ('soft_norm_small', 'swin_t', 'pvt_s')
@@ -78,26 +63,6 @@ TARGETS = (
 )
 
 
-def build_model(name: str) -> nn.Module:
-    if name in SOFT_MODELS:
-        from soft_mm.models import SOFT
-        from soft_mm.models.blocks import GeluMlp
-        arch, soft_norm = SOFT_MODELS[name]
-        model = SOFT(arch=arch, soft_norm=soft_norm, drop_path_rate=0.0)
-        for module in model.modules():
-            if isinstance(module, GeluMlp):
-                module.fuse = not name.endswith(UNFUSED_SUFFIX)
-        return model
-    if name in TIMM_MODELS:
-        import timm
-        # no stochastic depth by default
-        return timm.create_model(TIMM_MODELS[name], pretrained=False, features_only=True)
-    from mmdet.registry import MODELS as MMDET_REGISTRY
-    from mmdet.utils import register_all_modules
-    register_all_modules()
-    return MMDET_REGISTRY.build(dict(MMDET_MODELS[name]))
-
-
 def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], Any] | None:
     """Pre-hooks on the SOFT stages' downsampling layers and a hook on the model: per-stage times of the last call."""
     stages = getattr(model, 'stages', None)
@@ -107,7 +72,7 @@ def stage_timer(model: nn.Module, device: torch.device) -> tuple[list[float], An
     marks: list[float] = []
 
     def mark(*_: Any) -> None:
-        bench.sync(device)
+        harness.sync(device)
         marks.append(time.perf_counter())
 
     handles = [s.downsample.register_forward_pre_hook(mark) for s in stages]
@@ -124,15 +89,15 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     device = torch.device(spec['device'])
     dtype = getattr(torch, spec.get('dtype', 'float32'))
     torch.manual_seed(0)
-    model = build_model(spec['model']).to(device)
     h, w = spec['hw']
+    model = harness.build_backbone(spec['model'], (h, w)).to(device)
     x = torch.randn(1, 3, h, w, device=device)
     result: dict[str, Any] = dict(params=sum(p.numel() for p in model.parameters()))
     if spec['flops']:
         model.eval()
         result['gmacs'] = analyze(model, (x,))['flops'] / 1e9
     gemm_size = spec.get('gemm_size', GEMM_SIZE)
-    result['gemm_gflops'] = bench.gemm_gflops(device, dtype, gemm_size)
+    result['gemm_gflops'] = harness.gemm_gflops(device, dtype, gemm_size)
     result['gemm_size'] = gemm_size
     autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
     timer = stage_timer(model, device)
@@ -144,7 +109,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     fwd_times, stage_rows = [], []
     for _ in range(spec['repeats']):
         with torch.no_grad(), autocast:
-            fwd_times.append(bench.timed(lambda: model(x), device))
+            fwd_times.append(harness.timed(lambda: model(x), device))
         if timer is not None:
             stage_rows.append(timer[1]())
     result['fwd_s'] = statistics.median(fwd_times)
@@ -159,11 +124,11 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
             torch.autograd.backward(outs, grads)
             model.zero_grad(set_to_none=True)
 
-        memory = bench.PeakMemory(device)
+        memory = harness.PeakMemory(device)
         memory.start()
-        first = bench.timed(forward_backward, device)
+        first = harness.timed(forward_backward, device)
         result['fwd_bwd_peak_mib'] = memory.peak_mib()
-        times = [bench.timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
+        times = [harness.timed(forward_backward, device) for _ in range(spec['repeats'] - 1)] or [first]
         result['fwd_bwd_s'] = statistics.median(times)
     return result
 
@@ -187,7 +152,7 @@ def merge_rounds(runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def run_case(spec: dict[str, Any], glibc_malloc: str) -> dict[str, Any]:
-    result, stderr = bench.run_in_fresh_process(__file__, spec, glibc_malloc)
+    result, stderr = harness.run_in_fresh_process(__file__, spec, glibc_malloc)
     if result is None:
         return dict(error=stderr.strip().splitlines()[-1] if stderr.strip() else 'failed')
     return result
@@ -303,7 +268,8 @@ def plot(rows: list[dict[str, Any]], models: list[str], header: str, path: Path)
     axes[0].set_ylabel('forward time (s)')
     axes[0].grid(True, which='both', alpha=0.3)
     axes[0].legend(fontsize=7)
-    soft = [r for r in rows if 'stage_s' in r and r['model'] == next((m for m in models if m in SOFT_MODELS), None)]
+    first_soft = next((m for m in models if m in harness.SOFT_BACKBONES), None)
+    soft = [r for r in rows if 'stage_s' in r and r['model'] == first_soft]
     if soft:
         labels = [f"{r['hw'][0]}x{r['hw'][1]}" for r in soft]
         bottom = [0.0] * len(soft)
@@ -329,7 +295,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              'interleaved, and the targets table (default: float32)')
     parser.add_argument('--rounds', type=int, default=1,
                         help='runs of every case, interleaved across models (medians over rounds; default 1)')
-    parser.add_argument('--sizes', nargs='+', default=list(DEFAULT_SIZES), help='inputs HxW (default: %(default)s)')
+    parser.add_argument('--sizes', nargs='+', type=size_arg, default=[parse_size(s) for s in DEFAULT_SIZES],
+                        help=f'inputs HxW (default: {" ".join(DEFAULT_SIZES)})')
     parser.add_argument('--repeats', type=int, default=2, help='timed runs (median; default 2, after a warm-up)')
     parser.add_argument('--train-max-pixels', type=int, default=BASE_SIZE[0] * BASE_SIZE[1],
                         help='forward+backward only up to this many pixels (default: 800x1344)')
@@ -342,22 +309,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='side of the square matmul that measures the GEMM rate (default %(default)s)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default='work_dirs/benchmark_backbone')
-    bench.add_glibc_malloc_argument(parser)
+    harness.add_glibc_malloc_argument(parser)
     parser.add_argument('--worker', help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         return args
-    try:
-        args.hw_sizes = [bench.parse_size(s) for s in args.sizes]
-    except ValueError as err:
-        parser.error(f'--sizes must be positive integers H or HxW, got {err}')
     if args.repeats < 1:
         parser.error(f'--repeats must be >= 1, got {args.repeats}')
     if args.rounds < 1:
         parser.error(f'--rounds must be >= 1, got {args.rounds}')
     if args.gemm_size < 1:
         parser.error(f'--gemm-size must be >= 1, got {args.gemm_size}')
-    full = [m for m in MODELS if not m.endswith(UNFUSED_SUFFIX)]
+    full = [m for m in MODELS if not m.endswith(harness.UNFUSED_SUFFIX)]
     args.models = list(full if args.full else args.models or DEFAULT_MODELS)
     args.dtype = list(dict.fromkeys(args.dtype))
     return args
@@ -370,7 +333,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     notes, too_slow = [], set()
     results: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
-    sizes = sorted(args.hw_sizes, key=lambda s: s[0] * s[1])
+    sizes = sorted(args.sizes, key=lambda s: s[0] * s[1])
     print(f'device={args.device} threads={torch.get_num_threads()} {" and ".join(args.dtype)} batch 1; median of '
           f'{args.repeats}, {args.rounds} round(s) interleaved across models and dtypes')
     print(f"{'backbone':>16} {'dtype':>8} {'input':>10} {'round':>5} {'params':>7} {'GMACs':>7} {'fwd s':>7} "
@@ -418,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
         headers[dtype] = (f'Backbones, device {args.device}, {torch.get_num_threads()} threads, {dtype_text}, batch 1, '
                           f'median of {args.repeats} x {args.rounds} round(s) interleaved across models'
                           f'{" and dtypes" if len(args.dtype) > 1 else ""}; '
-                          f'{bench.glibc_malloc_note(args.glibc_malloc)}')
+                          f'{harness.glibc_malloc_note(args.glibc_malloc)}')
         tables.append(markdown([r for r in rows if r['dtype'] == dtype], args.models, sizes, headers[dtype],
                                notes if dtype == args.dtype[-1] else []))
     if TARGET_MODEL in args.models:

@@ -1,0 +1,227 @@
+"""The one harness of the benchmark scripts: device-synced timing, peak memory, the GEMM rate, fresh-process cases
+and the allocator setting they run under, the backbones compared, and inductor's weight freezing.
+
+The scripts beside it import it as ``harness`` (a script's own folder is first on ``sys.path``; the tests put this
+folder there too). Sizes on the command line are :mod:`soft_mm.utils.sizes`, errors against a reference
+:func:`soft_mm.utils.precision_rule.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
+
+glibc's malloc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh ``mmap`` and
+returns it on free, so each new large tensor is page-faulted in again: measured here, allocating and filling a 69 MB
+tensor takes 33 ms, against 4 ms once the memory is reused. At detection resolutions many activations are that big
+(a stage-1 MLP hidden of a 1333×800 image is 69 MB), so the default allocator adds time that grows faster than the
+pixels, for every backbone alike. ``MALLOC_MMAP_THRESHOLD_`` and ``MALLOC_TRIM_THRESHOLD_`` (glibc tunables read at
+process start) keep freed memory for reuse; the benchmarks run their cases with them by default (``--glibc-malloc
+default`` runs without), and the same two variables speed up CPU training and inference.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = [
+    'BACKBONES',
+    'GLIBC_MALLOC_TUNING',
+    'MMDET_BACKBONES',
+    'SOFT_BACKBONES',
+    'TIMM_BACKBONES',
+    'UNFUSED_SUFFIX',
+    'PeakMemory',
+    'add_glibc_malloc_argument',
+    'build_backbone',
+    'gemm_gflops',
+    'glibc_malloc_note',
+    'inductor_freezing',
+    'median_time',
+    'run_in_fresh_process',
+    'sync',
+    'timed',
+]
+
+
+# --- timing, peak memory, the GEMM rate
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA); a no-op on CPU."""
+    if device.type == 'cuda':
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], Any], device: torch.device) -> float:
+    """Seconds of one call of ``fn``, synchronised with the device before and after."""
+    sync(device)
+    start = time.perf_counter()
+    fn()
+    sync(device)
+    return time.perf_counter() - start
+
+
+def median_time(fn: Callable[[], Any], device: torch.device, repeats: int) -> float:
+    """Median seconds of ``repeats`` calls of ``fn`` after one warm-up call (which also compiles what is compiled)."""
+    fn()
+    return statistics.median(timed(fn, device) for _ in range(repeats))
+
+
+def _rss_kib(field: str) -> int:
+    for line in Path('/proc/self/status').read_text().splitlines():
+        if line.startswith(field + ':'):
+            return int(line.split()[1])
+    raise RuntimeError(f'{field} not in /proc/self/status')
+
+
+class PeakMemory:
+    """Peak memory of what runs after :meth:`start`: CUDA allocator peak, or the rise of the peak RSS on CPU."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+
+    def start(self) -> None:
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.base = torch.cuda.memory_allocated(self.device)
+            return
+        with contextlib.suppress(OSError):  # '5' resets the peak RSS to the current RSS (Linux >= 4.0)
+            Path('/proc/self/clear_refs').write_text('5')
+        self.base = _rss_kib('VmRSS') * 1024
+
+    def peak_mib(self) -> float:
+        if self.device.type == 'cuda':
+            torch.cuda.synchronize(self.device)
+            return (torch.cuda.max_memory_allocated(self.device) - self.base) / 2 ** 20
+        return (_rss_kib('VmHWM') * 1024 - self.base) / 2 ** 20
+
+
+def gemm_gflops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 4096, repeats: int = 5) -> float:
+    """The machine's matmul rate: a ``size``² matmul in ``dtype``, median of ``repeats`` (GFLOP/s, 2 per MAC)."""
+    a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))
+    a @ b
+    return 2 * size ** 3 / statistics.median(timed(lambda: a @ b, device) for _ in range(repeats)) / 1e9
+
+
+# --- fresh-process cases and the allocator setting
+
+GLIBC_MALLOC_TUNING = {'MALLOC_MMAP_THRESHOLD_': str(1 << 32), 'MALLOC_TRIM_THRESHOLD_': str(1 << 36)}
+_TUNING_TEXT = ', '.join(f'{key}={value}' for key, value in GLIBC_MALLOC_TUNING.items())
+
+
+def add_glibc_malloc_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument('--glibc-malloc', choices=('tuned', 'default'), default='tuned',
+                        help=f"allocator setting of every case: 'tuned' keeps freed memory for reuse ({_TUNING_TEXT}), "
+                             "'default' is glibc's own (default: tuned)")
+
+
+def glibc_malloc_note(setting: str) -> str:
+    """The allocator setting, as the tables' headers state it."""
+    return f'glibc malloc tuned ({_TUNING_TEXT})' if setting == 'tuned' else 'glibc malloc default'
+
+
+def run_in_fresh_process(script: str, spec: dict[str, Any],
+                         glibc_malloc: str | None) -> tuple[dict[str, Any] | None, str]:
+    """Run ``script --worker <spec json>`` in a fresh interpreter; returns (its last stdout line as json, or None when
+    it failed, and its stderr). ``glibc_malloc``: ``'tuned'`` or ``'default'`` (:func:`add_glibc_malloc_argument`),
+    or None for this process's own environment."""
+    env = os.environ.copy()
+    if glibc_malloc is not None:
+        for key in GLIBC_MALLOC_TUNING:
+            env.pop(key, None)
+        if glibc_malloc == 'tuned':
+            env.update(GLIBC_MALLOC_TUNING)
+    proc = subprocess.run([sys.executable, script, '--worker', json.dumps(spec)], capture_output=True, text=True,
+                          check=False, env=env)
+    if proc.returncode != 0:
+        return None, proc.stderr or f'rc={proc.returncode}'
+    return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stderr
+
+
+# --- the backbones compared
+
+SOFT_BACKBONES = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
+                  'soft_norm_small': ('small', True)}
+# the same backbones without the fused first-linear-and-GELU of their MLPs (soft_mm.ops.fused), for an A/B
+UNFUSED_SUFFIX = '_unfused'
+SOFT_BACKBONES.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_BACKBONES.items())})
+# timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T without its
+# default stochastic depth; ConvNeXt-T and EfficientViT-B2 have none)
+TIMM_BACKBONES = {'swin_t': 'swin_tiny_patch4_window7_224', 'convnext_t': 'convnext_tiny',
+                  'efficientvit_b2': 'efficientvit_b2'}
+# mmdet registry configs with the published arch settings (mmdet is the only source of PVT v1)
+MMDET_BACKBONES: dict[str, dict[str, Any]] = {
+    'pvt_t': dict(type='PyramidVisionTransformer', num_layers=[2, 2, 2, 2]),
+    'pvt_s': dict(type='PyramidVisionTransformer', num_layers=[3, 4, 6, 3]),
+    'pvtv2_b1': dict(type='PyramidVisionTransformerV2', embed_dims=64, num_layers=[2, 2, 2, 2]),
+    'pvtv2_b2': dict(type='PyramidVisionTransformerV2', embed_dims=64, num_layers=[3, 4, 6, 3]),
+}
+BACKBONES = (*SOFT_BACKBONES, *MMDET_BACKBONES, *TIMM_BACKBONES)
+
+
+class PyramidMaps(nn.Module):
+    """The SOFT backbone's forward (the four maps) without mmengine: :class:`~soft_mm.models.SOFT` is an mmengine
+    ``BaseModule``, which a bare GPU machine does not have; the modules, their initialisation and the computation are
+    the same."""
+
+    def __init__(self, pyramid: nn.Module) -> None:
+        super().__init__()
+        self.pyramid = pyramid
+
+    @property
+    def stages(self) -> nn.ModuleList:
+        return self.pyramid.stages
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return tuple(self.pyramid.forward_pyramid(x)[0])
+
+
+def build_backbone(name: str, image_size: tuple[int, int] | None = None) -> nn.Module:
+    """The backbone ``name`` of :data:`BACKBONES`, without stochastic depth, its ``forward(x)`` giving the stride-4..32
+    maps: SOFT (``soft_*``, torch and timm only), timm's Swin-T (built for ``image_size``), ConvNeXt-T and
+    EfficientViT-B2, or mmdet's PVT and PVTv2 (mmdet needed)."""
+    if name in SOFT_BACKBONES:
+        from soft_mm.models.blocks import GeluMlp
+        from soft_mm.models.pyramid import SoftPyramid
+
+        arch, soft_norm = SOFT_BACKBONES[name]
+        pyramid = SoftPyramid(arch, soft_norm=soft_norm, drop_path_rate=0.0)
+        pyramid.init_pyramid_weights()
+        for module in pyramid.modules():
+            if isinstance(module, GeluMlp):
+                module.fuse = not name.endswith(UNFUSED_SUFFIX)
+        return PyramidMaps(pyramid)
+    if name in TIMM_BACKBONES:
+        import timm
+
+        # Swin is built for the input size: its attention windows and relative positions depend on it
+        swin = dict(drop_path_rate=0.0, **({'img_size': image_size} if image_size else {}))
+        return timm.create_model(TIMM_BACKBONES[name], pretrained=False, features_only=True,
+                                 **(swin if name == 'swin_t' else {}))
+    if name in MMDET_BACKBONES:
+        from mmdet.registry import MODELS
+        from mmdet.utils import register_all_modules
+
+        register_all_modules()
+        return MODELS.build(dict(MMDET_BACKBONES[name]))
+    raise ValueError(f'unknown backbone {name!r}; one of {", ".join(BACKBONES)}')
+
+
+# --- torch.compile
+
+@contextlib.contextmanager
+def inductor_freezing(enabled: bool = True) -> Iterator[None]:
+    """Inductor's global ``freezing`` flag set to ``enabled`` inside the block and restored on exit. With it the
+    weights are folded into the compiled graph as constants (no-grad inference only). Inductor reads the flag when it
+    compiles, at a compiled function's first call with new shapes: those calls belong inside the block."""
+    import torch._inductor.config as inductor_config
+
+    with inductor_config.patch(freezing=enabled):
+        yield
