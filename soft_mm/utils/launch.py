@@ -82,8 +82,9 @@ def compile_backbone_for_inference(model: torch.nn.Module, backend: str = 'induc
 
     ``nn.Module.compile`` keeps the module and its state-dict keys, so a checkpoint loaded afterwards (as the runner
     of ``tools/test.py`` loads it) lands in the compiled module. With ``'inductor'`` the weights are frozen into the
-    graph (inductor's ``freezing``): the graph serves only no-grad inference, and the compilation happens at the first
-    forward, after the weights are loaded. Measured on the 2-core CPU (``tools/benchmark_compile.py``), SOFT-Norm-Small
+    graph (inductor's ``freezing``, passed as this module's own compile option, so inductor's global setting is left
+    as it is): the graph serves only no-grad inference, and the compilation happens at the first forward, after the
+    weights are loaded. Measured on the 2-core CPU (``benchmarks/torch_compile.py``), SOFT-Norm-Small
     at 800x1344 under bfloat16 autocast: 1.05-1.29x faster than eager in four runs (1.14x and 1.22x with the rounds
     interleaved) after a compile of about a minute, at the same error against float64; in float32 no faster. Every
     new input size compiles again (a second size took 150 s even with dynamic shapes), so it pays for inputs of one
@@ -91,12 +92,10 @@ def compile_backbone_for_inference(model: torch.nn.Module, backend: str = 'induc
     """
     if backend not in COMPILE_BACKENDS:
         raise ValueError(f'--compile takes one of {COMPILE_BACKENDS}, got {backend!r}')
-    if backend == 'inductor':
-        import torch._inductor.config as inductor_config
-        inductor_config.freezing = True
+    options = {'options': {'freezing': True}} if backend == 'inductor' else {}  # inductor's config, this graph only
     module = getattr(model, 'module', model)  # a DDP-wrapped model
     backbone = getattr(module, 'backbone', module)
-    backbone.compile(backend=backend)
+    backbone.compile(backend=backend, **options)
     return backbone
 
 

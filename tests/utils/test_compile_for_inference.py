@@ -44,3 +44,17 @@ def test_backbone_compiled_in_place_keeps_its_keys_and_loads_weights_afterwards(
 def test_unknown_compile_backend_is_refused():
     with pytest.raises(ValueError, match=r"--compile takes one of \('inductor', 'aot_eager', 'eager'\), got 'tvm'"):
         compile_backbone_for_inference(Detector(), 'tvm')
+
+
+def test_inductor_freezes_this_backbone_only_and_leaves_the_global_setting(monkeypatch):
+    # freezing goes with the backbone's own compile options (inductor applies them to its compilations only); the
+    # global flag, which every later torch.compile in the process would read, is left as it was
+    import torch._inductor.config as inductor_config
+
+    calls = []
+    monkeypatch.setattr(torch, 'compile', lambda fn, **kwargs: calls.append(kwargs) or fn)
+    before = inductor_config.freezing
+    compile_backbone_for_inference(Detector(), 'inductor')
+    compile_backbone_for_inference(Detector(), 'aot_eager')
+    assert calls == [{'backend': 'inductor', 'options': {'freezing': True}}, {'backend': 'aot_eager'}]
+    assert inductor_config.freezing is before
