@@ -12,13 +12,13 @@ Sizes are H x W of the (padded) input: 1333x800 images are padded to 800x1344 (d
 forward+backward, which backpropagates a random projection of every output map; ``--dtype bfloat16`` runs both under
 ``torch.autocast``), ``--rounds`` times with the rounds interleaved across models so that drift hits every model
 alike (medians over rounds): parameters, multiply-accumulates (mmengine's ``FlopAnalyzer`` with soft_mm's op
-handles, as ``tools/get_flops.py`` counts them: a multiply-add once; up to ``--flops-max-pixels`` because tracing
-large inputs is slow), median forward and forward+backward time, the achieved GFLOP/s of the forward (2 x MACs /
-time) and its fraction of the machine's GEMM rate in that dtype (a 4096^2 matmul timed in the same process), the rise
-of the peak RSS (CUDA: allocator peak) during forward+backward, and, for SOFT, the forward time of each stage (from
-pre-hooks on the stages' downsampling layers). Forward+backward is measured up to ``--train-max-pixels``; a model
-whose forward took longer than ``--max-case-s`` is not run at larger sizes (noted). Growth ratios compare the largest
-size with 800x1344.
+handles, as ``tools/analysis_tools/get_flops.py`` counts them: a multiply-add once; up to ``--flops-max-pixels``
+because tracing large inputs is slow), median forward and forward+backward time, the achieved GFLOP/s of the forward
+(2 x MACs / time) and its fraction of the machine's GEMM rate in that dtype (a 4096^2 matmul timed in the same
+process), the rise of the peak RSS (CUDA: allocator peak) during forward+backward, and, for SOFT, the forward time of
+each stage (from pre-hooks on the stages' downsampling layers). Forward+backward is measured up to
+``--train-max-pixels``; a model whose forward took longer than ``--max-case-s`` is not run at larger sizes (noted).
+Growth ratios compare the largest size with 800x1344.
 
 ``--dtype float32 bfloat16`` runs both dtypes in one run (the rounds interleaved across models and dtypes) and then
 also prints the SOFT-Norm-Small targets (:data:`TARGETS`: its speed against Swin-T and ConvNeXt-T, against its own

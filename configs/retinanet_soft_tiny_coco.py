@@ -1,6 +1,7 @@
 # RetinaNet + FPN with a SOFT-Norm-Tiny backbone on COCO, 1x schedule (12 epochs), 1333x800, batch 2 x 8 GPUs.
 # Published: 40.0 box AP, 23M parameters. Data in data/coco (annotations/instances_{train,val}2017.json,
-# train2017/, val2017/). The ImageNet weights come from tools/convert_official_checkpoint.py (see the README).
+# train2017/, val2017/). The ImageNet weights come from tools/model_converters/convert_official_checkpoint.py (see
+# the README).
 _base_ = [
     'mmdet::_base_/models/retinanet_r50_fpn.py',
     'mmdet::_base_/datasets/coco_detection.py',

@@ -7,7 +7,7 @@ _base_ = [
 custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)
 
 crop_size = (512, 512)
-# ImageNet weights converted by tools/convert_official_checkpoint.py (see README).
+# ImageNet weights converted by tools/model_converters/convert_official_checkpoint.py (see README).
 pretrained = 'checkpoints/soft_norm_small_in1k.pth'
 model = dict(
     data_preprocessor=dict(size=crop_size),

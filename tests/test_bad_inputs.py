@@ -195,7 +195,7 @@ def test_config_naming_soft_without_custom_imports(tmp_path):
 # --- bad files given to the tools (images, checkpoints) ---------------------------------------------------------------
 
 def _bad_images(folder: Path) -> dict[str, tuple[Path, str]]:
-    """kind -> (path, the problem tools/infer.py and tools/attention_health.py name)."""
+    """kind -> (path, the problem tools/infer.py and tools/analysis_tools/attention_health.py name)."""
     (folder / 'images').mkdir()
     (folder / 'text.png').write_text('not an image\n')
     (folder / 'empty.png').write_bytes(b'')
@@ -214,7 +214,7 @@ def _image(folder: Path) -> Path:
     return path
 
 
-@pytest.mark.parametrize('tool_name', ['infer', 'attention_health'])
+@pytest.mark.parametrize('tool_name', ['infer', 'analysis_tools/attention_health'])
 def test_tools_name_a_bad_image_and_the_fix(tool_name, tmp_path, load_tool):
     pytest.importorskip('mmdet')
     tool = load_tool(tool_name)
@@ -245,7 +245,7 @@ def test_infer_names_a_bad_checkpoint_before_building_the_model(tmp_path, load_t
         assert str(stop.value).startswith(f'{tmp_path / name} {problem}'), str(stop.value)
 
 
-@pytest.mark.parametrize('tool_name', ['infer', 'attention_health'])
+@pytest.mark.parametrize('tool_name', ['infer', 'analysis_tools/attention_health'])
 def test_tools_refuse_another_models_checkpoint(tool_name, tmp_path, load_tool):
     """mmengine loads such a file with a logged warning and goes on with random weights; the tools stop instead."""
     pytest.importorskip('mmdet')
@@ -300,7 +300,7 @@ def test_data_checks_name_the_path_the_config_key_and_the_fix(tmp_path):
     with pytest.raises(MissingPathError, match=rf'^{root}/ not found: put the dataset there in the layout the README '
                                                r'describes, point the config at it with --cfg-options '
                                                r'train_dataloader\.dataset\.data_root=DIR, or train a demo config '
-                                               r'\(configs/\*_demo\.py\), which generates its own data \(tools/'
+                                               r'\(configs/\*_demo\.py\), which generates its own data \(tools/misc/'
                                                r'make_demo_data\.py writes the demo data ahead\)\.$'):
         check_data_paths(cfg, ('train',))
     (root / 'annotations/train.json').mkdir(parents=True)

@@ -114,8 +114,8 @@ def test_no_weight_decay_on_norms_biases_position_embeddings_and_cls_token():
 
 @pytest.mark.parametrize('name', ['soft_tiny', 'soft_norm_tiny'])
 def test_converted_authors_checkpoint_loads_strictly(name, tmp_path, official_tiny):
-    """The authors' layout -> tools/convert_official_checkpoint.py -> strict load into the config's classifier, and
-    the classifier's state dict is the file's (the same keys as the timm model: no wrapper prefix)."""
+    """The authors' layout -> tools/model_converters/convert_official_checkpoint.py -> strict load into the config's
+    classifier, and the classifier's state dict is the file's (the same keys as the timm model: no wrapper prefix)."""
     from soft_mm.converters.official import (
         convert_official_state_dict,
         load_converted_checkpoint,

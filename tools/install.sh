@@ -15,7 +15,7 @@
 #   MAX_JOBS        parallel compile jobs for mmcv (default: number of cores)
 #   SOFT_MM_WITH_MIM=0  skip openmim (installed by default, then what its dependencies downgrade is re-pinned;
 #                       tests/tools/test_mim.py needs it)
-#   SOFT_MM_WITH_MMDEPLOY=0  skip mmdeploy 1.3.1 (whole-model ONNX export, tools/deploy/mmdeploy_onnx.py; installed
+#   SOFT_MM_WITH_MMDEPLOY=0  skip mmdeploy 1.3.1 (whole-model ONNX export, tools/deployment/mmdeploy_onnx.py; installed
 #                       by default, with --no-deps: it pins protobuf<=3.20.2, which onnx and tensorboard here outgrew;
 #                       its other needs (aenum, multiprocess, dill) are added the same way, nothing installed is changed;
 #                       tests/tools/test_mmdeploy_onnx.py needs it)

@@ -3,8 +3,8 @@
 # `optim_wrapper` itself could not be combined with mmdet's model and schedule bases (mmengine refuses duplicate keys).
 custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)
 
-# SOFT-Norm-Tiny from the converted ImageNet checkpoint (tools/convert_official_checkpoint.py, see the README); the
-# bigger variants override `arch` and the checkpoint. FPN in_channels: SOFT(...).out_channels.
+# SOFT-Norm-Tiny from the converted ImageNet checkpoint (tools/model_converters/convert_official_checkpoint.py, see
+# the README); the bigger variants override `arch` and the checkpoint. FPN in_channels: SOFT(...).out_channels.
 soft_backbone = dict(
     _delete_=True,
     type='SOFT',

@@ -63,9 +63,10 @@ CLASSIFIER_ONLY_KEYS = ('cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'
 # The advice of load_official_checkpoint's and load_converted_checkpoint's errors
 OFFICIAL_FILE_HINT = ("pass one of the SOFT authors' ImageNet checkpoints (a timm/DeiT-style dict or a bare state "
                       'dict of their model)')
-OFFICIAL_UNSAFE_HINT = ('only if you trust the file, pass allow_pickle=True (tools/convert_official_checkpoint.py: '
-                        '--allow-unsafe-load); full unpickling can run code stored in it')
-CONVERTED_HINT = ('convert an official file with tools/convert_official_checkpoint.py (or '
+OFFICIAL_UNSAFE_HINT = ('only if you trust the file, pass allow_pickle=True '
+                        '(tools/model_converters/convert_official_checkpoint.py: --allow-unsafe-load); full unpickling '
+                        'can run code stored in it')
+CONVERTED_HINT = ('convert an official file with tools/model_converters/convert_official_checkpoint.py (or '
                   'soft_mm.converters.convert_official_checkpoint) and pass the file it writes')
 
 

@@ -330,7 +330,7 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
         where = f"model.{'.'.join(keys)}" if keys else 'the model'
         check_state_dict_fits(module, state_dict_of(read_checkpoint(checkpoint), checkpoint), checkpoint, where,
                               f'pass a checkpoint of {where} (for SOFT: an ImageNet checkpoint converted with '
-                              'tools/convert_official_checkpoint.py)', prefix=init_cfg.get('prefix'))
+                              'tools/model_converters/convert_official_checkpoint.py)', prefix=init_cfg.get('prefix'))
 
 
 def explain(error: BaseException) -> str | None:

@@ -12,11 +12,11 @@ from mmengine.config import Config
 
 DATASET_HINT = ('put the dataset there in the layout the README describes, point the config at it with --cfg-options, '
                 'or train a demo config (configs/*_demo.py), which generates its own data')
-DEMO_DATA_HINT = 'tools/make_demo_data.py writes the demo data ahead'
+DEMO_DATA_HINT = 'tools/misc/make_demo_data.py writes the demo data ahead'
 ANNOTATION_HINT = 'download or generate it again (a COCO annotation file is one JSON object)'
 
-PRETRAINED_HINT = ('create it with tools/convert_official_checkpoint.py from the authors\' ImageNet weights (see the '
-                   'README), or train from scratch with --cfg-options model.backbone.init_cfg=None')
+PRETRAINED_HINT = ('create it with tools/model_converters/convert_official_checkpoint.py from the authors\' ImageNet '
+                   'weights (see the README), or train from scratch with --cfg-options model.backbone.init_cfg=None')
 LOAD_FROM_HINT = 'pass the path of an existing checkpoint (or remove load_from)'
 
 

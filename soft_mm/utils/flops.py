@@ -1,6 +1,6 @@
 """Parameters and multiply-accumulates of any model (mmengine's ``FlopAnalyzer``, which counts one multiply-add as one
 "flop"), with a handle for ``scaled_dot_product_attention``, which a JIT trace cannot see into, and soft_mm's
-Newton–Schulz inverse shown as its own operator. Used by ``tools/get_flops.py`` and
+Newton–Schulz inverse shown as its own operator. Used by ``tools/analysis_tools/get_flops.py`` and
 ``benchmarks/backbones.py``."""
 from __future__ import annotations
 

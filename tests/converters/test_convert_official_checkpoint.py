@@ -1,4 +1,5 @@
-"""Tests of tools/convert_official_checkpoint.py: one end-to-end subprocess run, the other cases through main()."""
+"""Tests of tools/model_converters/convert_official_checkpoint.py: one end-to-end subprocess run, the other cases
+through main()."""
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,12 @@ from soft_mm.converters import build_classifier_from_checkpoint, load_converted_
 from soft_mm.utils.checkpoint_files import CheckpointFileError
 
 REPO = Path(__file__).resolve().parents[2]
-TOOL = REPO / 'tools' / 'convert_official_checkpoint.py'
+TOOL = REPO / 'tools' / 'model_converters' / 'convert_official_checkpoint.py'
 
 
 @pytest.fixture(scope='module')
 def tool(load_tool):
-    return load_tool('convert_official_checkpoint')
+    return load_tool('model_converters/convert_official_checkpoint')
 
 
 def test_cli_end_to_end(tmp_path, official_tiny):

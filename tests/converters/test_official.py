@@ -233,7 +233,7 @@ def test_all_official_layouts_convert_completely(variant, official_layout):
 
 
 def test_authors_small_becomes_a_custom_depth_20_arch(official_small, load_tool):
-    describe_arch = load_tool('convert_official_checkpoint').describe_arch
+    describe_arch = load_tool('model_converters/convert_official_checkpoint').describe_arch
     converted, arch, unmapped = convert_official_state_dict(official_small)
     assert unmapped == []
     assert arch == {'embed_dims': [64, 128, 320, 512], 'num_heads': [2, 4, 10, 16], 'depths': [1, 3, 20, 4],

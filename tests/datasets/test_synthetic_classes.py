@@ -98,7 +98,7 @@ def test_ensure_writes_once(tmp_path):
 
 
 def test_demo_config_uses_the_generator_defaults():
-    """tools/make_demo_data.py writes the defaults; the demo config must read the same data."""
+    """tools/misc/make_demo_data.py writes the defaults; the demo config must read the same data."""
     from mmengine.config import Config
 
     cfg = Config.fromfile(str(CONFIGS / 'soft_tiny_in1k_demo.py'))

@@ -56,7 +56,7 @@ def test_hook_logs_the_figures_and_leaves_training_unchanged(dense_dir, load_too
     losses = [{k: v for k, v in r.items() if k.startswith('loss')} for r in records if 'loss' in r]
     assert losses and losses == [{k: v for k, v in r.items() if k.startswith('loss')} for r in plain if 'loss' in r]
 
-    plot_logs = load_tool('plot_logs')
+    plot_logs = load_tool('analysis_tools/plot_logs')
     out = dense_dir / 'curves.png'
     plot_logs.plot(next((dense_dir / 'with_hook').glob('*/vis_data/scalars.json')), out)
     assert out.stat().st_size > 10_000

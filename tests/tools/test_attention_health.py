@@ -1,5 +1,5 @@
-"""tools/attention_health.py on the detection, segmentation and classification demo configs, with and without a
-checkpoint."""
+"""tools/analysis_tools/attention_health.py on the detection, segmentation and classification demo configs, with and
+without a checkpoint."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,7 +33,8 @@ def test_table_and_plot_for_every_task(task, image, tmp_path, load_tool, capsys,
     # is generated in the working folder, which must not be the checkout
     monkeypatch.chdir(tmp_path)
     out = tmp_path / 'health.png'
-    report = load_tool('attention_health').main([str(ROOT / CONFIGS[task]), image, image, '--out', str(out)])
+    tool = load_tool('analysis_tools/attention_health')
+    report = tool.main([str(ROOT / CONFIGS[task]), image, image, '--out', str(out)])
     assert [layer.short_name for layer in report] == SOFT_TINY_LAYERS
     assert [layer.num_sets for layer in report] == [2 * heads for heads in (2, 4, 4, 10, 10, 10)]  # both images
     printed = capsys.readouterr().out
@@ -51,7 +52,7 @@ def test_a_checkpoint_is_measured_not_the_initialisation(image, tmp_path, load_t
 
     config = str(ROOT / CONFIGS['detection'])
     options = ['--cfg-options', 'model.backbone.landmark_mode=avg']
-    tool = load_tool('attention_health')
+    tool = load_tool('analysis_tools/attention_health')
     at_init = tool.main([config, image, *options])
     cfg = load_config(config, {'model.backbone.landmark_mode': 'avg'})
     torch.manual_seed(0)
@@ -72,7 +73,7 @@ def test_a_checkpoint_is_measured_not_the_initialisation(image, tmp_path, load_t
 
 
 def test_bad_inputs_stop_with_one_sentence(image, tmp_path, load_tool):
-    tool = load_tool('attention_health')
+    tool = load_tool('analysis_tools/attention_health')
     with pytest.raises(SystemExit, match=r'missing.png not found: pass an image file that OpenCV reads'):
         tool.main([str(ROOT / CONFIGS['detection']), str(tmp_path / 'missing.png')])
     with pytest.raises(SystemExit, match='builds a model without SOFT attention layers'):

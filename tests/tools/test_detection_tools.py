@@ -59,7 +59,7 @@ def test_missing_dataset_stops_with_one_sentence(tmp_path):
     assert proc.stderr.strip().splitlines()[-1] == (
         'data/coco/ not found: put the dataset there in the layout the README describes, point the config at it with '
         '--cfg-options train_dataloader.dataset.data_root=DIR, or train a demo config (configs/*_demo.py), which '
-        'generates its own data (tools/make_demo_data.py writes the demo data ahead).')
+        'generates its own data (tools/misc/make_demo_data.py writes the demo data ahead).')
 
 
 def _fake_coco(folder):
@@ -81,7 +81,7 @@ def test_missing_annotation_and_checkpoint_stop_with_one_sentence(tmp_path, monk
     with pytest.raises(SystemExit) as exc:
         train_tool.main([config])
     assert str(exc.value).startswith('checkpoints/soft_norm_small_in1k.pth not found: create it with '
-                                     'tools/convert_official_checkpoint.py')
+                                     'tools/model_converters/convert_official_checkpoint.py')
     with pytest.raises(SystemExit, match=r'^work_dirs/nothing.pth not found: pass the path of an existing checkpoint'):
         train_tool.main([config, '--resume', 'work_dirs/nothing.pth',
                          '--cfg-options', 'model.backbone.init_cfg=None'])
@@ -258,7 +258,7 @@ def test_retinanet_demo_infer_draws_detections_in_float32_and_bfloat16(retinanet
 
 
 def test_make_demo_data_writes_once(tmp_path, load_tool):
-    make_demo_data = load_tool('make_demo_data')
+    make_demo_data = load_tool('misc/make_demo_data')
     root = tmp_path / 'shapes'
     make_demo_data.main(['--root', str(root), '--num-train', '3', '--num-val', '2', '--seed', '4'])
     coco = json.loads((root / 'annotations/instances_train.json').read_text())

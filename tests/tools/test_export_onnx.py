@@ -1,5 +1,5 @@
-"""tools/deploy/export_onnx.py: one ONNX graph with symbolic batch, height and width reproduces PyTorch at sizes other
-than the export size (pitfall 12: shape branches frozen at the export size)."""
+"""tools/deployment/export_onnx.py: one ONNX graph with symbolic batch, height and width reproduces PyTorch at sizes
+other than the export size (pitfall 12: shape branches frozen at the export size)."""
 from __future__ import annotations
 
 from pathlib import Path
@@ -26,7 +26,7 @@ ATOL = 1e-4
 
 @pytest.fixture(scope='module')
 def tool(load_tool) -> ModuleType:
-    return load_tool('deploy/export_onnx')
+    return load_tool('deployment/export_onnx')
 
 
 def _symbolic_input_dims(path: Path) -> list[str | int]:

@@ -1,4 +1,5 @@
-"""Tests of tools/get_flops.py: the added op handles agree with mmengine's own matmul counts, and the reports."""
+"""Tests of tools/analysis_tools/get_flops.py: the added op handles agree with mmengine's own matmul counts, and the
+reports."""
 from __future__ import annotations
 
 import re
@@ -12,14 +13,14 @@ from soft_mm.converters import save_converted_checkpoint
 from soft_mm.converters.official import make_meta
 from soft_mm.models import SoftmaxAttention, SoftVisionTransformer
 
-TOOL = Path(__file__).resolve().parents[2] / 'tools' / 'get_flops.py'
+TOOL = Path(__file__).resolve().parents[2] / 'tools' / 'analysis_tools' / 'get_flops.py'
 # One block per stage, 49 landmarks per SOFT stage at 224x224: cheap to trace.
 SMALL_ARCH = {'embed_dims': [32, 64, 96, 128], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
 
 
 @pytest.fixture(scope='module')
 def tool(load_tool):
-    return load_tool('get_flops')
+    return load_tool('analysis_tools/get_flops')
 
 
 def test_newton_handle_counts_what_the_unrolled_matmuls_cost(tool):

@@ -1,4 +1,4 @@
-"""tools/deploy/mmdeploy_onnx.py: whole detectors and segmenters through mmdeploy 1.3.1 to onnxruntime.
+"""tools/deployment/mmdeploy_onnx.py: whole detectors and segmenters through mmdeploy 1.3.1 to onnxruntime.
 
 tools/install.sh installs mmdeploy (``SOFT_MM_WITH_MMDEPLOY=0`` skips it); without it these tests skip (and fail
 under CI=true). The demos' trained scores, PyTorch against ONNX at two sizes, are in docs/user_guides/deployment.md,
@@ -26,7 +26,7 @@ SHORT_TEST = ['test_dataloader.num_workers=0', 'test_dataloader.persistent_worke
 
 @pytest.fixture(scope='module')
 def tool(load_tool):
-    return load_tool('deploy/mmdeploy_onnx')
+    return load_tool('deployment/mmdeploy_onnx')
 
 
 def test_deploy_config_follows_the_model_and_the_exporter_is_restored(tool):

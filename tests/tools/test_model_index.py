@@ -25,7 +25,7 @@ EXCLUDED = {
 }
 # the ImageNet checkpoints the authors released (fudan-zvg/SOFT): (arch, soft_norm)
 RELEASED = {('tiny', False), ('tiny', True), ('small', True), ('medium', True), ('large', True)}
-CONVERTER = 'tools/convert_official_checkpoint.py'
+CONVERTER = 'tools/model_converters/convert_official_checkpoint.py'
 BACKBONE_KEYS = ('Backbone', 'Backbone Model', 'Backbone Arch', 'SOFT-Norm')
 
 

@@ -1,4 +1,4 @@
-"""tools/plot_logs.py on a synthetic mmengine scalars.json."""
+"""tools/analysis_tools/plot_logs.py on a synthetic mmengine scalars.json."""
 from __future__ import annotations
 
 import json
@@ -26,7 +26,7 @@ def run_dir(tmp_path: Path) -> Path:
 
 
 def test_reads_losses_and_metrics(run_dir: Path, load_tool) -> None:
-    tool = load_tool('plot_logs')
+    tool = load_tool('analysis_tools/plot_logs')
     losses, metrics = tool.read_scalars(tool.find_scalars(run_dir))
     assert sorted(losses) == ['loss', 'loss_bbox', 'loss_cls']
     assert len(losses['loss']) == 40 and losses['loss'][3] == (4.0, 0.5)
@@ -35,7 +35,7 @@ def test_reads_losses_and_metrics(run_dir: Path, load_tool) -> None:
 
 
 def test_writes_a_png_with_both_panels(run_dir: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
-    tool = load_tool('plot_logs')
+    tool = load_tool('analysis_tools/plot_logs')
     out = run_dir / 'curves.png'
     tool.main([str(run_dir), '--out', str(out)])
     assert 'coco/bbox_mAP, coco/bbox_mAP_50' in capsys.readouterr().out
@@ -48,7 +48,7 @@ def test_writes_a_png_with_both_panels(run_dir: Path, capsys: pytest.CaptureFixt
 
 
 def test_unknown_metric_and_missing_run_are_named(run_dir: Path, tmp_path: Path, load_tool) -> None:
-    tool = load_tool('plot_logs')
+    tool = load_tool('analysis_tools/plot_logs')
     with pytest.raises(ValueError, match=r"--metrics \['mIoU'\] not in .*coco/bbox_mAP"):
         tool.plot(tool.find_scalars(run_dir), tmp_path / 'x.png', ['mIoU'])
     with pytest.raises(FileNotFoundError, match=r'holds no \*/vis_data/scalars.json'):
@@ -56,7 +56,7 @@ def test_unknown_metric_and_missing_run_are_named(run_dir: Path, tmp_path: Path,
 
 
 def test_compares_runs_in_one_figure(run_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture, load_tool) -> None:
-    tool = load_tool('plot_logs')
+    tool = load_tool('analysis_tools/plot_logs')
     out = tmp_path / 'compare.png'
     tool.main([str(run_dir), str(run_dir), '--labels', 'first', 'second', '--out', str(out)])
     assert capsys.readouterr().out.strip().endswith('first 0.2, second 0.2')  # the last coco/bbox_mAP of each

@@ -139,7 +139,8 @@ def test_official_and_converted_readers_name_the_file(bad_files, kind):
             assert re.match(rf'{re.escape(str(path))} {READER_MESSAGES[kind]}', str(error.value))
     if kind == 'pickled':  # each reader's own advice
         with pytest.raises(UnsafeCheckpointError, match=r'only if you trust the file, pass allow_pickle=True \('
-                                                        r'tools/convert_official_checkpoint.py: --allow-unsafe-load\)'):
+                                                        r'tools/model_converters/convert_official_checkpoint.py: '
+                                                        r'--allow-unsafe-load\)'):
             load_official_checkpoint(path)
         with pytest.raises(UnsafeCheckpointError, match=r'refuses to run: convert an official file with tools/'):
             load_converted_checkpoint(path)
@@ -163,7 +164,8 @@ def test_files_without_a_state_dict_name_the_file_and_the_fix(tmp_path):
         load_official_checkpoint(path)
     with pytest.raises(CheckpointFileError, match=rf'^{re.escape(str(path))} is not a converted SOFT checkpoint '
                                                   r'\(it needs a state_dict and a meta with an arch\): convert an '
-                                                  r'official file with tools/convert_official_checkpoint.py'):
+                                                  r'official file with '
+                                                  r'tools/model_converters/convert_official_checkpoint.py'):
         load_converted_checkpoint(path)
     listed = tmp_path / 'list.pth'
     torch.save([torch.ones(1)], listed)
@@ -178,7 +180,7 @@ def test_files_without_a_state_dict_name_the_file_and_the_fix(tmp_path):
 @pytest.mark.parametrize('kind', list(READER_MESSAGES))
 def test_converter_command_line_one_line_per_kind(bad_files, kind, load_tool, capsys):
     path, dst = bad_files[kind], bad_files['missing'].parent / 'out' / 'never.pth'
-    assert load_tool('convert_official_checkpoint').main([str(path), str(dst)]) == 1
+    assert load_tool('model_converters/convert_official_checkpoint').main([str(path), str(dst)]) == 1
     err = capsys.readouterr().err
     assert err.startswith(f'error: {path} ') and err.count('\n') == 1, err
     expected = (r'holds a pickled \S*_Opaque, which torch\.load\(weights_only=True\) refuses to run: only if you trust '
@@ -188,7 +190,7 @@ def test_converter_command_line_one_line_per_kind(bad_files, kind, load_tool, ca
 
 
 def test_converter_command_line_other_layout_and_unwritable_output(tmp_path, official_tiny, load_tool, capsys):
-    tool = load_tool('convert_official_checkpoint')
+    tool = load_tool('model_converters/convert_official_checkpoint')
     resnet = tmp_path / 'resnet.pth'
     torch.save({'state_dict': {'conv1.weight': torch.zeros(64, 3, 7, 7)}}, resnet)
     assert tool.main([str(resnet), str(tmp_path / 'x.pth')]) == 1
@@ -206,6 +208,9 @@ def test_converter_command_line_other_layout_and_unwritable_output(tmp_path, off
     assert err.endswith('pass a file path in a folder you can write to.\n')
 
 
+CONVERTER = 'model_converters/convert_official_checkpoint.py'
+
+
 def _run(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, str(REPO_ROOT / 'tools' / tool), *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, check=False)
@@ -214,10 +219,10 @@ def _run(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_converter_process_exit_status_one_line_and_debug(bad_files):
     folder = bad_files['missing'].parent
     for kind in ('text', 'pickled'):
-        plain = _run('convert_official_checkpoint.py', str(bad_files[kind]), 'out.pth', cwd=folder)
+        plain = _run(CONVERTER, str(bad_files[kind]), 'out.pth', cwd=folder)
         assert plain.returncode == 1 and 'Traceback' not in plain.stderr
         assert plain.stderr.startswith(f'error: {bad_files[kind]} ') and plain.stderr.count('\n') == 1, plain.stderr
-        debug = _run('convert_official_checkpoint.py', str(bad_files[kind]), 'out.pth', '--debug', cwd=folder)
+        debug = _run(CONVERTER, str(bad_files[kind]), 'out.pth', '--debug', cwd=folder)
         assert debug.returncode == 1 and 'Traceback (most recent call last)' in debug.stderr
         assert re.search(r'\b(CheckpointFile|UnsafeCheckpoint)Error: ', debug.stderr)
         assert 'torch/serialization.py' in debug.stderr  # and torch's own error, its cause
@@ -225,7 +230,7 @@ def test_converter_process_exit_status_one_line_and_debug(bad_files):
 
 
 def test_export_onnx_bad_checkpoints_one_sentence(bad_files, tmp_path, load_tool):
-    tool = load_tool('deploy/export_onnx')
+    tool = load_tool('deployment/export_onnx')
     for kind in ('truncated', 'pickled'):
         with pytest.raises(SystemExit) as exit_:
             tool.main(['classifier', '--checkpoint', str(bad_files[kind]), '--check'])
@@ -244,7 +249,7 @@ def test_export_onnx_bad_checkpoints_one_sentence(bad_files, tmp_path, load_tool
 
 
 def test_get_flops_bad_files_one_sentence(bad_files, tmp_path, load_tool):
-    tool = load_tool('get_flops')
+    tool = load_tool('analysis_tools/get_flops')
     with pytest.raises(SystemExit) as exit_:
         tool.main(['--checkpoint', str(bad_files['empty'])])
     assert re.match(rf'{re.escape(str(bad_files["empty"]))} {READER_MESSAGES["empty"]}', str(exit_.value))

@@ -1,7 +1,7 @@
 """Convert the SOFT authors' ImageNet checkpoint (fudan-zvg/SOFT layout) to soft_mm's layout.
 
-    python tools/convert_official_checkpoint.py SRC DST [--soft-norm] [--key auto|state_dict|state_dict_ema|model]
-                                                [--allow-unsafe-load] [--debug]
+    python tools/model_converters/convert_official_checkpoint.py SRC DST [--soft-norm]
+        [--key auto|state_dict|state_dict_ema|model] [--allow-unsafe-load] [--debug]
 
 DST holds ``{'state_dict', 'meta'}`` and loads into ``SoftVisionTransformer`` (see
 ``soft_mm.converters.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',

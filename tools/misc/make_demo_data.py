@@ -1,7 +1,7 @@
 """Write the synthetic data of the demo configs: the shapes dataset with the label maps of the segmentation demo, and
 the class-folder data of the ImageNet demo (the demo configs also write whatever is missing themselves).
 
-    python tools/make_demo_data.py [--root data/shapes] [--num-train N] [--num-val N] [--seed S] [--force]
+    python tools/misc/make_demo_data.py [--root data/shapes] [--num-train N] [--num-val N] [--seed S] [--force]
                                    [--classes-root data/synthetic_classes]
 """
 from __future__ import annotations

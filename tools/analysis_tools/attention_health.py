@@ -1,8 +1,8 @@
 """Attention health of a SOFT model on some images: per SOFT layer, how well-conditioned its landmark kernel is and
 whether its Newton–Schulz iterations invert it.
 
-    python tools/attention_health.py CONFIG [CHECKPOINT] IMAGE [IMAGE ...] [--out health.png]
-    python tools/attention_health.py configs/retinanet_soft_tiny_demo.py \
+    python tools/analysis_tools/attention_health.py CONFIG [CHECKPOINT] IMAGE [IMAGE ...] [--out health.png]
+    python tools/analysis_tools/attention_health.py configs/retinanet_soft_tiny_demo.py \
         work_dirs/retinanet_soft_tiny_demo/epoch_4.pth data/shapes/val/000001.png
 
 Detection, segmentation and classification configs alike (their ``default_scope`` picks mmdet's, mmseg's or
@@ -136,8 +136,8 @@ def main(argv: list[str] | None = None) -> list[LayerHealth]:
         state_dict = read_model_checkpoint(args.checkpoint) if args.checkpoint else None  # before a model is built
         scope = cfg.get('default_scope')
         if scope not in RUNNERS:
-            raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/attention_health.py handles the scopes '
-                             f'{", ".join(RUNNERS)} (detection, segmentation, classification).')
+            raise SystemExit(f'{args.config} has default_scope={scope!r}; tools/analysis_tools/attention_health.py '
+                             f'handles the scopes {", ".join(RUNNERS)} (detection, segmentation, classification).')
         with DefaultScope.overwrite_default_scope(scope):  # the pipelines' transforms resolve in the config's scope
             model, run = RUNNERS[scope](cfg, args.checkpoint, args.images, args.device)
             if state_dict is not None:  # another model's checkpoint would be measured as random weights

@@ -1,7 +1,7 @@
 """Deploy a whole soft_mm detector or segmenter to onnxruntime with mmdeploy, and score both models the same way.
 
-    python tools/deploy/mmdeploy_onnx.py CONFIG CHECKPOINT [--work-dir DIR] [--eval [--eval-size HxW ...]]
-    python tools/deploy/mmdeploy_onnx.py configs/retinanet_soft_tiny_demo.py \\
+    python tools/deployment/mmdeploy_onnx.py CONFIG CHECKPOINT [--work-dir DIR] [--eval [--eval-size HxW ...]]
+    python tools/deployment/mmdeploy_onnx.py configs/retinanet_soft_tiny_demo.py \\
         work_dirs/retinanet_soft_tiny_demo/epoch_4.pth --eval --eval-size 192x192
 
 Writes ``DIR/end2end.onnx`` (default DIR: ``work_dirs/deploy/<config name>``): the backbone, neck and head with their
@@ -80,7 +80,7 @@ def deploy_config(cfg: Config, config_path: str = 'the config') -> Config:
         if _has_mask_head(cfg.model):
             raise ConfigError(f'{config_path} is an instance segmenter (roi_head.mask_head): this tool deploys '
                               'detectors with box outputs and segmenters; export its backbone with '
-                              'tools/deploy/export_onnx.py')
+                              'tools/deployment/export_onnx.py')
         test_cfg = cfg.model.get('test_cfg') or {}
         nms = test_cfg.get('nms') or {}
         post_processing = {'score_threshold': float(test_cfg.get('score_thr', 0.05)), 'confidence_threshold': 0.005,

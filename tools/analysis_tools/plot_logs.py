@@ -1,8 +1,9 @@
 """Draw the loss and the validation metric (mAP / mIoU) curves of an mmengine run as one PNG.
 
-    python tools/plot_logs.py work_dirs/retinanet_soft_tiny_demo                  # newest run under the work dir
-    python tools/plot_logs.py work_dirs/upernet_soft_tiny_demo/20261130_141500/vis_data/scalars.json --out miou.png
-    python tools/plot_logs.py work_dirs/run_a work_dirs/run_b --labels A B --out compare.png   # runs side by side
+    python tools/analysis_tools/plot_logs.py work_dirs/retinanet_soft_tiny_demo       # newest run under the work dir
+    python tools/analysis_tools/plot_logs.py \
+        work_dirs/upernet_soft_tiny_demo/20261130_141500/vis_data/scalars.json --out miou.png
+    python tools/analysis_tools/plot_logs.py work_dirs/run_a work_dirs/run_b --labels A B --out compare.png  # 2 runs
 
 mmengine's ``LocalVisBackend`` writes one JSON object per line to ``<work_dir>/<timestamp>/vis_data/scalars.json``:
 training lines carry ``loss`` (and ``loss_*`` parts) with ``iter`` / ``step``, validation lines the metrics

@@ -1,9 +1,9 @@
 """Export the SOFT backbone or the SOFT classifier to ONNX with dynamic batch, height and width, and check it.
 
-    python tools/deploy/export_onnx.py backbone --arch tiny --soft-norm --out work_dirs/onnx/soft_norm_tiny.onnx
-    python tools/deploy/export_onnx.py backbone --config configs/retinanet_soft_tiny_demo.py \\
+    python tools/deployment/export_onnx.py backbone --arch tiny --soft-norm --out work_dirs/onnx/soft_norm_tiny.onnx
+    python tools/deployment/export_onnx.py backbone --config configs/retinanet_soft_tiny_demo.py \\
         --checkpoint work_dirs/retinanet_soft_tiny_demo/epoch_4.pth --out work_dirs/onnx/retinanet_backbone.onnx
-    python tools/deploy/export_onnx.py classifier --model soft_norm_tiny --checkpoint soft_norm_tiny_in1k.pth
+    python tools/deployment/export_onnx.py classifier --model soft_norm_tiny --checkpoint soft_norm_tiny_in1k.pth
 
 The graph is recorded by ``torch.onnx.export(..., dynamo=True)`` at ``--size`` (default 224x224) with the batch,
 height and width symbolic, then onnxruntime runs it at every ``--check`` size and the largest absolute difference

@@ -1,9 +1,10 @@
 """Parameters and FLOPs of SOFT models, counted by mmengine's ``FlopAnalyzer`` (JIT trace, fvcore rules).
 
-    python tools/get_flops.py                               # all ten classifiers at 224x224 vs the published table
-    python tools/get_flops.py --arch tiny [--soft-norm] [--shape H W]
-    python tools/get_flops.py --config CONFIG [--shape H W]  # an mmdet/mmseg config: backbone and whole model
-    python tools/get_flops.py --checkpoint CONVERTED         # the classifier of tools/convert_official_checkpoint.py
+    python tools/analysis_tools/get_flops.py                  # all ten classifiers at 224x224 vs the published table
+    python tools/analysis_tools/get_flops.py --arch tiny [--soft-norm] [--shape H W]
+    python tools/analysis_tools/get_flops.py --config CONFIG [--shape H W]  # an mmdet/mmseg config: backbone, model
+    python tools/analysis_tools/get_flops.py --checkpoint CONVERTED         # the classifier of a converted checkpoint
+                                                            # (tools/model_converters/convert_official_checkpoint.py)
 
 FLOPs are multiply-accumulates (one fused multiply-add = 1), the convention of the published table, which is read from
 the ImageNet metafile (configs/metafiles/soft_imagenet.yml). mmengine counts
@@ -33,8 +34,8 @@ from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SoftVisionTransforme
 from soft_mm.utils.flops import analyze
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}
-# beside configs/ in the checkout and in an installed soft_mm/.mim
-IMAGENET_METAFILE = Path(__file__).resolve().parents[1] / 'configs' / 'metafiles' / 'soft_imagenet.yml'
+# configs/ two folders up: beside tools/ in the checkout and in an installed soft_mm/.mim
+IMAGENET_METAFILE = Path(__file__).resolve().parents[2] / 'configs' / 'metafiles' / 'soft_imagenet.yml'
 
 
 def published_figures() -> dict[str, dict[str, Any]]:
@@ -171,7 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     source = parser.add_mutually_exclusive_group()
     source.add_argument('--arch', choices=tuple(ARCH_SETTINGS), help='one classifier (default: the table of all ten)')
     source.add_argument('--config', help='an mmdet/mmseg config: counts its backbone and whole model')
-    source.add_argument('--checkpoint', help='a file written by tools/convert_official_checkpoint.py: its classifier')
+    source.add_argument('--checkpoint', help='a file written by tools/model_converters/convert_official_checkpoint.py: '
+                                             'its classifier')
     parser.add_argument('--soft-norm', action='store_true', help='with --arch: the SOFT-Norm classifier')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
                         help='input size (default 224 224; for configs 800 1333 (mmdet) or 512 512 (mmseg))')
