@@ -45,11 +45,21 @@ from typing import Any, Callable
 
 import torch
 import torch.nn.functional as F
-from harness import PeakMemory, add_glibc_malloc_argument, gemm_gflops, glibc_malloc_note, run_in_fresh_process, timed
+from harness import (
+    PeakMemory,
+    add_case_arguments,
+    add_sizes_argument,
+    figure,
+    gemm_gflops,
+    glibc_malloc_note,
+    run_in_fresh_process,
+    save_figure,
+    timed,
+    write_results,
+)
 from torch import nn
 
 from soft_mm.ops import naive_soft_attention
-from soft_mm.utils.sizes import parse_size, size_arg
 
 SOFT_LAYERS = {'soft_conv': ('conv', False), 'soft_avg': ('avg', False), 'soft_norm_conv': ('conv', True),
                'soft_norm_avg': ('avg', True)}
@@ -248,10 +258,7 @@ def markdown_tables(rows: list[dict[str, Any]], methods: list[str], fits: dict[s
 
 
 def plot(rows: list[dict[str, Any]], methods: list[str], title: str, path: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    fig, axes = figure(3, (15, 4.5))
     keys = (('fwd_ms', 'forward time (ms)'), ('fwd_bwd_ms', 'forward+backward time (ms)'),
             ('fwd_bwd_peak_mib', 'forward+backward peak memory (MiB)'))
     for ax, (key, label) in zip(axes, keys):
@@ -271,16 +278,12 @@ def plot(rows: list[dict[str, Any]], methods: list[str], title: str, path: Path)
         ax.set_ylabel(label)
         ax.grid(True, which='both', alpha=0.3)
     axes[0].legend(fontsize=7)
-    fig.suptitle(title, fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    save_figure(fig, title, path, fontsize=9)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument('--sizes', nargs='+', type=size_arg, default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help=f'token maps, H (square) or HxW (default: {" ".join(DEFAULT_SIZES)})')
+    add_sizes_argument(parser, DEFAULT_SIZES, 'token maps')
     parser.add_argument('--methods', nargs='+', default=list(METHODS), choices=METHODS, metavar='METHOD',
                         help=f'methods to run (default: all of {", ".join(METHODS)})')
     parser.add_argument('--dim', type=int, default=64, help='channels (default: 64, SOFT stage 1)')
@@ -291,8 +294,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--max-case-s', type=float, default=4.0,
                         help='a quadratic method whose forward+backward took longer is estimated at larger sizes')
     parser.add_argument('--out', default='work_dirs/benchmark_attention', help='folder for the table, plot and json')
-    add_glibc_malloc_argument(parser)
-    parser.add_argument('--worker', help=argparse.SUPPRESS)
+    add_case_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         return args
@@ -354,14 +356,7 @@ def main(argv: list[str] | None = None) -> int:
               f'{glibc_malloc_note(args.glibc_malloc)}; '
               'est. = estimated from the largest measured size by N^2 scaling (not run).')
     table = markdown_tables(rows, args.methods, fits, header)
-    print()
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / 'attention_benchmark.md').write_text(table)
-    (out / 'attention_benchmark.json').write_text(json.dumps(
-        {'args': {k: v for k, v in vars(args).items() if k != 'worker'}, 'rows': rows, 'exponents': fits},
-        indent=2))
+    out = write_results(args.out, 'attention_benchmark', table, args, rows=rows, exponents=fits)
     plot(rows, args.methods, header, out / 'attention_benchmark.png')
     print(f'saved attention_benchmark.md, .png and .json in {out}')
     return 0

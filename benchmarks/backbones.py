@@ -41,7 +41,6 @@ import torch
 from torch import nn
 
 from soft_mm.utils.flops import analyze
-from soft_mm.utils.sizes import parse_size, size_arg
 
 MODELS = harness.BACKBONES
 DTYPES = ('float32', 'bfloat16')
@@ -255,10 +254,7 @@ def targets_markdown(rows: list[dict[str, Any]]) -> str:
 
 
 def plot(rows: list[dict[str, Any]], models: list[str], header: str, path: Path) -> None:
-    import matplotlib
-    matplotlib.use('Agg')
-    import matplotlib.pyplot as plt
-    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    fig, axes = harness.figure(2, (11, 4.5))
     for i, model in enumerate(models):
         pts = [r for r in rows if r['model'] == model and 'fwd_s' in r]
         if pts:
@@ -279,10 +275,7 @@ def plot(rows: list[dict[str, Any]], models: list[str], header: str, path: Path)
             bottom = [b + v for b, v in zip(bottom, values)]
         axes[1].set_ylabel(f"{soft[0]['model']} forward time per stage (s)")
         axes[1].legend(fontsize=7)
-    fig.suptitle(header, fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=80)
-    plt.close(fig)
+    harness.save_figure(fig, header, path)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -295,8 +288,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              'interleaved, and the targets table (default: float32)')
     parser.add_argument('--rounds', type=int, default=1,
                         help='runs of every case, interleaved across models (medians over rounds; default 1)')
-    parser.add_argument('--sizes', nargs='+', type=size_arg, default=[parse_size(s) for s in DEFAULT_SIZES],
-                        help=f'inputs HxW (default: {" ".join(DEFAULT_SIZES)})')
+    harness.add_sizes_argument(parser, DEFAULT_SIZES, 'inputs')
     parser.add_argument('--repeats', type=int, default=2, help='timed runs (median; default 2, after a warm-up)')
     parser.add_argument('--train-max-pixels', type=int, default=BASE_SIZE[0] * BASE_SIZE[1],
                         help='forward+backward only up to this many pixels (default: 800x1344)')
@@ -309,8 +301,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='side of the square matmul that measures the GEMM rate (default %(default)s)')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default='work_dirs/benchmark_backbone')
-    harness.add_glibc_malloc_argument(parser)
-    parser.add_argument('--worker', help=argparse.SUPPRESS)
+    harness.add_case_arguments(parser)
     args = parser.parse_args(argv)
     if args.worker:
         return args
@@ -386,14 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                                notes if dtype == args.dtype[-1] else []))
     if TARGET_MODEL in args.models:
         tables.append(targets_markdown(rows))
-    table = '\n'.join(tables)
-    print()
-    print(table)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / 'backbone_benchmark.md').write_text(table)
-    (out / 'backbone_benchmark.json').write_text(json.dumps(
-        {'args': {k: v for k, v in vars(args).items() if k != 'worker'}, 'rows': rows, 'notes': notes}, indent=2))
+    out = harness.write_results(args.out, 'backbone_benchmark', '\n'.join(tables), args, rows=rows, notes=notes)
     plot([r for r in rows if r['dtype'] == args.dtype[0]], args.models, headers[args.dtype[0]],
          out / 'backbone_benchmark.png')
     print(f'saved {out / "backbone_benchmark.md"}, {out / "backbone_benchmark.png"}, {out / "backbone_benchmark.json"}')

@@ -23,12 +23,14 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
+
+from soft_mm.utils.sizes import parse_size, size_arg
 
 __all__ = [
     'BACKBONES',
@@ -38,15 +40,20 @@ __all__ = [
     'TIMM_BACKBONES',
     'UNFUSED_SUFFIX',
     'PeakMemory',
+    'add_case_arguments',
     'add_glibc_malloc_argument',
+    'add_sizes_argument',
     'build_backbone',
+    'figure',
     'gemm_gflops',
     'glibc_malloc_note',
     'inductor_freezing',
     'median_time',
     'run_in_fresh_process',
+    'save_figure',
     'sync',
     'timed',
+    'write_results',
 ]
 
 
@@ -125,6 +132,21 @@ def add_glibc_malloc_argument(parser: argparse.ArgumentParser) -> None:
 def glibc_malloc_note(setting: str) -> str:
     """The allocator setting, as the tables' headers state it."""
     return f'glibc malloc tuned ({_TUNING_TEXT})' if setting == 'tuned' else 'glibc malloc default'
+
+
+def add_case_arguments(parser: argparse.ArgumentParser, glibc_malloc: bool = True) -> None:
+    """The arguments of a script whose cases run in fresh processes: ``--glibc-malloc``
+    (:func:`add_glibc_malloc_argument`, unless ``glibc_malloc`` is False) and the hidden ``--worker SPEC_JSON`` that
+    :func:`run_in_fresh_process` passes to the case's process."""
+    if glibc_malloc:
+        add_glibc_malloc_argument(parser)
+    parser.add_argument('--worker', help=argparse.SUPPRESS)
+
+
+def add_sizes_argument(parser: argparse.ArgumentParser, defaults: Sequence[str], what: str) -> None:
+    """``--sizes`` (one or more ``H`` or ``HxW``, :func:`soft_mm.utils.sizes.size_arg`) as ``(H, W)`` tuples."""
+    parser.add_argument('--sizes', nargs='+', type=size_arg, default=[parse_size(s) for s in defaults],
+                        help=f'{what}, H (square) or HxW (default: {" ".join(defaults)})')
 
 
 def run_in_fresh_process(script: str, spec: dict[str, Any],
@@ -225,3 +247,38 @@ def inductor_freezing(enabled: bool = True) -> Iterator[None]:
 
     with inductor_config.patch(freezing=enabled):
         yield
+
+
+# --- plots
+
+def figure(ncols: int, figsize: tuple[float, float]) -> tuple[Any, Any]:
+    """``(fig, axes)``: one row of ``ncols`` matplotlib axes, drawn off-screen (the Agg backend)."""
+    import matplotlib
+
+    matplotlib.use('Agg')
+    import matplotlib.pyplot as plt
+
+    return plt.subplots(1, ncols, figsize=figsize)
+
+
+def save_figure(fig: Any, title: str, path: Path, fontsize: float = 8) -> None:
+    """Title ``fig``, write it to ``path`` (80 dpi) and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.suptitle(title, fontsize=fontsize)
+    fig.tight_layout()
+    fig.savefig(path, dpi=80)
+    plt.close(fig)
+
+
+def write_results(out: str | Path, name: str, table: str, args: argparse.Namespace, **data: Any) -> Path:
+    """Print ``table``, write it to ``out/<name>.md`` and ``{'args': the arguments but --worker, **data}`` to
+    ``out/<name>.json``; returns the folder ``out`` (created if missing)."""
+    print()
+    print(table)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f'{name}.md').write_text(table)
+    arguments = {key: value for key, value in vars(args).items() if key != 'worker'}
+    (folder / f'{name}.json').write_text(json.dumps({'args': arguments, **data}, indent=2))
+    return folder

@@ -17,7 +17,7 @@ import json
 import sys
 import time
 
-from harness import PeakMemory, run_in_fresh_process
+from harness import PeakMemory, add_case_arguments, run_in_fresh_process
 
 DEFAULT_CONFIG = 'configs/upernet_soft_small_ade20k.py'
 DEFAULT_ROWS = (('slide', (512, 2048)), ('whole', (1024, 2048)))
@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
     parser.add_argument('--crop', type=int, help='slide window side (default: the config test_cfg.crop_size)')
     parser.add_argument('--stride', type=int, help='slide stride (default: the config test_cfg.stride)')
     parser.add_argument('--threads', type=int, help='torch.set_num_threads in each run')
-    parser.add_argument('--worker', help=argparse.SUPPRESS)
+    add_case_arguments(parser, glibc_malloc=False)  # the rows run in this process's environment
     args = parser.parse_args(argv)
     if args.worker:
         spec = json.loads(args.worker)

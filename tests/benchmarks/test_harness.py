@@ -1,6 +1,7 @@
 """benchmarks/harness.py, the one harness of the benchmark scripts: timing, peak memory, the GEMM rate, fresh-process
 cases and their allocator setting, the backbones compared, inductor's weight freezing."""
 import argparse
+import json
 import subprocess
 import sys
 
@@ -99,6 +100,23 @@ def test_argument_and_note():
     assert parser.parse_args(['--glibc-malloc', 'default']).glibc_malloc == 'default'
     assert 'MALLOC_MMAP_THRESHOLD_=4294967296' in glibc_malloc_note('tuned')
     assert glibc_malloc_note('default') == 'glibc malloc default'
+
+
+def test_script_arguments_and_results(tmp_path, capsys):
+    parser = argparse.ArgumentParser()
+    harness.add_sizes_argument(parser, ('56', '200x334'), 'token maps')
+    harness.add_case_arguments(parser)
+    args = parser.parse_args([])
+    assert args.sizes == [(56, 56), (200, 334)] and args.worker is None and args.glibc_malloc == 'tuned'
+    assert parser.parse_args(['--sizes', '8', '16x12', '--worker', '{}']).sizes == [(8, 8), (16, 12)]
+    without = argparse.ArgumentParser()
+    harness.add_case_arguments(without, glibc_malloc=False)
+    assert vars(without.parse_args([])) == {'worker': None}
+    folder = harness.write_results(tmp_path / 'out', 'bench', '| table |\n', args, rows=[{'a': 1}])
+    assert folder == tmp_path / 'out' and (folder / 'bench.md').read_text() == '| table |\n'
+    assert json.loads((folder / 'bench.json').read_text()) == {
+        'args': {'sizes': [[56, 56], [200, 334]], 'glibc_malloc': 'tuned'}, 'rows': [{'a': 1}]}
+    assert '| table |' in capsys.readouterr().out
 
 
 def _params_m(model: torch.nn.Module) -> float:
