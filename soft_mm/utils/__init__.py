@@ -2,7 +2,8 @@
 
 ``import soft_mm`` allow-lists mmengine's checkpoint globals (see :mod:`.checkpoint` and :mod:`soft_mm.registry`).
 The helpers that read mmengine configs (:mod:`.config_checks`, :mod:`.launch`) are imported on first access, so the
-benchmark helpers (:mod:`.bench`) import with torch alone.
+size arguments (:mod:`.sizes`) and the FlashAttention rule (:mod:`.precision_rule`), which the GPU check
+``benchmarks/device_check.py`` uses, import with torch alone.
 """
 import importlib
 
