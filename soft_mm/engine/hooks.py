@@ -134,7 +134,8 @@ class AttentionHealthHook(Hook):
     (docs/advanced/attention_health.md says what each means) and the model-wide
     ``attn_health/max_condition``, ``max_residual`` and ``min_effective_rank``. They go to the visualizer (so to
     ``vis_data/scalars.json``, TensorBoard with ``--tensorboard``, and ``tools/analysis_tools/plot_logs.py``, which
-    draws them in a panel of their own) at step = the iteration, and the table to the log. One line in a config enables it::
+    draws them in a panel of their own) at step = the iteration, and the table to the log. One line in a config
+    enables it::
 
         custom_hooks = [dict(type='AttentionHealthHook', interval=50)]
 
