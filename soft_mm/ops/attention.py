@@ -176,7 +176,7 @@ def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle
 
 REFERENCE = register_backend(Backend(
     name='reference', priority=0, run=_reference_attention, devices=('cpu', 'cuda', 'mps', 'xpu', 'meta'),
-    double_backward=True, compile=True, export=True))
+    compile=True, export=True))
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
     dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),

@@ -3,7 +3,7 @@
 :func:`soft_attention` hands the N×m products to a backend and computes the m×m part (landmark kernel, Newton–Schulz
 inverse, SOFT-Norm scaling) itself in torch, unless the backend has a kernel for that too (``middle``: the Triton
 backend's one launch per call). Each :class:`Backend` declares the device types, input dtypes and precisions it runs,
-whether it has a backward and a double backward, whether it runs under ``torch.compile`` (a ``torch.library`` custom
+whether it has a backward, whether it runs under ``torch.compile`` (a ``torch.library`` custom
 op with a fake kernel, :mod:`soft_mm.ops.library`, so compiled and eager runs take the same kernels) and under export
 (plain ATen operators valid at every input size: ``torch.export``, ONNX, ``torch.jit.trace``; the mode comes from
 :func:`soft_mm.ops.capture.graph_mode`), and the token count from which automatic selection prefers it. With
@@ -15,7 +15,8 @@ is one :func:`register_backend` call.
 Built in:
 
 * ``'reference'`` — the plain PyTorch math, ``K1`` held in full and autograd's backward: every device and dtype,
-  double backward, compile and export. The float64 reference of the tests, and what exported graphs hold.
+  compile and export (a double backward with ``backward='unrolled'``; the implicit inverse is first order only).
+  The float64 reference of the tests, and what exported graphs hold.
 * ``'triton'`` — :func:`~soft_mm.ops.triton_nystrom.triton_nystrom_products`: fused kernels that build each block
   of the kernel in registers (no N×m tensor in memory), forward and backward; CUDA (on CPU only when forced under
   ``TRITON_INTERPRET=1``, for tests), eager and compiled (custom ops), needs ``triton``; m, d and d_v up to
@@ -93,7 +94,6 @@ class Backend:
         mixed_precision: whether it runs the lower-dtype products of a mixed :class:`Precision`.
         product_dtypes: the dtypes of those products it runs (with float32 accumulation).
         backward: whether it has a (first-order) backward.
-        double_backward: whether it supports double backward.
         compile: whether it runs under ``torch.compile`` (custom ops with fake kernels, or plain ATen operators).
         export: whether it runs while a graph is exported (plain ATen operators, valid at every input size).
         min_tokens: automatic selection takes it only for more tokens than this (forcing it ignores the bound).
@@ -114,7 +114,6 @@ class Backend:
     mixed_precision: bool = True
     product_dtypes: tuple[torch.dtype, ...] = (torch.bfloat16,)
     backward: bool = True
-    double_backward: bool = False
     compile: bool = False
     export: bool = False
     min_tokens: int = 0
@@ -162,7 +161,7 @@ class Backend:
         products = '/'.join(str(d).replace('torch.', '') for d in self.product_dtypes)
         flags = [f'devices {"/".join(self.devices)}', f'dtypes {dtypes}',
                  f'{products} products' if self.mixed_precision else 'no mixed precision',
-                 'double backward' if self.double_backward else ('backward' if self.backward else 'no backward'),
+                 'backward' if self.backward else 'no backward',
                  'eager' + (', compile' if self.compile else '') + (', export' if self.export else '')]
         if self.max_landmarks is not None:
             flags.append(f'm <= {self.max_landmarks}')
