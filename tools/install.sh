@@ -112,7 +112,7 @@ main() {
     if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
       BUILD_DIR=$(mktemp -d)
       trap 'rm -rf "$BUILD_DIR"' EXIT
-      echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; 15-30 minutes on 2 cores)"
+      echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; $([ "$WITH_CUDA" = 1 ] && echo 'about 70 minutes on 2 cores for two architectures' || echo '15-30 minutes on 2 cores'))"
       echo "compiler output goes to $LOG_DIR/mmcv-build.log"
       "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-build-isolation --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD_DIR" \
         >"$LOG_DIR/mmcv-download.log" 2>&1 || die "could not download the mmcv $MMCV_VERSION source from the package index (see $LOG_DIR/mmcv-download.log)."

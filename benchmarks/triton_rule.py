@@ -1,0 +1,53 @@
+"""The Triton backend's low-precision errors against float64 beside the plain math's in the same precision (the
+FlashAttention rule, ``soft_mm.utils.precision_rule``): float16 and bfloat16 inputs, and float32 inputs under float16 /
+bfloat16 autocast, output and the gradients of q, landmarks and v.
+
+    python benchmarks/triton_rule.py [--tokens 300 4096] [--landmarks 49]
+
+On a GPU the real kernels run; without one, the Triton interpreter on CPU tensors (``TRITON_INTERPRET=1`` is set
+here before triton is imported), whose low-precision products round their operands exactly as the GPU's do.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import torch
+
+CASES = ((torch.float16, False, torch.float16), (torch.float32, True, torch.float16),
+         (torch.bfloat16, False, torch.bfloat16), (torch.float32, True, torch.bfloat16))
+SETTINGS = dict(normalize=True, ridge=0.01)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument('--tokens', type=int, nargs='+', default=[300, 4096])
+    parser.add_argument('--landmarks', type=int, default=49)
+    args = parser.parse_args(argv)
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'
+    if device == 'cpu':
+        os.environ['TRITON_INTERPRET'] = '1'
+    from soft_mm.ops import soft_attention
+    from soft_mm.utils.precision_rule import rule_errors, rule_inputs, within_rule
+
+    print(f'{"tokens":>6}  {"inputs":<28} {"triton: out / grad q / grad l / grad v":<40} plain in the same precision')
+    for num_tokens in args.tokens:
+        tensors, grad_out = rule_inputs(num_tokens, args.landmarks, dtype=torch.float64)
+        tensors, grad_out = [t.to(device) for t in tensors], grad_out.to(device)
+        for input_dtype, autocast, low in CASES:
+            def fused(*leaves, low=low, autocast=autocast):
+                with torch.autocast(device, dtype=low, enabled=autocast):
+                    return soft_attention(*leaves, backend='triton', **SETTINGS)
+
+            fast, plain = rule_errors(fused, [t.to(input_dtype) for t in tensors], low, grad_out.float(), **SETTINGS)
+            name = str(input_dtype).replace('torch.', '') + (f' + {low} autocast'.replace('torch.', '')
+                                                              if autocast else '')
+            row = ' '.join(f'{e:.1e}' for e in fast)
+            mark = '' if within_rule(fast, plain) else '  OUTSIDE THE RULE'
+            print(f'{num_tokens:>6}  {name:<28} {row:<40} {" ".join(f"{e:.1e}" for e in plain)}{mark}')
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())

@@ -1,0 +1,21 @@
+"""benchmarks/triton_rule.py: the Triton backend's float16 / bfloat16 errors beside the plain math's, one row per
+token count and case, every row within the FlashAttention rule (here in the Triton interpreter on CPU tensors)."""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from soft_mm.ops.triton_nystrom import triton_available
+
+
+@pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+def test_rows_hold_the_rule(load_benchmark, monkeypatch, capsys):
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    assert load_benchmark('triton_rule').main(['--tokens', '70', '--landmarks', '9']) == 0
+    rows = capsys.readouterr().out.splitlines()[1:]
+    assert [row.split()[1] for row in rows] == ['float16', 'float32', 'bfloat16', 'float32'] and len(rows) == 4
+    for row in rows:
+        errors = [float(e) for e in re.findall(r'\d\.\de-\d\d', row)]
+        assert len(errors) == 8 and 'OUTSIDE' not in row, row
+        assert all(fast <= 0.5 * plain for fast, plain in zip(errors[:4], errors[4:])), row
