@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+from torch._dynamo.backends.registry import lookup_backend
 
 
 class RecordingBackend:
@@ -9,7 +10,7 @@ class RecordingBackend:
     several graphs per compile, one left to eager gives none."""
 
     def __init__(self, inner: str = 'aot_eager') -> None:
-        self.inner = torch._dynamo.lookup_backend(inner)
+        self.inner = lookup_backend(inner)
         self.graphs: list[torch.fx.GraphModule] = []
 
     def __call__(self, graph: torch.fx.GraphModule, example_inputs: list[torch.Tensor]):

@@ -37,7 +37,10 @@ main() {
 
   step() { printf '\n[soft_mm install %4ss] %s\n' "$(( $(date +%s) - START ))" "$*"; }
   die() { printf '\nsoft_mm install failed: %s\n' "$*" >&2; exit 1; }
-  pip_q() { "$PY" -m pip install --disable-pip-version-check -q -c "$ROOT/tools/constraints.txt" "$@"; }
+  # every pip call takes tools/constraints.txt and, once torch is there, the pins that keep it and its numpy
+  PINS=$(mktemp)  # this run's own: installs into two environments at once must not share it
+  trap 'rm -f "$PINS"' EXIT
+  pip_q() { "$PY" -m pip install --disable-pip-version-check -q -c "$ROOT/tools/constraints.txt" -c "$PINS" "$@"; }
 
   step "checking the toolchain"
   command -v "$PY" >/dev/null 2>&1 || die "no Python interpreter '$PY' on PATH; activate an environment or set PYTHON=/path/to/python."
@@ -65,6 +68,22 @@ main() {
     pip_q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
   fi
   TORCH_TAG=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
+  # the supported range is pyproject.toml's torch requirement (one home); an installed torch outside it stops here
+  TORCH_RANGE=$(sed -n 's/^ *"torch\([<>=!,.0-9]*\)",*$/\1/p' "$ROOT/pyproject.toml" | head -n 1)
+  "$PY" - "$TORCH_RANGE" <<'PYEOF' || die "the installed torch $("$PY" -c 'import torch; print(torch.__version__)') is outside the range soft_mm supports (torch$TORCH_RANGE); install a torch in that range (e.g. pip install 'torch==$TORCH_VERSION' 'torchvision==$TORCHVISION_VERSION', or torch 2.1.2 with torchvision 0.16.2 for mmcv's prebuilt wheels) and rerun."
+import operator, re, sys, torch
+def release(text): return tuple(int(p) for p in re.match(r'[0-9]+(?:\.[0-9]+)*', text).group(0).split('.'))
+def pad(v): return v + (0,) * (3 - len(v))
+ops = {'>=': operator.ge, '>': operator.gt, '<=': operator.le, '<': operator.lt, '==': operator.eq}
+have = pad(release(torch.__version__))
+sys.exit(0 if all(ops[op](have, pad(release(v))) for op, v in re.findall(r'(>=|<=|==|<|>)\s*([0-9.]+)', sys.argv[1]))
+         else 1)
+PYEOF
+  # nothing installed after this moves torch, torchvision or (torch < 2.3 being built for numpy 1.x) numpy to 2.x
+  "$PY" -c 'import torch, torchvision
+print(f"torch=={torch.__version__}"); print(f"torchvision=={torchvision.__version__}")
+if tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 3): print("numpy<2")' > "$PINS"
+  echo "pinned for the rest of the install: $(tr '\n' ' ' < "$PINS")"
 
   step "mmengine"
   pip_q "mmengine==0.10.7"
@@ -111,9 +130,10 @@ main() {
   else
     if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
       BUILD_DIR=$(mktemp -d)
-      trap 'rm -rf "$BUILD_DIR"' EXIT
+      trap 'rm -rf "$BUILD_DIR" "$PINS"' EXIT
       echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; $([ "$WITH_CUDA" = 1 ] && echo 'about 70 minutes on 2 cores for two architectures' || echo '15-30 minutes on 2 cores'))"
-      echo "compiler output goes to $LOG_DIR/mmcv-build.log"
+      BUILD_LOG="$LOG_DIR/mmcv-build-$PY_TAG-torch$TORCH_TAG-$OPS_KIND.log"
+      echo "compiler output goes to $BUILD_LOG"
       "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-build-isolation --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD_DIR" \
         >"$LOG_DIR/mmcv-download.log" 2>&1 || die "could not download the mmcv $MMCV_VERSION source from the package index (see $LOG_DIR/mmcv-download.log)."
       tar -xzf "$BUILD_DIR"/mmcv-"$MMCV_VERSION".tar.gz -C "$BUILD_DIR"
@@ -124,15 +144,15 @@ main() {
         cd "$SRC"
         export MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
         [ "$WITH_CUDA" = 1 ] && export FORCE_CUDA=1
-        "$PY" setup.py bdist_wheel -d "$BUILD_DIR/dist" >"$LOG_DIR/mmcv-build.log" 2>&1 &
+        "$PY" setup.py bdist_wheel -d "$BUILD_DIR/dist" >"$BUILD_LOG" 2>&1 &
         pid=$!
         while kill -0 "$pid" 2>/dev/null; do
           sleep 30
-          n=$(grep -o -E '^\[[0-9]+/[0-9]+\]' "$LOG_DIR/mmcv-build.log" 2>/dev/null | tail -n 1 || true)
+          n=$(grep -o -E '^\[[0-9]+/[0-9]+\]' "$BUILD_LOG" 2>/dev/null | tail -n 1 || true)
           printf '  ... compiling mmcv ops %s (%ss)\n' "${n:-[preparing]}" "$(( $(date +%s) - START ))"
         done
         wait "$pid"
-      ) || die "the mmcv $MMCV_VERSION build failed; the last lines of $LOG_DIR/mmcv-build.log say why."
+      ) || die "the mmcv $MMCV_VERSION build failed; the last lines of $BUILD_LOG say why."
       mkdir -p "$WHEEL_DIR"
       cp "$BUILD_DIR"/dist/mmcv-*.whl "$WHEEL_DIR"/
       echo "cached $(ls "$WHEEL_DIR"/mmcv-*.whl)"

@@ -43,6 +43,8 @@ def _size_min(bound: int, size):
     0-d tensor under torch.jit.trace (the legacy ONNX exporter)."""
     if isinstance(size, torch.Tensor):
         return size.clamp(max=bound)
+    if isinstance(size, int):  # a static size (dynamo before torch 2.9 cannot trace sym_min of two ints)
+        return min(bound, size)
     return torch.sym_min(bound, size)
 
 
@@ -139,16 +141,20 @@ class SoftAttention(nn.Module):
         """Grid of landmarks used for an ``hw_shape`` map (m = product)."""
         # sym_min: a plain min() of symbolic sizes would freeze the branch taken at a traced size; the ceiling
         # division keeps its operands non-negative (ONNX's integer Div truncates, so -(-s // r) would become a floor)
+        # (no generator expressions: dynamo before torch 2.9 cannot inline them, a graph break under fullgraph=True)
+        height, width = hw_shape
         if self.landmark_mode == 'avg':
-            return tuple(_size_min(self.landmark_grid, s) for s in hw_shape)
+            return _size_min(self.landmark_grid, height), _size_min(self.landmark_grid, width)
         stride = self.landmark_stride
-        return tuple(_size_min(self.landmark_grid, (s + stride - 1) // stride) for s in hw_shape)
+        return (_size_min(self.landmark_grid, (height + stride - 1) // stride),
+                _size_min(self.landmark_grid, (width + stride - 1) // stride))
 
     def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
         b, h, _, d = q.shape
         grid = self.landmark_shape(hw_shape)
-        pooled_size = grid if self.landmark_mode == 'avg' else tuple(g * self.landmark_stride for g in grid)
+        pooled_size = grid if self.landmark_mode == 'avg' else (grid[0] * self.landmark_stride,
+                                                                grid[1] * self.landmark_stride)
         if exporting():
             # exporting a graph (ONNX / torch.export / jit trace): the pooling always runs (an identity at 224 in
             # conv mode), as two matmuls that keep the input size symbolic, so no size is frozen into the graph

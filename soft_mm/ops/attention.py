@@ -5,12 +5,14 @@ import torch
 from torch import Tensor
 
 from .capture import graph_mode
+from .compat import eager_without_custom_ops
 from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select
 from .kernel import gaussian_kernel
 from .newton import check_newton_arguments, newton_inverse
 from .precision import Precision, autocast_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast, precision_policy
 from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
-from .triton_nystrom import MAX_DIM as TRITON_MAX_DIM
+from .triton_nystrom import MAX_HEAD_DIM as TRITON_MAX_HEAD_DIM
+from .triton_nystrom import MAX_LANDMARKS as TRITON_MAX_LANDMARKS
 from .triton_nystrom import triton_nystrom_middle, triton_nystrom_products
 from .triton_nystrom import unsupported_reason as triton_unsupported_reason
 
@@ -37,6 +39,7 @@ def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
                          f'to match q {tuple(q.shape)}, got {tuple(v.shape)}')
 
 
+@eager_without_custom_ops
 def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20, normalize: bool = False,
                    ridge: float = 0.0, backward: str = 'implicit', *, backend: str | None = None,
                    precision: str | Precision | None = None, tile_size: int | None = None) -> Tensor:
@@ -180,7 +183,7 @@ REFERENCE = register_backend(Backend(
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
     dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
-    compile=True, max_landmarks=TRITON_MAX_DIM, max_head_dim=TRITON_MAX_DIM, check=triton_unsupported_reason,
+    compile=True, max_landmarks=TRITON_MAX_LANDMARKS, max_head_dim=TRITON_MAX_HEAD_DIM, check=triton_unsupported_reason,
     middle=triton_nystrom_middle))
 TILED = register_backend(Backend(
     name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,

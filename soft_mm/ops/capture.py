@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import torch
 
+from .compat import is_compiling, is_exporting
+
 __all__ = ['GRAPH_MODES', 'exporting', 'graph_mode']
 
 GRAPH_MODES = ('eager', 'compile', 'export')
@@ -20,11 +22,11 @@ GRAPH_MODES = ('eager', 'compile', 'export')
 
 def exporting() -> bool:
     """True while a graph that must be valid at every input size is recorded (``torch.export``, ONNX, jit trace)."""
-    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or torch.compiler.is_exporting()
+    return torch.jit.is_tracing() or torch.onnx.is_in_onnx_export() or is_exporting()
 
 
 def graph_mode() -> str:
     """``'export'``, ``'compile'`` or ``'eager'`` (see the module docstring)."""
     if exporting():
         return 'export'
-    return 'compile' if torch.compiler.is_compiling() else 'eager'
+    return 'compile' if is_compiling() else 'eager'

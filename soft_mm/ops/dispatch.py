@@ -20,8 +20,8 @@ Built in:
 * ``'triton'`` — :func:`~soft_mm.ops.triton_nystrom.triton_nystrom_products`: fused kernels that build each block
   of the kernel in registers (no N×m tensor in memory), forward and backward; CUDA (on CPU only when forced under
   ``TRITON_INTERPRET=1``, for tests), eager and compiled (custom ops), needs ``triton``; m, d and d_v up to
-  :data:`~soft_mm.ops.triton_nystrom.MAX_DIM` (a call above them, e.g. ``landmark_grid=14``, m = 196, gets the next
-  backend).
+  :data:`~soft_mm.ops.triton_config.MAX_LANDMARKS` and ``MAX_HEAD_DIM`` (64: what fits an A100's shared memory; a
+  call above them, e.g. ``landmark_grid=14``, m = 196, gets the next backend).
 * ``'tiled'`` — :func:`~soft_mm.ops.tiled.tiled_nystrom_products`: the kernel built per tile of tokens in cache and
   rebuilt in its own backward, nothing N×m stored; CPU only (a Python loop of small kernels per tile and sample is
   what a GPU must not run), eager and compiled (custom ops; not exported: the loop is no ATen graph), preferred above
@@ -175,6 +175,9 @@ class Backend:
 
 
 _BACKENDS: dict[str, Backend] = {}
+# the same, highest priority first: sorted once per registration, not per call (dynamo before torch 2.5 cannot trace
+# sorted() of a dict's values)
+_BY_PRIORITY: list[Backend] = []
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -182,12 +185,13 @@ def register_backend(backend: Backend) -> Backend:
     if not isinstance(backend, Backend):
         raise TypeError(f'register_backend: expected a Backend, got {type(backend).__name__}')
     _BACKENDS[backend.name] = backend
+    _BY_PRIORITY[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
     return backend
 
 
 def backends() -> list[Backend]:
     """The registered backends, highest priority first."""
-    return sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+    return list(_BY_PRIORITY)
 
 
 def select(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,

@@ -24,7 +24,7 @@ from torch import Tensor
 from .capture import graph_mode
 from .precision import autocast_dtype
 
-__all__ = ['FUSED_DTYPES', 'fused_linear_gelu_available', 'linear_gelu']
+__all__ = ['FUSED_DTYPES', 'fused_dtypes', 'fused_linear_gelu_available', 'linear_gelu']
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
 GELU_APPROXIMATIONS = ('none', 'tanh')
@@ -36,13 +36,30 @@ def fused_linear_gelu_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')
 
 
+@functools.cache
+def fused_dtypes() -> tuple[torch.dtype, ...]:
+    """The dtypes of :data:`FUSED_DTYPES` in which the fused kernel runs on this CPU and torch (torch 2.1's oneDNN
+    refuses bfloat16 where the CPU lacks AMX: "could not create a primitive descriptor"); tried once each."""
+    if not fused_linear_gelu_available():
+        return ()
+    working = []
+    for dtype in FUSED_DTYPES:
+        x, weight = torch.ones(2, 16, dtype=dtype), torch.ones(16, 16, dtype=dtype)
+        try:
+            torch.ops.mkldnn._linear_pointwise(x, weight, None, 'gelu', [], 'none')
+        except RuntimeError:
+            continue
+        working.append(dtype)
+    return tuple(working)
+
+
 def _compute_dtype(x: Tensor) -> torch.dtype | None:
     """The dtype the linear runs in (the CPU autocast dtype when it is on), or None if the fused kernel cannot take
     it."""
     dtype = autocast_dtype('cpu')
     if dtype is not None:
-        return dtype if dtype == torch.bfloat16 else None
-    return x.dtype if x.dtype in FUSED_DTYPES else None
+        return dtype if dtype == torch.bfloat16 and dtype in fused_dtypes() else None
+    return x.dtype if x.dtype in fused_dtypes() else None
 
 
 def _fusable(x: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dtype | None:

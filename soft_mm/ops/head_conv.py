@@ -15,6 +15,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from .compat import custom_op, eager_without_custom_ops
 from .precision import autocast_cast
 
 __all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
@@ -51,13 +52,9 @@ def _conv_backward(grad_out: Tensor, x: Tensor, weight: Tensor, head_dim: int) -
 
 # Custom ops (soft_mm::head_depthwise_conv and its backward), so that torch.compile records one node each and runs
 # these kernels; their fake kernels are the same functions run on fake tensors, which gives the real layouts.
-_head_conv_op = torch.library.custom_op('soft_mm::head_depthwise_conv', _conv, mutates_args=(),
-                                        schema='(Tensor x, Tensor weight, int head_dim) -> Tensor')
-_head_conv_backward_op = torch.library.custom_op(
-    'soft_mm::head_depthwise_conv_backward', _conv_backward, mutates_args=(),
-    schema='(Tensor grad_out, Tensor x, Tensor weight, int head_dim) -> (Tensor, Tensor)')
-_head_conv_op.register_fake(_conv)
-_head_conv_backward_op.register_fake(_conv_backward)
+_head_conv_backward_op = custom_op(
+    'soft_mm::head_depthwise_conv_backward', _conv_backward,
+    '(Tensor grad_out, Tensor x, Tensor weight, int head_dim) -> (Tensor, Tensor)', _conv_backward)
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
@@ -70,7 +67,8 @@ def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, None]:
     return (*_head_conv_backward_op(grad_out, *ctx.saved_tensors, ctx.head_dim), None)
 
 
-_head_conv_op.register_autograd(_backward, setup_context=_setup_context)
+_head_conv_op = custom_op('soft_mm::head_depthwise_conv', _conv, '(Tensor x, Tensor weight, int head_dim) -> Tensor',
+                          _conv, _backward, _setup_context)
 
 
 def uses_custom_backward(device_type: str, kernel: int) -> bool:
@@ -79,6 +77,7 @@ def uses_custom_backward(device_type: str, kernel: int) -> bool:
     return device_type == 'cpu' and kernel >= CUSTOM_BACKWARD_MIN_KERNEL
 
 
+@eager_without_custom_ops
 def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     """Depthwise conv of ``x (B, h*d, H, W)`` with one filter per head, ``weight (h, 1, k, k)`` (odd k, zero padding
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),

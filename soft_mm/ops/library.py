@@ -3,7 +3,8 @@
 A custom op is opaque to dynamo and AOTAutograd: its fake kernel gives the output shapes, dtypes and memory layouts
 (symbolic sizes included), and its real kernel runs whatever it likes (a Python loop over tiles, Triton launches),
 the same in eager and compiled runs. Its backward is a second custom op, registered through
-``torch.library.register_autograd``; it is first order only (a double backward raises).
+``torch.library.register_autograd``; it is first order only (a double backward raises). On torch < 2.4 the same
+kernels run behind an ``autograd.Function`` (:func:`soft_mm.ops.compat.custom_op`).
 
 :func:`products_op` defines the pair for a backend of the N×m products ``K1 @ middle @ (K1^T @ v)``:
 
@@ -24,6 +25,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from .compat import custom_op
 from .precision import ieee_float32_matmuls
 
 __all__ = ['products_op']
@@ -61,23 +63,18 @@ def products_op(name: str, forward: Callable[..., tuple[Tensor, Tensor, Tensor]]
                                                                    *options)
         return grad_q, grad_landmarks.contiguous(), grad_v, grad_middle.contiguous()
 
-    forward_op = torch.library.custom_op(
-        f'{NAMESPACE}::{name}', forward_impl, mutates_args=(),
-        schema=f'({_TENSORS}, {options_schema}) -> (Tensor, Tensor, Tensor)')
-    backward_op = torch.library.custom_op(
-        f'{NAMESPACE}::{name}_backward', backward_impl, mutates_args=(),
-        schema=f'(Tensor grad_out, {_TENSORS}, Tensor context, Tensor mixed, {options_schema}) '
-               '-> (Tensor, Tensor, Tensor, Tensor)')
-
-    @forward_op.register_fake
-    def _(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, *options) -> tuple[Tensor, ...]:
+    def forward_fake(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, *options) -> tuple[Tensor, ...]:
         return torch.empty_like(v), _context_like(landmarks, v), _context_like(landmarks, v)
 
-    @backward_op.register_fake
-    def _(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-          mixed: Tensor, *options) -> tuple[Tensor, ...]:
+    def backward_fake(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
+                      mixed: Tensor, *options) -> tuple[Tensor, ...]:
         return (torch.empty_like(q), landmarks.new_empty(landmarks.shape), torch.empty_like(v),
                 middle.new_empty(middle.shape))
+
+    backward_op = custom_op(
+        f'{NAMESPACE}::{name}_backward', backward_impl,
+        f'(Tensor grad_out, {_TENSORS}, Tensor context, Tensor mixed, {options_schema}) '
+        '-> (Tensor, Tensor, Tensor, Tensor)', backward_fake)
 
     def setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor, Tensor]) -> None:
         q, landmarks, v, middle, *options = inputs
@@ -89,7 +86,9 @@ def products_op(name: str, forward: Callable[..., tuple[Tensor, Tensor, Tensor]]
         grads = backward_op(grad_out, *ctx.saved_tensors, *ctx.options)
         return (*grads, *([None] * len(ctx.options)))
 
-    forward_op.register_autograd(backward_fn, setup_context=setup_context)
+    forward_op = custom_op(f'{NAMESPACE}::{name}', forward_impl,
+                           f'({_TENSORS}, {options_schema}) -> (Tensor, Tensor, Tensor)', forward_fake,
+                           backward_fn, setup_context)
 
     def products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, *options) -> Tensor:
         return forward_op(q, landmarks, v, middle, *options)[0]

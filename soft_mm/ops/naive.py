@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
+from .compat import matmul
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
 from .precision import no_autocast
@@ -28,10 +29,10 @@ def naive_soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int
         k1 = gaussian_kernel(q, landmarks)
         kernel_landmarks = gaussian_kernel(landmarks, landmarks)
         inverse = newton_inverse(kernel_landmarks, num_iters, ridge)
-        context = k1.transpose(-2, -1) @ v
+        context = matmul(k1.transpose(-2, -1), v)
         if normalize:
             scale = kernel_landmarks.sum(-1).rsqrt().unsqueeze(-1)  # D^-1/2 as (B, h, m, 1)
-            context = scale * (inverse @ (scale * context))
+            context = scale * matmul(inverse, scale * context)
         else:
-            context = inverse @ context
-        return k1 @ context
+            context = matmul(inverse, context)
+        return matmul(k1, context)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from .capture import exporting
+from .compat import custom_op, eager_without_custom_ops
 from .precision import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
 
 __all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'alpha_floor', 'check_newton_arguments', 'exact_inverse', 'newton_inverse',
@@ -93,12 +94,8 @@ def _implicit_backward(grad_v: Tensor, v: Tensor) -> Tensor:
 # The implicit-backward inverse as a custom op (soft_mm::newton_inverse, its backward soft_mm::newton_inverse_backward,
 # first order only): torch.compile records one node and runs this kernel, as eager does. The fake kernels give the
 # real layouts (contiguous outputs).
-_newton_op = torch.library.custom_op('soft_mm::newton_inverse', _implicit_forward, mutates_args=(),
-                                     schema='(Tensor mat, int num_iters, float ridge) -> Tensor')
-_newton_backward_op = torch.library.custom_op('soft_mm::newton_inverse_backward', _implicit_backward,
-                                              mutates_args=(), schema='(Tensor grad_v, Tensor v) -> Tensor')
-_newton_op.register_fake(lambda mat, num_iters, ridge: mat.new_empty(mat.shape))
-_newton_backward_op.register_fake(lambda grad_v, v: v.new_empty(v.shape))
+_newton_backward_op = custom_op('soft_mm::newton_inverse_backward', _implicit_backward,
+                                '(Tensor grad_v, Tensor v) -> Tensor', lambda grad_v, v: v.new_empty(v.shape))
 
 
 def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
@@ -109,7 +106,9 @@ def _backward(ctx, grad_v: Tensor) -> tuple[Tensor, None, None]:
     return _newton_backward_op(grad_v, *ctx.saved_tensors), None, None
 
 
-_newton_op.register_autograd(_backward, setup_context=_setup_context)
+_newton_op = custom_op('soft_mm::newton_inverse', _implicit_forward,
+                       '(Tensor mat, int num_iters, float ridge) -> Tensor',
+                       lambda mat, num_iters, ridge: mat.new_empty(mat.shape), _backward, _setup_context)
 NEWTON_OP = _newton_op  # the op, for callers that look for it in a graph or a dispatch trace
 
 
@@ -130,6 +129,7 @@ def check_newton_arguments(num_iters: int, ridge: float, backward: str, fn_name:
     return ridge
 
 
+@eager_without_custom_ops
 def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
     """Moore–Penrose inverse of every matrix in a batch by the Newton–Schulz iteration.
 

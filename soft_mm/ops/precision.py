@@ -40,6 +40,7 @@ import torch
 from torch import Tensor
 
 from .capture import graph_mode
+from .compat import autocast_available, autocast_dtype_of, autocast_enabled, float32_precision_switches, matmul
 
 __all__ = ['PRECISIONS', 'Precision', 'autocast_cast', 'autocast_dtype', 'compute_dtype', 'float32_matmul_precision',
            'float32_matmul_settings', 'ieee_float32_matmuls', 'ieee_matmul', 'no_autocast', 'precision_policy']
@@ -52,20 +53,16 @@ def compute_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def no_autocast(device: torch.device) -> AbstractContextManager:
     """Context that disables autocast for ``device``'s type (a no-op where that type has no autocast)."""
-    is_available = getattr(torch.amp, 'is_autocast_available', None)
-    if is_available is not None and not is_available(device.type):
+    if not autocast_available(device.type):
         return contextlib.nullcontext()
     return torch.autocast(device_type=device.type, enabled=False)
 
 
 def autocast_dtype(device_type: str) -> torch.dtype | None:
     """The autocast dtype active for ``device_type``, or None when autocast is off there."""
-    is_available = getattr(torch.amp, 'is_autocast_available', None)
-    if is_available is not None and not is_available(device_type):
+    if not autocast_enabled(device_type):
         return None
-    if not torch.is_autocast_enabled(device_type):
-        return None
-    return torch.get_autocast_dtype(device_type)
+    return autocast_dtype_of(device_type)
 
 
 def autocast_cast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -82,18 +79,10 @@ def autocast_cast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
     return tuple(t.to(dtype) if t.is_floating_point() else t for t in tensors)
 
 
-def _precision_switches() -> dict[str, object]:
-    """The per-backend float32 matmul switches of torch >= 2.9, each an object with an ``fp32_precision`` attribute
-    (``'ieee'``, ``'tf32'``, ``'bf16'`` or ``'none'``, inherit): cuBLAS and oneDNN. Empty on older torch."""
-    switches = {'cuda': getattr(torch.backends.cuda, 'matmul', None),
-                'mkldnn': getattr(torch.backends.mkldnn, 'matmul', None)}
-    return {label: owner for label, owner in switches.items() if hasattr(owner, 'fp32_precision')}
-
-
 def float32_matmul_settings() -> dict[str, str]:
     """The current float32 matmul precision of cuBLAS and oneDNN, e.g. ``{'cuda': 'tf32', 'mkldnn': 'none'}``
     (``{'legacy': torch.get_float32_matmul_precision()}`` on torch < 2.9)."""
-    switches = _precision_switches()
+    switches = float32_precision_switches()
     if not switches:
         return {'legacy': torch.get_float32_matmul_precision()}
     return {label: owner.fp32_precision for label, owner in switches.items()}
@@ -116,7 +105,7 @@ class float32_matmul_precision(contextlib.AbstractContextManager):  # a context,
         self.value = value
 
     def __enter__(self) -> None:
-        self.switches = list(_precision_switches().values())
+        self.switches = list(float32_precision_switches().values())
         if self.switches:
             self.saved = [owner.fp32_precision for owner in self.switches]
             for owner in self.switches:
@@ -174,7 +163,7 @@ def ieee_matmul(a: Tensor, b: Tensor) -> Tensor:
     if (a.dtype == torch.float32 and b.dtype == torch.float32 and torch.is_grad_enabled()
             and (a.requires_grad or b.requires_grad) and graph_mode() == 'eager'):
         return _IEEEMatmul.apply(a, b)
-    return a @ b
+    return matmul(a, b)
 
 
 @dataclasses.dataclass(frozen=True)

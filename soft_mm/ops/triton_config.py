@@ -9,13 +9,22 @@ blocks in registers (the split reduction), blocks of 32 tokens spilled 16-56 byt
 blocks cost no memory traffic any more: the partial sums are one per program, not one per block.
 """
 
-__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_DIM', 'NUM_WARPS', 'PRODUCTS_CODES', 'SPLIT_PROGRAMS',
-           'middle_warps', 'padded', 'split_count']
+__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'NUM_WARPS',
+           'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK', 'SPLIT_PROGRAMS', 'middle_warps', 'padded', 'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (kt_x, k_times)
 BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
 NUM_WARPS = 8  # warps per program, every kernel
-MAX_DIM = 128  # the largest m, d and d_v (tiles of up to MAX_DIM x MAX_DIM in registers)
+# The largest m and the largest d and d_v the backend takes: those at which every kernel, in every dtype, fits the
+# shared memory a block may ask for on both targets (SHARED_MEMORY_PER_BLOCK). A launch asks for the dynamic shared
+# memory of the compiled kernel (its metadata), which grows with the padded tiles: at m, d <= 64 at most 163,840 B;
+# d = 128 needs 176,128 B even at m <= 16, and m = 65..128 the m×m kernel's 196,608 B, both over an A100's
+# 166,912 (the table: docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every
+# corner for both targets and holds it).
+MAX_LANDMARKS = 64
+MAX_HEAD_DIM = 64
+# the opt-in shared memory per block of the targets the kernels are built for: sm_80 (A100), sm_90 (H100, H200)
+SHARED_MEMORY_PER_BLOCK = {80: 166_912, 90: 232_448}
 # programs of a reduction over the tokens (kt_x, backward), over all (sample, head) groups: a few per streaming
 # multiprocessor of a large GPU (132 on an H100/H200), so the partial sums are a few per group, not one per block
 SPLIT_PROGRAMS = 512

@@ -14,7 +14,12 @@ library functions are decorated for the interpreter and cannot be compiled); thi
 standard library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may
 specialise a stride of 1 or a multiple of 16, which only removes instructions).
 
-    python soft_mm/ops/triton_cubins.py [--arch 80 90] [--landmarks 49] [--head-dim 32] [--json]
+    python soft_mm/ops/triton_cubins.py [--arch 80 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
+
+Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
+(``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (an A100's
+166,912 B, an H100's 232,448 B); cuobjdump reports only the static part. Several sizes give every (m, d) corner and a
+second table of the largest request per corner.
 """
 from __future__ import annotations
 
@@ -28,7 +33,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS', 'format_table', 'resource_usage']
+__all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS', 'format_shared_memory', 'format_table', 'limit',
+           'resource_usage']
 
 ARCHS = (80, 90)
 KERNELS = ('kt_x', 'k_times', 'backward')
@@ -71,7 +77,7 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     pad = _CONFIG.padded
     signature, constants = {}, dict(BLOCK=_CONFIG.KERNEL_BLOCKS[fn.__name__], MP=pad(num_landmarks),
                                      DP=pad(head_dim), DVP=pad(head_dim),
-                                     LOW=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], EMULATE=False)
+                                     LOW=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
     for name in fn.arg_names:
         if name in constants:
             signature[name] = 'constexpr'
@@ -84,7 +90,8 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
 
 def _middle_signature(fn, normalize: bool, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
     """``ASTSource``'s signature and constants of a launch of ``nystrom_middle``."""
-    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), NORMALIZE=normalize)
+    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), NORMALIZE=normalize,
+                     INTERPRET=False)
     floats = ('ridge', 'floor')
     signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')
                  else 'fp32' if name in floats else 'i32' for name in fn.arg_names}
@@ -98,8 +105,22 @@ def _parse_resources(text: str) -> dict[str, int]:
                 shared_bytes=int(fields['SHARED']))
 
 
+def _compile_corners(archs: tuple[int, ...], landmarks: tuple[int, ...], head_dims: tuple[int, ...]) -> list[dict]:
+    """The table of every (m, d) corner, compiled in this process (which must not interpret): each padded size once,
+    its rows repeated for every corner that pads to it."""
+    compiled: dict[tuple[int, int], list[dict]] = {}
+    rows = []
+    for num_landmarks in landmarks:
+        for head_dim in head_dims:
+            key = (_CONFIG.padded(num_landmarks), _CONFIG.padded(head_dim))
+            if key not in compiled:
+                compiled[key] = _compile_all(archs, num_landmarks, head_dim)
+            rows += [dict(row, num_landmarks=num_landmarks, head_dim=head_dim) for row in compiled[key]]
+    return rows
+
+
 def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> list[dict]:
-    """The table, compiled in this process (which must not interpret)."""
+    """The table at one size, compiled in this process (which must not interpret)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -129,19 +150,22 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
                 rows.append(dict(kernel=label, q=q, v=v, products=products, arch=f'sm_{arch}',
                                  num_landmarks=num_landmarks, head_dim=head_dim, num_warps=warps,
                                  block=constants.get('BLOCK'), tensor_core_instructions=mma,
-                                 **_parse_resources(dump)))
+                                 dynamic_shared_bytes=int(compiled.metadata.shared), **_parse_resources(dump)))
     return rows
 
 
-def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int = 49, head_dim: int = 32,
-                   timeout: float = 600) -> list[dict]:
-    """One row per kernel, dtype combination and architecture: ``kernel``, ``q``, ``v``, ``products``, ``arch``,
-    ``registers`` (per thread), ``stack_bytes`` (spilled registers; 0 = none), ``local_bytes``, ``shared_bytes``,
+def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int | tuple[int, ...] = 49,
+                   head_dim: int | tuple[int, ...] = 32, timeout: float = 1800) -> list[dict]:
+    """One row per kernel, dtype combination, architecture and size: ``kernel``, ``q``, ``v``, ``products``,
+    ``arch``, ``num_landmarks``, ``head_dim``, ``registers`` (per thread), ``stack_bytes`` (spilled registers; 0 =
+    none), ``local_bytes``, ``shared_bytes`` (cuobjdump's static shared memory), ``dynamic_shared_bytes`` (the shared
+    memory a launch asks for, from the compiled metadata: what must fit the device's limit per block),
     ``num_warps``, ``block`` and ``tensor_core_instructions`` (the PTX's ``mma.sync`` / ``wgmma`` instructions, e.g.
     ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``; none where the products are IEEE float32 FMAs).
 
     Compiled in a child process without ``TRITON_INTERPRET`` (see the module docstring); needs triton, no GPU.
-    ``num_landmarks`` (m) and ``head_dim`` (d = d_v) set the padded tile sizes, as a launch at those sizes does.
+    ``num_landmarks`` (m) and ``head_dim`` (d = d_v), an int or a tuple of them (every pair: the corners), set the
+    padded tile sizes, as a launch at those sizes does.
 
     Raises:
         ValueError: an architecture is not one of triton's CUDA targets (>= 75), or a size is out of 1..128.
@@ -150,12 +174,17 @@ def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int = 49, head
     archs = tuple(archs)
     if not archs or any(isinstance(a, bool) or not isinstance(a, int) or a < 75 for a in archs):
         raise ValueError(f'resource_usage: archs must be compute capabilities >= 75 such as 80 or 90, got {archs!r}')
-    for name, size in (('num_landmarks', num_landmarks), ('head_dim', head_dim)):
-        if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 128:
-            raise ValueError(f'resource_usage: {name} must be an int in 1..128 (the kernels\' limit), got {size!r}')
+    sizes = {}
+    for name, value in (('num_landmarks', num_landmarks), ('head_dim', head_dim)):
+        sizes[name] = tuple(value) if isinstance(value, (tuple, list)) else (value,)
+        for size in sizes[name]:
+            if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 128:
+                raise ValueError(f'resource_usage: {name} must be an int in 1..128 (the kernels\' limit), '
+                                 f'got {size!r}')
     env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    command = [sys.executable, str(Path(__file__).resolve()), '--json', '--landmarks', str(num_landmarks),
-               '--head-dim', str(head_dim), '--arch', *map(str, archs)]
+    command = [sys.executable, str(Path(__file__).resolve()), '--json', '--landmarks',
+               *map(str, sizes['num_landmarks']), '--head-dim', *map(str, sizes['head_dim']), '--arch',
+               *map(str, archs)]
     proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
     if proc.returncode != 0:
         raise RuntimeError(f'compiling the Triton kernels failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
@@ -163,33 +192,63 @@ def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int = 49, head
 
 
 def format_table(rows: list[dict]) -> str:
-    """The rows as a text table: one line per kernel and dtypes; registers per thread and spilled bytes (stack frame
-    plus local memory) per architecture."""
+    """The rows as a text table: one line per kernel, dtypes and size (m, d); per architecture the registers per
+    thread, the spilled bytes (stack frame plus local memory) and the dynamic shared memory a launch asks for."""
     archs = sorted({row['arch'] for row in rows}, key=lambda a: int(a[3:]))
     by_key: dict[tuple, dict] = {}
     for row in rows:
-        by_key.setdefault((row['kernel'], row['q'], row['v'], row['products']), {})[row['arch']] = row
-    head = f'{"kernel":<19} {"q":<5} {"v":<5} {"products":<9}'
-    lines = [head + ''.join(f'{arch + " regs / spill B":>22}' for arch in archs)]
-    for (kernel, q, v, products), per_arch in by_key.items():
-        cells = ''.join(f'{r["registers"]:>14} / {r["stack_bytes"] + r["local_bytes"]:<5}' if r else f'{"-":>22}'
+        key = (row['kernel'], row['q'], row['v'], row['products'], row.get('num_landmarks'), row.get('head_dim'))
+        by_key.setdefault(key, {})[row['arch']] = row
+    head = f'{"kernel":<19} {"q":<5} {"v":<5} {"products":<9} {"m":>4} {"d":>4}'
+    lines = [head + ''.join(f'{arch + " regs / spill B / smem B":>32}' for arch in archs)]
+    for (kernel, q, v, products, m, d), per_arch in by_key.items():
+        cells = ''.join(f'{r["registers"]:>14} / {r["stack_bytes"] + r["local_bytes"]:<5} / '
+                        f'{r.get("dynamic_shared_bytes", "-"):<7}' if r else f'{"-":>32}'
                         for r in (per_arch.get(arch) for arch in archs))
-        lines.append(f'{kernel:<19} {q:<5} {v:<5} {products:<9}{cells}')
+        lines.append(f'{kernel:<19} {q:<5} {v:<5} {products:<9} {m if m else "-":>4} {d if d else "-":>4}{cells}')
     return '\n'.join(lines)
+
+
+def format_shared_memory(rows: list[dict]) -> str:
+    """Per size (m, d) and architecture, the largest dynamic shared memory any kernel asks for and whether it fits
+    that architecture's limit per block (:data:`~soft_mm.ops.triton_config.SHARED_MEMORY_PER_BLOCK`)."""
+    archs = sorted({row['arch'] for row in rows}, key=lambda a: int(a[3:]))
+    largest: dict[tuple[int, int], dict[str, dict]] = {}
+    for row in rows:
+        per_arch = largest.setdefault((row['num_landmarks'], row['head_dim']), {})
+        if row['arch'] not in per_arch or row['dynamic_shared_bytes'] > per_arch[row['arch']]['dynamic_shared_bytes']:
+            per_arch[row['arch']] = row
+    lines = [f'{"m":>4} {"d":>4}' + ''.join(f'{arch + " (limit " + format(limit(arch), ",") + " B)":>44}'
+                                           for arch in archs)]
+    for (m, d), per_arch in sorted(largest.items()):
+        cells = ''
+        for arch in archs:
+            row = per_arch[arch]
+            fits = 'fits' if row['dynamic_shared_bytes'] <= limit(arch) else 'OVER'
+            cell = f'{format(row["dynamic_shared_bytes"], ","):>12} B {fits:<4} ({row["kernel"]} {row["q"]}/{row["v"]})'
+            cells += cell.rjust(44)
+        lines.append(f'{m:>4} {d:>4}{cells}')
+    return '\n'.join(lines)
+
+
+def limit(arch: str) -> int:
+    """The opt-in shared memory per block of ``'sm_80'`` or ``'sm_90'``, bytes."""
+    return _CONFIG.SHARED_MEMORY_PER_BLOCK[int(arch[3:])]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), help='compute capabilities, e.g. 80 90')
-    parser.add_argument('--landmarks', type=int, default=49, help='m (padded to a power of two >= 16)')
-    parser.add_argument('--head-dim', type=int, default=32, help='d = d_v (padded likewise)')
-    parser.add_argument('--json', action='store_true', help='print the rows as JSON instead of the table')
+    parser.add_argument('--landmarks', type=int, nargs='+', default=[49],
+                        help='m, one or more (padded to a power of two >= 16)')
+    parser.add_argument('--head-dim', type=int, nargs='+', default=[32], help='d = d_v, one or more (padded likewise)')
+    parser.add_argument('--json', action='store_true', help='print the rows as JSON instead of the tables')
     args = parser.parse_args(argv)
     if os.environ.get('TRITON_INTERPRET', '0') == '1':
-        rows = resource_usage(tuple(args.arch), args.landmarks, args.head_dim)
+        rows = resource_usage(tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim))
     else:
-        rows = _compile_all(tuple(args.arch), args.landmarks, args.head_dim)
-    print(json.dumps(rows) if args.json else format_table(rows))
+        rows = _compile_corners(tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim))
+    print(json.dumps(rows) if args.json else format_table(rows) + '\n\n' + format_shared_memory(rows))
     return 0
 
 

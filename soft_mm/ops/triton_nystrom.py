@@ -19,8 +19,8 @@ the other backends. Products with v run with bfloat16 operands when the precisio
 accumulation, or float16 ones likewise (the m×d factor scaled into float16's range by a power of two per tile);
 otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is wrong,
 the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
-bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m up to 128, head dims up to
-128; batch and heads are the second grid axis; inputs may be strided views.
+bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m and head dims up to 64 (what fits an
+A100's shared memory: :mod:`.triton_config`); batch and heads are the second grid axis; inputs may be strided views.
 
 The kernels (``_triton_kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
 since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
@@ -28,12 +28,15 @@ triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.p
 """
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import os
+import re
 
 import torch
 from torch import Tensor
 
+from .compat import custom_op
 from .kernel import augment_kernel_cols, augment_kernel_rows
 from .library import products_op
 from .newton import alpha_floor
@@ -41,7 +44,8 @@ from .precision import ieee_float32_matmuls
 from .triton_config import (
     BLOCK_N,
     BLOCK_N_BACKWARD,
-    MAX_DIM,
+    MAX_HEAD_DIM,
+    MAX_LANDMARKS,
     NUM_WARPS,
     PRODUCTS_CODES,
     middle_warps,
@@ -49,11 +53,30 @@ from .triton_config import (
     split_count,
 )
 
-__all__ = ['BLOCK_N', 'MAX_DIM', 'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products',
-           'unsupported_reason']
+__all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON_VERSION', 'triton_available',
+           'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
+
+# The oldest triton the kernels compile with (tl.dot's input_precision; torch 2.4 ships triton 3.0, torch 2.1 2.1).
+MIN_TRITON = (3, 0)
+
+
+def _installed_triton() -> tuple[int, ...] | None:
+    """triton's version from its package metadata (without importing it), None when it is not installed; read once."""
+    if importlib.util.find_spec('triton') is None:
+        return None
+    try:
+        version = importlib.metadata.version('triton')
+    except importlib.metadata.PackageNotFoundError:  # a build without metadata (e.g. from source): assume recent
+        return MIN_TRITON
+    return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
+
+
+TRITON_VERSION = _installed_triton()
+
 
 def triton_available() -> bool:
-    return importlib.util.find_spec('triton') is not None
+    """Whether a triton the kernels can use is installed (>= :data:`MIN_TRITON`)."""
+    return TRITON_VERSION is not None and TRITON_VERSION >= MIN_TRITON
 
 
 def _interpreting() -> bool:
@@ -61,9 +84,13 @@ def _interpreting() -> bool:
 
 
 def unsupported_reason(device_type: str, forced: bool) -> str | None:
-    """Why the Triton backend cannot run here (None if it can): triton missing, or CPU outside the interpreter."""
+    """Why the Triton backend cannot run here (None if it can): triton missing or older than :data:`MIN_TRITON`, or
+    CPU outside the interpreter."""
     if not triton_available():
-        return 'needs triton (pip install triton)'
+        if TRITON_VERSION is None:
+            return 'needs triton (pip install triton)'
+        found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
+        return f'needs triton >= {needed} (found {found}: torch < 2.4 ships an older one)'
     if device_type == 'cpu' and not (forced and _interpreting()):
         return 'runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests)'
     return None
@@ -84,10 +111,10 @@ def _kernels():
     return module
 
 
-def _store_dtype(dtype: torch.dtype, emulate: bool) -> torch.dtype:
+def _store_dtype(dtype: torch.dtype, interpret: bool) -> torch.dtype:
     """What a kernel writes: the tensor's dtype, or float32 for bfloat16 under the interpreter (whose cast to bfloat16
     is wrong; torch casts afterwards)."""
-    return torch.float32 if emulate and dtype == torch.bfloat16 else dtype
+    return torch.float32 if interpret and dtype == torch.bfloat16 else dtype
 
 
 def _strides(t: Tensor) -> tuple[int, ...]:
@@ -109,13 +136,13 @@ class _Launch:
         self.grid = (self.nblk, self.groups)
         self.splits = split_count(self.n, block, self.groups)
         self.split_grid = (self.splits, self.groups)
-        self.kernels, self.emulate = _kernels(), _interpreting()
+        self.kernels, self.interpret = _kernels(), _interpreting()
 
     def sizes(self) -> tuple[int, ...]:
         return self.heads, self.n, self.m, self.d, self.dv
 
     def meta(self, low: int) -> dict:
-        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, EMULATE=self.emulate,
+        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, INTERPRET=self.interpret,
                     num_warps=NUM_WARPS)
 
     def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: int) -> Tensor:
@@ -132,7 +159,7 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: int) 
     launch = _Launch(q, lm, v)
     context = launch.kt_x(q, lm, v, low)  # K1^T v
     mixed = middle.float() @ context  # contiguous (B, h, m, d_v), as the kernels read it
-    out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
+    out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
     launch.kernels.k_times[launch.grid](q, lm, mixed, out, *launch.sizes(), *_strides(q), *_strides(out),
                                         **launch.meta(low))
     return out.to(v.dtype), context, mixed
@@ -147,8 +174,8 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     launch = _Launch(q, lm, v, BLOCK_N_BACKWARD)
     grad_middle = grad_mixed @ context.transpose(-2, -1)
     grad_context = middle.float().transpose(-2, -1) @ grad_mixed  # contiguous (B, h, m, d_v)
-    grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.emulate))
-    grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.emulate))
+    grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.interpret))
+    grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
     batch, heads, m, d = lm.shape
     lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
     lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
@@ -176,8 +203,9 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
         products: ``torch.bfloat16`` or ``torch.float16`` for operands of the products with v in that dtype (float32
             accumulation; v is cast to it), None or ``torch.float32`` for float32 products.
     """
-    if max(q.shape[3], v.shape[3], landmarks.shape[2]) > MAX_DIM:
-        raise ValueError(f'triton_nystrom_products: m, d and d_v must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
+    if landmarks.shape[2] > MAX_LANDMARKS or max(q.shape[3], v.shape[3]) > MAX_HEAD_DIM:
+        raise ValueError(f'triton_nystrom_products: m must be <= {MAX_LANDMARKS} and d, d_v <= {MAX_HEAD_DIM} (the '
+                         f'kernels\' shared memory on an A100), got m={landmarks.shape[2]}, '
                          f'd={q.shape[3]}, d_v={v.shape[3]}')
     name = str(products or torch.float32).replace('torch.', '')
     if name not in PRODUCTS_CODES:
@@ -196,7 +224,7 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, normalize: 
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
     _kernels().nystrom_middle[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
-        NORMALIZE=normalize, num_warps=middle_warps(m))
+        NORMALIZE=normalize, INTERPRET=_interpreting(), num_warps=middle_warps(m))
     return middle, inverse
 
 
@@ -225,21 +253,15 @@ def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, no
         return (both @ lm - both.sum(-1, keepdim=True) * lm).to(landmarks.dtype)
 
 
-_middle_op = torch.library.custom_op('soft_mm::triton_nystrom_middle', _middle_forward, mutates_args=(),
-                                     schema='(Tensor landmarks, int num_iters, float ridge, bool normalize) '
-                                            '-> (Tensor, Tensor)')
-_middle_backward_op = torch.library.custom_op(
-    'soft_mm::triton_nystrom_middle_backward', _middle_backward, mutates_args=(),
-    schema='(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool normalize) -> Tensor')
-
-
-@_middle_op.register_fake
-def _(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
+def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
     shape = (*landmarks.shape[:-1], landmarks.shape[-2])
     return landmarks.new_empty(shape, dtype=torch.float32), landmarks.new_empty(shape, dtype=torch.float32)
 
 
-_middle_backward_op.register_fake(lambda grad_middle, landmarks, inverse, normalize: torch.empty_like(landmarks))
+_middle_backward_op = custom_op(
+    'soft_mm::triton_nystrom_middle_backward', _middle_backward,
+    '(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool normalize) -> Tensor',
+    lambda grad_middle, landmarks, inverse, normalize: torch.empty_like(landmarks))
 
 
 def _middle_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
@@ -254,7 +276,9 @@ def _middle_backward_fn(ctx, grad_middle: Tensor, grad_inverse: Tensor | None) -
     return _middle_backward_op(grad_middle, landmarks, inverse, ctx.normalize), None, None, None
 
 
-_middle_op.register_autograd(_middle_backward_fn, setup_context=_middle_setup_context)
+_middle_op = custom_op('soft_mm::triton_nystrom_middle', _middle_forward,
+                       '(Tensor landmarks, int num_iters, float ridge, bool normalize) -> (Tensor, Tensor)',
+                       _middle_fake, _middle_backward_fn, _middle_setup_context)
 
 
 def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> Tensor:
@@ -265,7 +289,7 @@ def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, norma
     rounding; differentiable in the landmarks (the implicit backward of ``newton_inverse``).
 
     Args:
-        landmarks: ``(B, h, m, d)`` scaled landmarks, m and d up to :data:`MAX_DIM`.
+        landmarks: ``(B, h, m, d)`` scaled landmarks, m up to :data:`MAX_LANDMARKS`, d up to :data:`MAX_HEAD_DIM`.
         num_iters: Newton–Schulz iterations, an int >= 0.
         ridge: a float >= 0.
         normalize: SOFT-Norm's scaling.
@@ -273,7 +297,8 @@ def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, norma
     Returns:
         ``(B, h, m, m)`` float32.
     """
-    if max(landmarks.shape[2], landmarks.shape[3]) > MAX_DIM:
-        raise ValueError(f'triton_nystrom_middle: m and d must be <= {MAX_DIM}, got m={landmarks.shape[2]}, '
+    if landmarks.shape[2] > MAX_LANDMARKS or landmarks.shape[3] > MAX_HEAD_DIM:
+        raise ValueError(f'triton_nystrom_middle: m must be <= {MAX_LANDMARKS} and d <= {MAX_HEAD_DIM} (the kernel\'s '
+                         f'shared memory on an A100), got m={landmarks.shape[2]}, '
                          f'd={landmarks.shape[3]}')
     return _middle_op(landmarks, int(num_iters), float(ridge), bool(normalize))[0]

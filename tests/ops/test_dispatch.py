@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from soft_mm.ops import dispatch, soft_attention
+from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
 from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, Backend, DispatchError, backends, select_backend
 from soft_mm.ops.precision import Precision, precision_policy
 from soft_mm.ops.triton_nystrom import triton_available
@@ -46,9 +47,21 @@ def test_automatic_choice():
 
 def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
     import soft_mm.ops.triton_nystrom as triton_module
-    monkeypatch.setattr(triton_module, 'triton_available', lambda: False)
+    monkeypatch.setattr(triton_module, 'TRITON_VERSION', None)
     assert pick(device='cuda', tokens=10 ** 6) == 'reference'
     with pytest.raises(DispatchError, match=r"backend 'triton' needs triton \(pip install triton\)"):
+        pick(device='cuda', name='triton')
+
+
+@pytest.mark.parametrize('version', [(2, 1), (2, 3)])
+def test_a_triton_older_than_the_kernels_need_is_declined_with_its_version(monkeypatch, version):
+    # torch 2.1 ships triton 2.1, torch 2.3 triton 2.3: the kernels need triton_nystrom.MIN_TRITON (3.0)
+    import soft_mm.ops.triton_nystrom as triton_module
+    monkeypatch.setattr(triton_module, 'TRITON_VERSION', version)
+    assert triton_module.MIN_TRITON == (3, 0)
+    assert pick(device='cuda', tokens=10 ** 6) == 'reference'
+    found = '.'.join(map(str, version))
+    with pytest.raises(DispatchError, match=rf"backend 'triton' needs triton >= 3.0 \(found {found}: torch < 2.4 "):
         pick(device='cuda', name='triton')
 
 
@@ -84,14 +97,15 @@ def test_every_reason_of_every_backend_is_listed():
 
 
 def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkeypatch):
-    sizes = dict(num_landmarks=128, head_dim=128, value_dim=128)
+    sizes = dict(num_landmarks=64, head_dim=64, value_dim=64)
     expected = 'triton' if triton_available() else 'reference'
     assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **sizes).name == expected
-    # m = 196 (landmark_grid=14) or a head dim above 128: the Triton kernels' tiles do not fit, the reference runs
-    for too_big in (dict(num_landmarks=196), dict(head_dim=129), dict(value_dim=160)):
+    # m = 65..128 (the m×m kernel), d or d_v = 128 (every backward) or m = 196 (landmark_grid=14): the kernels would
+    # ask for more shared memory than an A100 has per block (test_triton_cubins.py), the reference runs
+    for too_big in (dict(num_landmarks=65), dict(num_landmarks=196), dict(head_dim=65), dict(value_dim=128)):
         assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **{**sizes, **too_big}).name == 'reference'
     triton = {b.name: b for b in backends()}['triton']
-    assert (triton.max_landmarks, triton.max_head_dim) == (128, 128) and 'm <= 128; d, d_v <= 128' in triton.describe()
+    assert (triton.max_landmarks, triton.max_head_dim) == (64, 64) and 'm <= 64; d, d_v <= 64' in triton.describe()
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     monkeypatch.setattr('soft_mm.ops.triton_nystrom.triton_available', lambda: True)
     with pytest.raises(DispatchError) as info:
@@ -99,15 +113,15 @@ def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkey
                        value_dim=32)
     assert str(info.value) == (
         "soft_attention: backend 'triton' runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for "
-        "tests), does not take torch.float64 inputs, takes at most 128 landmarks (got m = 196), takes a head dim d of "
-        "at most 128 (got 160)")
+        "tests), does not take torch.float64 inputs, takes at most 64 landmarks (got m = 196), takes a head dim d of "
+        "at most 64 (got 160)")
 
 
 def test_soft_attention_passes_its_sizes_to_the_dispatcher(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     q, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 8, 3)
-    with pytest.raises(DispatchError, match=r"takes at most 128 landmarks \(got m = 129\)"):
-        soft_attention(q, torch.randn(1, 1, 129, 4), v, backend='triton')
+    with pytest.raises(DispatchError, match=r"takes at most 64 landmarks \(got m = 65\)"):
+        soft_attention(q, torch.randn(1, 1, 65, 4), v, backend='triton')
 
 
 def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
@@ -119,7 +133,10 @@ def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
 
     fake = Backend(name='fake', priority=100, run=run, devices=('cpu',), dtypes=(torch.float32,),
                    mixed_precision=False, options=(('scale', 1.0),))
-    monkeypatch.setitem(dispatch._BACKENDS, 'fake', fake)
+    # registered into copies of the registry, which the monkeypatch puts back afterwards
+    monkeypatch.setattr(dispatch, '_BACKENDS', dict(dispatch._BACKENDS))
+    monkeypatch.setattr(dispatch, '_BY_PRIORITY', list(dispatch._BY_PRIORITY))
+    dispatch.register_backend(fake)
     q, landmarks, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 2, 4), torch.randn(1, 1, 8, 3)
     assert torch.equal(soft_attention(q, landmarks, v), v) and calls == [(q.shape, FP32)]
     # fp64 inputs and bfloat16 products are declared unsupported: the next backend by priority runs
@@ -136,7 +153,8 @@ def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
     (torch.float16, None, None, F16_PRODUCTS),
     (torch.bfloat16, None, None, BF16_PRODUCTS),
     (torch.float32, torch.bfloat16, None, BF16_PRODUCTS),
-    (torch.float32, torch.float16, None, F16_PRODUCTS),
+    # float16 autocast on CPU exists from torch 2.3 (compat.CPU_FLOAT16_AUTOCAST)
+    *([(torch.float32, torch.float16, None, F16_PRODUCTS)] if CPU_FLOAT16_AUTOCAST else []),
     (torch.float16, torch.bfloat16, None, BF16_PRODUCTS),
     (torch.float32, None, 'float16', F16_PRODUCTS),
     (torch.float64, torch.bfloat16, None, Precision(*[torch.float64] * 4)),

@@ -269,7 +269,8 @@ def test_implicit_and_unrolled_gradients_agree_only_after_convergence():
 def test_implicit_backward_refuses_double_backward():
     mat = separated_kernel(4).requires_grad_()
     (grad,) = torch.autograd.grad(newton_inverse(mat).square().sum(), mat, create_graph=True)
-    with pytest.raises(RuntimeError, match=r'newton_inverse_backward.* no autograd formula'):
+    # the custom op's message (torch >= 2.4), or the autograd.Function's that stands in for it on older torch
+    with pytest.raises(RuntimeError, match=r'newton_inverse_backward.* no autograd formula|differentiate twice'):
         grad.sum().backward()
 
 

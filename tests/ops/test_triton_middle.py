@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_launches import counted_launches, summary
+from op_checks import check_custom_op
 
 from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
 from soft_mm.ops.triton_nystrom import _middle_op, triton_available, triton_nystrom_middle
@@ -44,9 +45,9 @@ def relative(a, b):
 
 @pytest.mark.parametrize('normalize', [True, False])
 @pytest.mark.parametrize('num_landmarks, head_dim, ridge, num_iters', [
-    (49, 32, 0.01, 20), (1, 32, 0.01, 20), (7, 5, 0.0, 20), (128, 32, 0.01, 20), (49, 32, 1.0, 20), (20, 16, 0.01, 0)])
+    (49, 32, 0.01, 20), (1, 32, 0.01, 20), (7, 5, 0.0, 20), (64, 64, 0.01, 20), (49, 32, 1.0, 20), (20, 16, 0.01, 0)])
 def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridge, num_iters, normalize):
-    # m = 128: the largest tile; ridge 1.0: beyond 0.05, where alpha's floor takes over; 0 iterations: the start alone
+    # m = d = 64: the largest tiles; ridge 1.0: beyond 0.05, where alpha's floor takes over; 0 iterations: the start alone
     landmarks = landmarks_of(num_landmarks, head_dim)
     exact = torch_middle(landmarks, num_iters, ridge, normalize)
     pytorch = torch_middle(landmarks.float(), num_iters, ridge, normalize)
@@ -55,7 +56,9 @@ def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridg
     # observed: the fused error 0.6-1.1 of the PyTorch float32 iteration's (7e-7 at m = 49); the two differ by their
     # summation order only
     assert relative(fused, exact) <= 3 * relative(pytorch, exact) + 1e-7
-    assert relative(fused, pytorch.double()) < 3e-6
+    # and from each other by less than 3e-6 or the float32 iteration's own error, whichever is larger (the summation
+    # orders of numpy's and torch's matmuls: 2e-7..4e-7 with a ridge, 3.5e-6 at ridge 0, where that error is 7.2e-6)
+    assert relative(fused, pytorch.double()) < max(3e-6, relative(pytorch, exact))
 
 
 @pytest.mark.parametrize('normalize', [True, False])
@@ -74,13 +77,13 @@ def test_landmark_gradient_is_the_implicit_backward_of_the_pytorch_path(num_land
 def test_passes_opcheck():
     landmarks = landmarks_of(9, head_dim=8).float().requires_grad_()
     for normalize in (True, False):
-        results = torch.library.opcheck(_middle_op, (landmarks, 20, 0.01, normalize))
-        assert set(results.values()) == {'SUCCESS'}, results
+        check_custom_op(_middle_op, (landmarks, 20, 0.01, normalize))
 
 
 def test_refuses_sizes_above_its_tiles():
-    with pytest.raises(ValueError, match=r'triton_nystrom_middle: m and d must be <= 128, got m=129, d=8'):
-        triton_nystrom_middle(torch.zeros(1, 1, 129, 8), 20, 0.0, False)
+    with pytest.raises(ValueError, match=r'triton_nystrom_middle: m must be <= 64 and d <= 64 \(the kernel\'s shared '
+                                         r'memory on an A100\), got m=65, d=8'):
+        triton_nystrom_middle(torch.zeros(1, 1, 65, 8), 20, 0.0, False)
 
 
 def op_inputs(num_tokens=300, num_landmarks=49, seed=3):

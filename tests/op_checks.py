@@ -1,0 +1,43 @@
+"""Checks of soft_mm's custom ops that hold on every supported torch (shared by the op tests)."""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from soft_mm.ops.compat import HAS_CUSTOM_OP, FunctionOp
+
+
+def check_custom_op(op, args: tuple) -> None:
+    """``torch.library.opcheck`` on torch >= 2.4 (schema, fake kernel against the real one: shapes, dtypes, memory
+    layouts; autograd registration; a dynamic-shape AOT trace). On older torch the op is a
+    :class:`~soft_mm.ops.compat.FunctionOp`: its outputs equal its kernel's bit for bit, its backward gives every input
+    that requires grad a gradient of that input's shape and dtype, and for float64 inputs the gradient of the first
+    output equals the numerical one (``torch.autograd.gradcheck``)."""
+    if HAS_CUSTOM_OP:
+        results = torch.library.opcheck(op, args)
+        assert set(results.values()) == {'SUCCESS'}, results
+        return
+    assert isinstance(op, FunctionOp), op
+    outputs = op(*args)
+    outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+    with torch.no_grad():
+        expected = op.forward(*args)
+    expected = expected if isinstance(expected, tuple) else (expected,)
+    assert all(torch.equal(out, exp) for out, exp in zip(outputs, expected))
+    leaves = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+    grads = torch.autograd.grad(outputs[0], leaves, torch.ones_like(outputs[0]), allow_unused=True)
+    assert all(g is not None and g.shape == t.shape and g.dtype == t.dtype for g, t in zip(grads, leaves))
+    if all(t.dtype == torch.float64 for t in leaves):
+        def first_output(*tensors):
+            it = iter(tensors)
+            call = [next(it) if isinstance(a, Tensor) and a.requires_grad else a for a in args]
+            out = op(*call)
+            return out[0] if isinstance(out, tuple) else out
+
+        assert torch.autograd.gradcheck(first_output, tuple(leaves), atol=1e-6, rtol=1e-5, fast_mode=True)
+
+
+def grad_fn_name(tensor: Tensor) -> str:
+    """The name of the autograd node that made ``tensor`` (``grad_fn.name()`` raises on torch <= 2.11 for the
+    nodes of ``autograd.Function``s and custom ops: the node's class name instead)."""
+    return type(tensor.grad_fn).__name__
