@@ -59,6 +59,7 @@ import soft_mm  # noqa: E402
 from soft_mm.ops import naive_soft_attention, soft_attention  # noqa: E402
 from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
 from soft_mm.ops.triton_cubins import format_table, resource_usage  # noqa: E402
+from soft_mm.ops.triton_nystrom import triton_available, unsupported_reason  # noqa: E402
 from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
 from soft_mm.utils.precision_rule import (  # noqa: E402
     outputs_and_grads,
@@ -253,6 +254,9 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device('cpu' if args.smoke else 'cuda')
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('device_check: no CUDA device; run it on a GPU machine (or --smoke on CPU)')
+    if not triton_available():  # e.g. torch < 2.4, which ships an older triton than the kernels need
+        raise SystemExit(f'device_check: the Triton backend {unsupported_reason(device.type, forced=True)}; '
+                         f'nothing to check with torch {torch.__version__}')
     name = torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'
     print(f'device {name}, torch {torch.__version__}', flush=True)
     report = Report(args.out, device=name, torch=torch.__version__, soft_mm=str(Path(soft_mm.__file__).parent))

@@ -25,6 +25,7 @@ if not torch.cuda.is_available():
 from tool_process import REPO_ROOT  # tests/ is on sys.path: pyproject's pythonpath
 
 import soft_mm
+from soft_mm.ops.triton_nystrom import MIN_TRITON, TRITON_VERSION, triton_available
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
 # DataLoader workers), computes on one thread: two workers of two threads each on two cores oversubscribe them (issue
@@ -44,6 +45,36 @@ def _fail_skip_on_ci(report) -> None:
         reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = 'failed'
         report.longrepr = f'skipped where CI=true, where every test must run: {reason}'
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'triton_kernels: runs the Triton kernels (op_checks.triton_kernels)')
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist the long end-to-end runs (marked slow) are handed out first, so the two workers finish
+    together instead of one running the last demo alone (a stable sort: the order within each kind is kept).
+
+    Where the installed triton is older than the kernels need (torch < 2.4 ships and pins triton < 3.0), the tests
+    that run them do not apply: deselected and counted in the summary, not skipped (tests/ops/test_dispatch.py holds
+    the backend's refusal with its reason there)."""
+    if os.environ.get('PYTEST_XDIST_WORKER'):
+        items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+    if TRITON_VERSION is None or triton_available():
+        return
+    kept, deselected = [], []
+    for item in items:
+        (deselected if item.get_closest_marker('triton_kernels') else kept).append(item)
+    if deselected:
+        config.hook.pytest_deselected(items=deselected)
+        items[:] = kept
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    if TRITON_VERSION is not None and not triton_available():
+        found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
+        terminalreporter.write_line(f'the tests of the Triton kernels (marked triton_kernels) were deselected: triton '
+                                    f'{found} is older than the {needed} they need (torch < 2.4 ships such a triton)')
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -166,9 +197,3 @@ def official_small() -> dict[str, torch.Tensor]:
     """The authors' 'small' definition: depths 1,3,20,4 (38.9M), not the published 24M model."""
     return random_official_state_dict('small')
 
-
-def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist the long end-to-end runs (marked slow) are handed out first, so the two workers finish
-    together instead of one running the last demo alone (a stable sort: the order within each kind is kept)."""
-    if os.environ.get('PYTEST_XDIST_WORKER'):
-        items.sort(key=lambda item: item.get_closest_marker('slow') is None)

@@ -80,9 +80,11 @@ sys.exit(0 if all(ops[op](have, pad(release(v))) for op, v in re.findall(r'(>=|<
          else 1)
 PYEOF
   # nothing installed after this moves torch, torchvision or (torch < 2.3 being built for numpy 1.x) numpy to 2.x
-  "$PY" -c 'import torch, torchvision
-print(f"torch=={torch.__version__}"); print(f"torchvision=={torchvision.__version__}")
-if tuple(int(p) for p in torch.__version__.split(".")[:2]) < (2, 3): print("numpy<2")' > "$PINS"
+  # (the installed distributions' versions: torch.__version__ may carry a local tag, +cu121, that they lack)
+  "$PY" -c 'from importlib.metadata import version
+torch, torchvision = version("torch"), version("torchvision")
+print("torch==" + torch); print("torchvision==" + torchvision)
+if tuple(int(p) for p in torch.split(".")[:2]) < (2, 3): print("numpy<2")' > "$PINS"
   echo "pinned for the rest of the install: $(tr '\n' ' ' < "$PINS")"
 
   step "mmengine"

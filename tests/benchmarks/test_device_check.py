@@ -8,7 +8,7 @@ import sys
 import pytest
 from tool_process import BARE_GPU_MACHINE_LACKS, REPO_ROOT, blocked_imports_env
 
-from soft_mm.ops.triton_nystrom import triton_available
+from soft_mm.ops.triton_nystrom import TRITON_VERSION
 
 
 def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
@@ -21,7 +21,8 @@ def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+@pytest.mark.triton_kernels
+@pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
 def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_table(tmp_path):
     out = tmp_path / 'device_check.json'
     env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')

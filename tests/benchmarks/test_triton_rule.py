@@ -6,10 +6,11 @@ import re
 
 import pytest
 
-from soft_mm.ops.triton_nystrom import triton_available
+from soft_mm.ops.triton_nystrom import TRITON_VERSION
 
 
-@pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+@pytest.mark.triton_kernels
+@pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
 def test_rows_hold_the_rule(load_benchmark, monkeypatch, capsys):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     assert load_benchmark('triton_rule').main(['--tokens', '70', '--landmarks', '9']) == 0

@@ -13,7 +13,7 @@ from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
 from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING
 from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
 from soft_mm.ops.tiled import _tiled_products
-from soft_mm.ops.triton_nystrom import _triton_products, triton_available
+from soft_mm.ops.triton_nystrom import TRITON_VERSION, _triton_products
 
 
 def token_major_inputs(dtype=torch.float64, batch=2, heads=3, num_tokens=45, head_dim=8, num_landmarks=5, seed=0):
@@ -39,7 +39,8 @@ def test_tiled_op_passes_opcheck(dtype, products):
     check_custom_op(_tiled_products.forward_op, (*requiring_grad(token_major_inputs(dtype)), 16, products))
 
 
-@pytest.mark.skipif(not triton_available(), reason='triton is not installed (bash tools/install.sh adds it)')
+@pytest.mark.triton_kernels
+@pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
 @pytest.mark.parametrize('low, products', [(0, torch.float32), (1, torch.bfloat16), (2, torch.float16)])
 def test_triton_op_passes_opcheck(monkeypatch, low, products):
     monkeypatch.setenv('TRITON_INTERPRET', '1')

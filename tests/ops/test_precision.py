@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from op_checks import triton_kernels
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from soft_mm.ops import newton_inverse, soft_attention
 from soft_mm.ops.compat import float32_precision_switches
 from soft_mm.ops.precision import float32_matmul_precision, float32_matmul_settings, ieee_matmul
-from soft_mm.ops.triton_nystrom import triton_available
 
 aten = torch.ops.aten
 GEMMS = (aten.mm, aten.bmm, aten.addmm, aten.baddbmm, aten.matmul)  # matmul: below autograd, in a custom op
@@ -53,12 +53,10 @@ def set_tf32(api: str) -> None:
 
 
 @pytest.mark.parametrize('api', ['legacy allow_tf32', "set_float32_matmul_precision('high')"])
-@pytest.mark.parametrize('backend', ['reference', 'tiled', 'triton'])
+@pytest.mark.parametrize('backend', ['reference', 'tiled', pytest.param('triton', marks=triton_kernels)])
 def test_the_op_runs_every_float32_gemm_in_ieee_and_restores_the_callers_setting(restore_settings, monkeypatch, api,
                                                                                  backend):
     if backend == 'triton':
-        if not triton_available():
-            pytest.skip('triton is not installed (bash tools/install.sh adds it)')
         monkeypatch.setenv('TRITON_INTERPRET', '1')
     gen = torch.Generator().manual_seed(0)
     q = (0.4 * torch.randn(1, 2, 40, 8, generator=gen)).requires_grad_()

@@ -6,13 +6,12 @@ from __future__ import annotations
 
 import pytest
 import torch
+from op_checks import triton_kernels
 
 from soft_mm.ops import soft_attention
-from soft_mm.ops.triton_nystrom import triton_available
 from soft_mm.utils.precision_rule import RULE_FRACTION, relative_error, rule_errors, rule_inputs
 
-pytestmark = pytest.mark.skipif(not triton_available(),
-                                reason='triton is not installed (bash tools/install.sh adds it)')
+pytestmark = triton_kernels
 
 
 @pytest.fixture(autouse=True)

@@ -3,6 +3,7 @@ combination the precision policy hands it, compiled on this CPU machine to real 
 (Hopper) — the GPU code with the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at
 the published sizes, and at every size the backend declares a launch that fits each target's shared memory."""
 import pytest
+from op_checks import triton_kernels
 
 from soft_mm.ops.triton_config import (
     BLOCK_N,
@@ -21,10 +22,8 @@ from soft_mm.ops.triton_cubins import (
     format_table,
     resource_usage,
 )
-from soft_mm.ops.triton_nystrom import triton_available
 
-pytestmark = pytest.mark.skipif(not triton_available(),
-                                reason='triton is not installed (bash tools/install.sh adds it)')
+pytestmark = triton_kernels
 
 
 PUBLISHED = (49, 32)  # the sizes every variant runs at: m = 49 landmarks (a 7×7 grid), head dim 32

@@ -7,13 +7,12 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_launches import counted_launches, summary
-from op_checks import check_custom_op
+from op_checks import check_custom_op, triton_kernels
 
 from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
-from soft_mm.ops.triton_nystrom import _middle_op, triton_available, triton_nystrom_middle
+from soft_mm.ops.triton_nystrom import _middle_op, triton_nystrom_middle
 
-pytestmark = pytest.mark.skipif(not triton_available(),
-                                reason='triton is not installed (bash tools/install.sh adds it)')
+pytestmark = triton_kernels
 
 # the most kernels one forward of the op may launch on the CUDA path (the bound; measured: 5)
 MAX_FORWARD_LAUNCHES = 12
@@ -47,7 +46,7 @@ def relative(a, b):
 @pytest.mark.parametrize('num_landmarks, head_dim, ridge, num_iters', [
     (49, 32, 0.01, 20), (1, 32, 0.01, 20), (7, 5, 0.0, 20), (64, 64, 0.01, 20), (49, 32, 1.0, 20), (20, 16, 0.01, 0)])
 def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridge, num_iters, normalize):
-    # m = d = 64: the largest tiles; ridge 1.0: beyond 0.05, where alpha's floor takes over; 0 iterations: the start alone
+    # m = d = 64: the largest tiles; ridge 1.0: beyond 0.05, where alpha's floor takes over; 0 iterations: the start
     landmarks = landmarks_of(num_landmarks, head_dim)
     exact = torch_middle(landmarks, num_iters, ridge, normalize)
     pytorch = torch_middle(landmarks.float(), num_iters, ridge, normalize)

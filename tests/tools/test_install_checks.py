@@ -85,3 +85,32 @@ def test_without_a_gpu_the_cuda_ops_target_ampere_and_hopper(tmp_path):
                                      TORCH_CUDA_ARCH_LIST='9.0', CUDA_HOME=str(toolkit))
     assert status is None and 'no GPU visible' not in out, (out[-2000:], err)  # a list the user set is kept
     assert 'CPATH' not in out  # the toolkit has the headers
+
+
+def fake_torch(folder: Path, torch_version: str, torchvision_version: str) -> Path:
+    """A folder that, first on PYTHONPATH, makes ``import torch`` / ``torchvision`` and their distributions' metadata
+    report the given versions (nothing else of them is needed before the installer's checks stop or pin)."""
+    for name, version in (('torch', torch_version), ('torchvision', torchvision_version)):
+        (folder / name).mkdir(parents=True)
+        (folder / name / '__init__.py').write_text(f'__version__ = {version!r}\n')
+        (folder / f'{name}-{version}.dist-info').mkdir()
+        (folder / f'{name}-{version}.dist-info' / 'METADATA').write_text(f'Name: {name}\nVersion: {version}\n')
+    return folder
+
+
+@pytest.mark.parametrize('torch_version', ['2.0.1', '2.15.0'])
+def test_an_installed_torch_outside_the_supported_range_stops_the_install(tmp_path, torch_version):
+    fake = fake_torch(tmp_path / 'fake', torch_version, '0.15.2')
+    status, out, err = run_installer(tmp_path, '13.0', PYTHONPATH=str(fake))
+    assert status == 1, out + err
+    assert (f'soft_mm install failed: the installed torch {torch_version} is outside the range soft_mm supports '
+            f'(torch>=2.1,<2.15); install a torch in that range') in err, err
+
+
+def test_the_floor_torch_is_kept_with_its_numpy_for_the_rest_of_the_install(tmp_path):
+    # torch 2.1.2 (what mmcv 2.1.0's prebuilt wheels were made for) was built for numpy 1.x: nothing may upgrade it
+    fake = fake_torch(tmp_path / 'fake', '2.1.2', '0.16.2')
+    status, out, err = run_installer(tmp_path, '13.0', until='pinned for the rest of the install', PYTHONPATH=str(fake))
+    assert status is None, out + err
+    assert 'keeping the installed torch 2.1.2 / torchvision 0.16.2' in out
+    assert 'pinned for the rest of the install: torch==2.1.2 torchvision==0.16.2 numpy<2' in out, out
