@@ -31,8 +31,11 @@ def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
         raise ValueError(f'x must be (B, N, C), got shape {tuple(x.shape)}')
     # sizes stay symbolic under torch.export / torch.compile (int() would freeze them at the traced size), and traced
     # under torch.jit.trace (the legacy ONNX exporter records sizes read from a tensor's shape as graph values)
-    tracing = torch.jit.is_tracing()
-    h, w = (s if tracing or isinstance(s, torch.SymInt) else int(s) for s in hw_shape)
+    # (no generator expression: dynamo of torch 2.8 and older cannot inline one)
+    h, w = hw_shape
+    if not torch.jit.is_tracing():
+        h = h if isinstance(h, torch.SymInt) else int(h)
+        w = w if isinstance(w, torch.SymInt) else int(w)
     if h * w != x.shape[1]:
         raise ValueError(f'hw_shape={tuple(hw_shape)} does not match the {x.shape[1]} tokens of x')
     return h, w
@@ -137,34 +140,35 @@ class SoftAttention(nn.Module):
     newton_ridge = _setting('newton_ridge')
     newton_backward = _setting('newton_backward')
 
+    # (the forward path reads self.settings directly: dynamo of torch 2.1 fails to guard the properties above)
     def landmark_shape(self, hw_shape: tuple[int, int]) -> tuple[int, int]:
         """Grid of landmarks used for an ``hw_shape`` map (m = product)."""
         # sym_min: a plain min() of symbolic sizes would freeze the branch taken at a traced size; the ceiling
         # division keeps its operands non-negative (ONNX's integer Div truncates, so -(-s // r) would become a floor)
-        # (no generator expressions: dynamo before torch 2.9 cannot inline them, a graph break under fullgraph=True)
+        # (no generator expressions: dynamo of torch 2.8 and older cannot inline them)
         height, width = hw_shape
-        if self.landmark_mode == 'avg':
-            return _size_min(self.landmark_grid, height), _size_min(self.landmark_grid, width)
+        if self.settings.landmark_mode == 'avg':
+            return _size_min(self.settings.landmark_grid, height), _size_min(self.settings.landmark_grid, width)
         stride = self.landmark_stride
-        return (_size_min(self.landmark_grid, (height + stride - 1) // stride),
-                _size_min(self.landmark_grid, (width + stride - 1) // stride))
+        return (_size_min(self.settings.landmark_grid, (height + stride - 1) // stride),
+                _size_min(self.settings.landmark_grid, (width + stride - 1) // stride))
 
     def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
         b, h, _, d = q.shape
         grid = self.landmark_shape(hw_shape)
-        pooled_size = grid if self.landmark_mode == 'avg' else (grid[0] * self.landmark_stride,
+        pooled_size = grid if self.settings.landmark_mode == 'avg' else (grid[0] * self.landmark_stride,
                                                                 grid[1] * self.landmark_stride)
         if exporting():
             # exporting a graph (ONNX / torch.export / jit trace): the pooling always runs (an identity at 224 in
             # conv mode), as two matmuls that keep the input size symbolic, so no size is frozen into the graph
             q_map = adaptive_avg_pool2d_matmul(q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2), pooled_size)
-            if self.landmark_mode == 'avg':
+            if self.settings.landmark_mode == 'avg':
                 return q_map.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
         else:
             # eager: all heads pooled at once on the token-major (B, H, W, h*d) map, a view of forward()'s q
             tokens = _pool_token_map(_token_map(q, hw_shape), pooled_size)
-            if self.landmark_mode == 'avg':
+            if self.settings.landmark_mode == 'avg':
                 return tokens.reshape(b, -1, h, d).transpose(1, 2)
             # (B*h, d, H', W') in NCHW memory: the conv is shared by the heads
             q_map = tokens.reshape(b, *pooled_size, h, d).permute(0, 3, 4, 1, 2).reshape(b * h, d, *pooled_size)
@@ -183,8 +187,8 @@ class SoftAttention(nn.Module):
         q = self.qk(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) * self.head_dim ** -0.25
         v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
-        out = soft_attention(q, landmarks, v, num_iters=self.newton_iters, normalize=self.soft_norm,
-                             ridge=self.newton_ridge, backward=self.newton_backward)
+        out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, normalize=self.soft_norm,
+                             ridge=self.settings.newton_ridge, backward=self.settings.newton_backward)
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is

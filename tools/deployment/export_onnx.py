@@ -5,10 +5,11 @@
         --checkpoint work_dirs/retinanet_soft_tiny_demo/epoch_4.pth --out work_dirs/onnx/retinanet_backbone.onnx
     python tools/deployment/export_onnx.py classifier --model soft_norm_tiny --checkpoint soft_norm_tiny_in1k.pth
 
-The graph is recorded by ``torch.onnx.export(..., dynamo=True)`` at ``--size`` (default 224x224) with the batch,
-height and width symbolic, then onnxruntime runs it at every ``--check`` size and the largest absolute difference
-to PyTorch is printed per output (exit status 1 above ``--atol``). The backbone's outputs are the NCHW maps of its
-``out_indices`` (``out0`` ... at strides 4/8/16/32), the classifier's the logits.
+The graph is recorded by ``torch.onnx.export(..., dynamo=True)`` (on torch < 2.7 by its TorchScript-based exporter)
+at ``--size`` (default 224x224) with the batch, height and width symbolic, then onnxruntime runs it at every
+``--check`` size and the largest absolute difference to PyTorch is printed per output (exit status 1 above
+``--atol``). The backbone's outputs are the NCHW maps of its ``out_indices`` (``out0`` ... at strides 4/8/16/32), the
+classifier's the logits.
 
 Valid sizes: height and width of at least :func:`min_side` (193 px for the default 7x7 landmark grid with conv
 landmarks), where every SOFT stage has its full landmark grid, so the number of landmarks is the same at every size
@@ -26,6 +27,7 @@ import torch
 from torch import nn
 
 from soft_mm.engine.cli import ConfigError, load_config, one_sentence_errors
+from soft_mm.ops.compat import HAS_IS_EXPORTING
 from soft_mm.utils.checkpoint_files import CheckpointFileError, read_checkpoint, state_dict_of
 from soft_mm.utils.sizes import size_arg
 
@@ -132,6 +134,13 @@ def export(model: nn.Module, out: str | Path, size: Sequence[int] = DEFAULT_EXPO
     is_tuple = isinstance(sample, (tuple, list))
     wrapped = _TupleOutputs(model) if is_tuple else model
     names = [f'out{i}' for i in range(len(sample))] if is_tuple else ['logits']
+    if not HAS_IS_EXPORTING:
+        # torch < 2.7 cannot tell torch.export from torch.compile (the model would keep soft_mm's custom ops, which
+        # have no ONNX translation): the TorchScript-based exporter, whose trace the model recognises as an export
+        with torch.no_grad():
+            torch.onnx.export(wrapped.eval(), (x,), str(out), input_names=['input'], output_names=names,
+                              dynamic_axes={'input': {0: 'batch', 2: 'height', 3: 'width'}}, opset_version=17)
+        return out
     dims = {0: torch.export.Dim('batch', min=1, max=1024), 2: torch.export.Dim('height', min=low, max=max_side),
             3: torch.export.Dim('width', min=low, max=max_side)}
     with torch.no_grad():
