@@ -104,8 +104,12 @@ def kt_x_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, sqb, sqh, sqn, sqd
 def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb, sxh, sxn, sxd,
          BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
          INTERPRET: tl.constexpr):
-    # split reduction: program (split, g) sums the blocks split, split + splits, ... of its group in registers and
-    # writes one (MP, DVP) partial sum (padded: an unmasked store, fewer registers)
+    """Partial sums of ``K1^T x`` (x: v in the forward, grad_out in the backward). Grid ``(splits, B * H)``: program
+    ``(split, g)`` sums the blocks ``split, split + splits, ...`` of BLOCK tokens of group g = sample * H + head, each
+    block's kernel rebuilt in registers (``kernel_block``), into one ``(MP, DVP)`` float32 tile written to
+    ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers), summed by torch afterwards. q (strides
+    ``sq*``) and x (``sx*``) are read through their strides, the landmarks contiguous ``(B*H, M, D)``; the products
+    with x in the dtype ``LOW`` selects, accumulated in float32."""
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
@@ -130,6 +134,10 @@ def kt_x(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sxb,
 def k_times(q_ptr, l_ptr, mid_ptr, out_ptr, H, N, M, D, DV, sqb, sqh, sqn, sqd, sob, soh, son, sod,
             BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr,
             INTERPRET: tl.constexpr):
+    """``out = K1 @ mixed`` for one block: grid ``(cdiv(N, BLOCK), B * H)``, program ``(blk, g)`` rebuilds the block's
+    kernel ``(BLOCK, MP)`` in registers and multiplies it by the group's ``mixed = middle @ K1^T v`` (contiguous
+    ``(B*H, M, DV)`` float32), operands in the dtype ``LOW`` selects, float32 accumulation; the output is written
+    through its strides (``so*``) in its own dtype."""
     _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, tl.program_id(0), H, N, M, D, sqb, sqh, sqn, sqd,
                                                    BLOCK, MP, DP)
     marks = tl.arange(0, MP)
@@ -180,7 +188,14 @@ def backward(q_ptr, l_ptr, v_ptr, go_ptr, mid_ptr, gctx_ptr, gq_ptr, gv_ptr, lsu
              H, N, M, D, DV, sqb, sqh, sqn, sqd, svb, svh, svn, svd, sgb, sgh, sgn, sgd,
              sgqb, sgqh, sgqn, sgqd, sgvb, sgvh, sgvn, sgvd, BLOCK: tl.constexpr, MP: tl.constexpr,
              DP: tl.constexpr, DVP: tl.constexpr, LOW: tl.constexpr, INTERPRET: tl.constexpr):
-    # split reduction of the landmark gradient's partial sums, as in kt_x; grad q and grad v are per token
+    """The products' backward. Grid ``(splits, B * H)`` as ``kt_x``: program ``(split, g)`` takes every
+    ``splits``-th block of BLOCK tokens of its group and, per block (``backward_block``), rebuilds the kernel block,
+    forms ``grad K1 = grad_out mixed^T + v grad_context^T`` and ``grad_s = grad K1 * K1`` in float32, writes the
+    block's grad v ``= K1 grad_context`` and grad q ``= grad_s l - q rowsum(grad_s)`` through their strides
+    (``sgv*``, ``sgq*``), and adds the block's share of the landmark gradient, ``grad_s^T q`` (``(MP, DP)``) and
+    ``colsum(grad_s)`` (``(MP,)``), to float32 sums in registers, written once per program to ``lsum_ptr`` and
+    ``lcnt_ptr`` and summed by torch. q, v and grad_out (``sg*``) are read through their strides; ``mixed`` and
+    ``grad_context`` are contiguous ``(B*H, M, DV)`` float32."""
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
