@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from .capture import graph_mode
-from .compat import eager_without_custom_ops
+from .compat import dense_grad, eager_without_custom_ops
 from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select
 from .kernel import gaussian_kernel
 from .newton import check_newton_arguments, newton_inverse
@@ -91,6 +91,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         ``(B, h, N, d_v)`` attention output.
     """
     _check_attention_inputs(q, landmarks, v)
+    landmarks = dense_grad(landmarks)  # its gradient comes back transposed; a GELU usually made it (torch 2.1)
     ridge = check_newton_arguments(num_iters, ridge, backward, 'soft_attention')
     if tile_size is not None and (isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 1):
         raise ValueError(f'soft_attention: tile_size must be None (the backend default) or an int >= 1, '

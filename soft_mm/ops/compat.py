@@ -10,7 +10,8 @@ Each fact is read once, at import, so that the code ``torch.compile`` traces cal
 * :func:`autocast_enabled` / :func:`autocast_dtype_of` (``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype``, 2.4) and :func:`autocast_available` (``torch.amp.is_autocast_available``);
 * :func:`float32_precision_switches`, the per-backend float32 matmul switches (``fp32_precision``, 2.9);
-* :func:`matmul` and :data:`CPU_FLOAT16_AUTOCAST`: float16 GEMMs (2.2) and float16 autocast (2.3) on CPU.
+* :func:`matmul` and :data:`CPU_FLOAT16_AUTOCAST`: float16 GEMMs (2.2) and float16 autocast (2.3) on CPU;
+* :func:`dense_grad`: torch 2.1's CPU GELU backward misreads a gradient of other strides than its input.
 
 The tests use the same names, so a feature's absence is decided here and nowhere else.
 """
@@ -21,9 +22,10 @@ from collections.abc import Callable
 
 import torch
 
-__all__ = ['CPU_FLOAT16_AUTOCAST', 'CPU_FLOAT16_MATMUL', 'HAS_CUSTOM_OP', 'HAS_IS_EXPORTING', 'TORCH_VERSION',
-           'FunctionOp', 'autocast_available', 'autocast_dtype_of', 'autocast_enabled', 'custom_op',
-           'eager_without_custom_ops', 'float32_precision_switches', 'is_compiling', 'is_exporting', 'matmul']
+__all__ = ['CPU_FLOAT16_AUTOCAST', 'CPU_FLOAT16_MATMUL', 'GELU_BACKWARD_TAKES_STRIDED_GRADS', 'HAS_CUSTOM_OP',
+           'HAS_IS_EXPORTING', 'TORCH_VERSION', 'FunctionOp', 'autocast_available', 'autocast_dtype_of',
+           'autocast_enabled', 'custom_op', 'dense_grad', 'eager_without_custom_ops', 'float32_precision_switches',
+           'is_compiling', 'is_exporting', 'matmul']
 
 TORCH_VERSION: tuple[int, int] = tuple(int(part) for part in re.match(r'(\d+)\.(\d+)', torch.__version__).groups())
 HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')  # torch >= 2.4
@@ -123,6 +125,40 @@ def matmul(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     if not CPU_FLOAT16_MATMUL and a.dtype == torch.float16 and a.device.type == 'cpu':
         return (a.float() @ b.float()).to(torch.float16)
     return a @ b
+
+# --- gradients of other strides than their input ---------------------------------------------------------------
+
+
+def _gelu_backward_takes_strided_grads() -> bool:
+    x = torch.linspace(-3.0, 3.0, 16 * 32).reshape(16, 32).requires_grad_()
+    grad = torch.linspace(-1.0, 1.0, 16 * 32).reshape(32, 16).t()  # the strides of a transpose
+    with torch.enable_grad():
+        strided, = torch.autograd.grad(torch.nn.functional.gelu(x), x, grad)
+        dense, = torch.autograd.grad(torch.nn.functional.gelu(x), x, grad.contiguous())
+    return torch.equal(strided, dense)
+
+
+# torch 2.1's CPU GELU backward misreads a gradient whose strides differ from its input's (garbage, up to 1e32)
+GELU_BACKWARD_TAKES_STRIDED_GRADS = _gelu_backward_takes_strided_grads()
+
+
+class _DenseGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x: torch.Tensor) -> torch.Tensor:
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> torch.Tensor:
+        return grad.contiguous()
+
+
+def dense_grad(x: torch.Tensor) -> torch.Tensor:
+    """``x`` itself, whose gradient is made contiguous on its way back where torch's GELU backward cannot take
+    another layout (torch 2.1 on CPU: :data:`GELU_BACKWARD_TAKES_STRIDED_GRADS`); elsewhere ``x`` unchanged. For an
+    op's input that a GELU computed (the SOFT layer's landmarks) and whose gradient the op builds transposed."""
+    if GELU_BACKWARD_TAKES_STRIDED_GRADS or not (x.requires_grad and torch.is_grad_enabled()):
+        return x
+    return _DenseGrad.apply(x)
 
 # --- float32 matmul precision ----------------------------------------------------------------------------------------
 

@@ -216,3 +216,23 @@ def test_bad_settings_raise():
         soft_attention(q, landmarks, v, backward='exact')
     with pytest.raises(TypeError, match='floating-point'):
         soft_attention(q.long(), landmarks, v)
+
+
+@pytest.mark.parametrize('backend', ['reference', 'tiled'])
+def test_landmarks_made_by_a_gelu_get_their_exact_gradient(backend):
+    # The layer's landmarks come out of a GELU, and the op's landmark gradient is built transposed: torch 2.1's CPU
+    # GELU backward misread such a gradient (values up to 1e32), which compat.dense_grad puts right
+    gen = torch.Generator().manual_seed(5)
+    q = 0.4 * torch.randn(2, 2, 60, 32, generator=gen, dtype=torch.float64)
+    pre = torch.randn(2, 2, 49, 32, generator=gen, dtype=torch.float64)  # contiguous (B, h, m, d), as a LayerNorm's
+    v = torch.randn(2, 2, 60, 32, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(2, 2, 60, 32, generator=gen, dtype=torch.float64)
+
+    def grad_of_pre(dtype):
+        leaf = pre.to(dtype).detach().requires_grad_()
+        out = soft_attention(q.to(dtype), F.gelu(leaf), v.to(dtype), normalize=True, ridge=0.01, backend=backend,
+                             tile_size=16)
+        return torch.autograd.grad(out, leaf, grad_out.to(dtype))[0]
+
+    exact = grad_of_pre(torch.float64)
+    assert relative_error(grad_of_pre(torch.float32), exact) < 1e-5
