@@ -254,7 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     device = torch.device('cpu' if args.smoke else 'cuda')
     if device.type == 'cuda' and not torch.cuda.is_available():
         raise SystemExit('device_check: no CUDA device; run it on a GPU machine (or --smoke on CPU)')
-    if not triton_available():  # e.g. torch < 2.4, which ships an older triton than the kernels need
+    if not triton_available():  # e.g. torch < 2.8, which ships an older triton than the kernels need
         raise SystemExit(f'device_check: the Triton backend {unsupported_reason(device.type, forced=True)}; '
                          f'nothing to check with torch {torch.__version__}')
     name = torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'

@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist the long end-to-end runs (marked slow) are handed out first, so the two workers finish
     together instead of one running the last demo alone (a stable sort: the order within each kind is kept).
 
-    Where the installed triton is older than the kernels need (torch < 2.4 ships and pins triton < 3.0), the tests
+    Where the installed triton is older than the kernels need (torch < 2.8 ships and pins triton < 3.4), the tests
     that run them do not apply: deselected and counted in the summary, not skipped (tests/ops/test_dispatch.py holds
     the backend's refusal with its reason there)."""
     if os.environ.get('PYTEST_XDIST_WORKER'):
@@ -74,7 +74,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
     if TRITON_VERSION is not None and not triton_available():
         found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
         terminalreporter.write_line(f'the tests of the Triton kernels (marked triton_kernels) were deselected: triton '
-                                    f'{found} is older than the {needed} they need (torch < 2.4 ships such a triton)')
+                                    f'{found} is older than the {needed} they need (torch < 2.8 ships such a triton)')
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -10,7 +10,7 @@ from soft_mm.ops.triton_nystrom import TRITON_VERSION
 
 # A test that runs the Triton kernels (under the interpreter on CPU). Skipped where triton is missing (which fails
 # under CI=true: the installer installs it); deselected by tests/conftest.py where the installed triton is older than
-# the kernels need (torch < 2.4 ships triton < 3.0 and pins it), where the dispatcher's refusal is tested instead.
+# the kernels need (torch < 2.8 ships triton < 3.4 and pins it), where the dispatcher's refusal is tested instead.
 triton_kernels = [pytest.mark.triton_kernels,
                   pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh '
                                                                     'adds it)')]

@@ -56,8 +56,9 @@ from .triton_config import (
 __all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON_VERSION', 'triton_available',
            'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
 
-# The oldest triton the kernels compile with (tl.dot's input_precision; torch 2.4 ships triton 3.0, torch 2.1 2.1).
-MIN_TRITON = (3, 0)
+# The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
+# 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
+MIN_TRITON = (3, 4)
 
 
 def _installed_triton() -> tuple[int, ...] | None:
@@ -90,7 +91,7 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
         if TRITON_VERSION is None:
             return 'needs triton (pip install triton)'
         found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
-        return f'needs triton >= {needed} (found {found}: torch < 2.4 ships an older one)'
+        return f'needs triton >= {needed} (found {found}: torch < 2.8 ships an older one)'
     if device_type == 'cpu' and not (forced and _interpreting()):
         return 'runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests)'
     return None

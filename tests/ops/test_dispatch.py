@@ -53,15 +53,15 @@ def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
         pick(device='cuda', name='triton')
 
 
-@pytest.mark.parametrize('version', [(2, 1), (2, 3)])
+@pytest.mark.parametrize('version', [(2, 1), (3, 0)])
 def test_a_triton_older_than_the_kernels_need_is_declined_with_its_version(monkeypatch, version):
-    # torch 2.1 ships triton 2.1, torch 2.3 triton 2.3: the kernels need triton_nystrom.MIN_TRITON (3.0)
+    # torch 2.1 ships triton 2.1, torch 2.4 triton 3.0: the kernels need triton_nystrom.MIN_TRITON (3.4)
     import soft_mm.ops.triton_nystrom as triton_module
     monkeypatch.setattr(triton_module, 'TRITON_VERSION', version)
-    assert triton_module.MIN_TRITON == (3, 0)
+    assert triton_module.MIN_TRITON == (3, 4)
     assert pick(device='cuda', tokens=10 ** 6) == 'reference'
     found = '.'.join(map(str, version))
-    with pytest.raises(DispatchError, match=rf"backend 'triton' needs triton >= 3.0 \(found {found}: torch < 2.4 "):
+    with pytest.raises(DispatchError, match=rf"backend 'triton' needs triton >= 3.4 \(found {found}: torch < 2.8 "):
         pick(device='cuda', name='triton')
 
 
