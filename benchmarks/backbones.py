@@ -98,7 +98,7 @@ def run_worker(spec: dict[str, Any]) -> dict[str, Any]:
     gemm_size = spec.get('gemm_size', GEMM_SIZE)
     result['gemm_gflops'] = harness.gemm_gflops(device, dtype, gemm_size)
     result['gemm_size'] = gemm_size
-    autocast = torch.autocast(device.type, dtype=dtype, enabled=dtype != torch.float32)
+    autocast = harness.autocast_to(device.type, dtype)
     timer = stage_timer(model, device)
     model.eval()
     with torch.no_grad(), autocast:

@@ -110,6 +110,14 @@ class PeakMemory:
         return (_rss_kib('VmHWM') * 1024 - self.base) / 2 ** 20
 
 
+def autocast_to(device_type: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:
+    """Autocast to ``dtype`` on ``device_type``; none for float32 (torch < 2.3 refuses a CPU autocast to any dtype
+    but bfloat16, even a disabled one)."""
+    if dtype == torch.float32:
+        return contextlib.nullcontext()
+    return torch.autocast(device_type, dtype=dtype)
+
+
 def gemm_gflops(device: torch.device, dtype: torch.dtype = torch.float32, size: int = 4096, repeats: int = 5) -> float:
     """The machine's matmul rate: a ``size``² matmul in ``dtype``, median of ``repeats`` (GFLOP/s, 2 per MAC)."""
     a, b = (torch.randn(size, size, device=device, dtype=dtype) for _ in range(2))

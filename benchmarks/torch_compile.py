@@ -24,7 +24,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 
 import torch
-from harness import inductor_freezing
+from harness import autocast_to, inductor_freezing
 from torch import nn
 
 from soft_mm.models import SOFT
@@ -48,7 +48,7 @@ def _median_times(fns: Sequence[Callable[[], object]], repeats: int) -> list[flo
 @contextlib.contextmanager
 def inference(dtype: torch.dtype = torch.float32, device_type: str = 'cpu') -> Iterator[None]:
     """No grad, and autocast to ``dtype`` unless it is float32."""
-    with torch.no_grad(), torch.autocast(device_type, dtype=dtype, enabled=dtype != torch.float32):
+    with torch.no_grad(), autocast_to(device_type, dtype):
         yield
 
 

@@ -25,6 +25,7 @@ if not torch.cuda.is_available():
 from tool_process import REPO_ROOT  # tests/ is on sys.path: pyproject's pythonpath
 
 import soft_mm
+from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
 from soft_mm.ops.triton_nystrom import MIN_TRITON, TRITON_VERSION, triton_available
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
@@ -47,34 +48,49 @@ def _fail_skip_on_ci(report) -> None:
         report.longrepr = f'skipped where CI=true, where every test must run: {reason}'
 
 
+def _absent_features() -> dict[str, str]:
+    """marker -> why the installed stack lacks what the tests so marked run (none on the newest torch)."""
+    absent = {}
+    if TRITON_VERSION is not None and not triton_available():
+        found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
+        absent['triton_kernels'] = (f'triton {found} is older than the {needed} they need (torch < 2.8 ships such a '
+                                    'triton)')
+    if not CPU_FLOAT16_AUTOCAST:
+        absent['cpu_float16'] = (f'torch {torch.__version__} has no float16 autocast on CPU (torch >= 2.3 has; float16 '
+                                 'GEMMs from 2.2)')
+    return absent
+
+
+ABSENT = _absent_features()
+
+
 def pytest_configure(config):
     config.addinivalue_line('markers', 'triton_kernels: runs the Triton kernels (op_checks.triton_kernels)')
+    config.addinivalue_line('markers', 'cpu_float16: runs float16 autocast or float16 layers on CPU (torch >= 2.3)')
 
 
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist the long end-to-end runs (marked slow) are handed out first, so the two workers finish
     together instead of one running the last demo alone (a stable sort: the order within each kind is kept).
 
-    Where the installed triton is older than the kernels need (torch < 2.8 ships and pins triton < 3.4), the tests
-    that run them do not apply: deselected and counted in the summary, not skipped (tests/ops/test_dispatch.py holds
-    the backend's refusal with its reason there)."""
+    Tests of what the installed stack does not have (:data:`ABSENT`: the Triton kernels under a triton older than
+    they need, float16 on CPU before torch 2.3) do not apply: deselected and counted in the summary, not skipped
+    (tests/ops/test_dispatch.py holds the Triton backend's refusal with its reason there)."""
     if os.environ.get('PYTEST_XDIST_WORKER'):
         items.sort(key=lambda item: item.get_closest_marker('slow') is None)
-    if TRITON_VERSION is None or triton_available():
+    if not ABSENT:
         return
     kept, deselected = [], []
     for item in items:
-        (deselected if item.get_closest_marker('triton_kernels') else kept).append(item)
+        (deselected if any(item.get_closest_marker(marker) for marker in ABSENT) else kept).append(item)
     if deselected:
         config.hook.pytest_deselected(items=deselected)
         items[:] = kept
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    if TRITON_VERSION is not None and not triton_available():
-        found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
-        terminalreporter.write_line(f'the tests of the Triton kernels (marked triton_kernels) were deselected: triton '
-                                    f'{found} is older than the {needed} they need (torch < 2.8 ships such a triton)')
+    for marker, reason in ABSENT.items():
+        terminalreporter.write_line(f'the tests marked {marker} were deselected: {reason}')
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -16,6 +16,12 @@ triton_kernels = [pytest.mark.triton_kernels,
                                                                     'adds it)')]
 
 
+# A test that runs float16 autocast or float16 layers on CPU, which torch < 2.3 lacks (float16 GEMMs came in 2.2,
+# CPU float16 autocast in 2.3): deselected there by tests/conftest.py.
+# Mark a parameter with ``pytest.param(torch.float16, marks=cpu_float16)``.
+cpu_float16 = pytest.mark.cpu_float16
+
+
 def check_custom_op(op, args: tuple) -> None:
     """``torch.library.opcheck`` on torch >= 2.4 (schema, fake kernel against the real one: shapes, dtypes, memory
     layouts; autograd registration; a dynamic-shape AOT trace). On older torch the op is a

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from op_checks import cpu_float16
 
 from soft_mm.models import SOFT
 
@@ -105,7 +106,7 @@ def test_very_large_and_small_input_magnitudes(scale):
     assert _all_finite(outs)
 
 
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=cpu_float16)])
 def test_backbone_autocast_forward_backward(dtype):
     model = _backbone().train()
     x = torch.randn(2, 3, 64, 64, requires_grad=True)
@@ -163,7 +164,7 @@ def test_detection_batch_of_one_in_training_with_batchnorm():
     assert grads and all(bool(torch.isfinite(g).all()) for g in grads)
 
 
-@pytest.mark.parametrize('dtype', [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=cpu_float16)])
 def test_detector_autocast_loss_forward_backward(dtype):
     """CPU autocast through the whole RetinaNet loss path (backbone, FPN, head, focal and L1 losses).
 

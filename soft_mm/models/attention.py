@@ -43,11 +43,13 @@ def _check_hw(x: torch.Tensor, hw_shape: tuple[int, int]) -> tuple[int, int]:
 
 def _size_min(bound: int, size):
     """``min(bound, size)`` that keeps ``size`` symbolic: a ``SymInt`` under torch.export / torch.compile, a traced
-    0-d tensor under torch.jit.trace (the legacy ONNX exporter)."""
+    0-d tensor under torch.jit.trace (the legacy ONNX exporter), a proxy under FX's symbolic trace."""
     if isinstance(size, torch.Tensor):
         return size.clamp(max=bound)
     if isinstance(size, int):  # a static size (dynamo before torch 2.9 cannot trace sym_min of two ints)
         return min(bound, size)
+    if isinstance(size, torch.fx.Proxy):  # FX: one sym_min node (torch < 2.3's sym_min would branch on the proxy)
+        return size.tracer.create_proxy('call_function', torch.sym_min, (bound, size), {})
     return torch.sym_min(bound, size)
 
 

@@ -19,6 +19,8 @@ import torch
 from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cfgs, register_model
 from torch import nn
 
+from ..ops.compat import HAS_SAFE_GLOBALS
+from ..utils.checkpoint_files import read_checkpoint, state_dict_of
 from .arch import ARCH_SETTINGS, variant_name
 from .official_layout import checkpoint_filter_fn
 from .pyramid import SoftPyramid
@@ -173,6 +175,26 @@ def _weight_source_given(kwargs: dict[str, Any]) -> bool:
     return False
 
 
+def _overlay_file_read_by_soft_mm(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """``kwargs`` with the file of ``pretrained_cfg_overlay`` replaced by its state dict where timm cannot read it.
+
+    torch < 2.4 has no allow-list for ``torch.load(weights_only=True)``, so timm's reader refuses timm's own training
+    checkpoints there (the authors' release among them: its ``args`` is an ``argparse.Namespace``). On such a torch
+    soft_mm's safe reader, which allow-lists it, reads the file, and timm gets the weights as timm's file loader picks
+    them (the EMA weights first); timm's filter, head and stem adaptation run on them as on any file."""
+    overlay = kwargs.get('pretrained_cfg_overlay')
+    if HAS_SAFE_GLOBALS or not isinstance(overlay, Mapping) or not overlay.get('file'):
+        return kwargs
+    path = overlay['file']
+    checkpoint = read_checkpoint(path)
+    for key in ('state_dict_ema', 'model_ema'):
+        if isinstance(checkpoint, Mapping) and isinstance(checkpoint.get(key), Mapping):
+            checkpoint = checkpoint[key]
+            break
+    overlay = {k: v for k, v in overlay.items() if k != 'file'}
+    return {**kwargs, 'pretrained_cfg_overlay': {**overlay, 'state_dict': state_dict_of(checkpoint, path)}}
+
+
 def _create_soft(name: str, pretrained: bool, **kwargs: Any) -> SoftVisionTransformer:
     """Build the timm model ``name`` (a key of :data:`TIMM_MODELS`) with timm's pretrained-weight handling."""
     arch, soft_norm = TIMM_MODELS[name]
@@ -180,6 +202,8 @@ def _create_soft(name: str, pretrained: bool, **kwargs: Any) -> SoftVisionTransf
         raise ValueError(f"pretrained=True: no {name} weights are hosted; pass the file, the authors' release "
                          "or a soft_mm checkpoint, as pretrained_cfg_overlay=dict(file=path) (or use pretrained=False "
                          'with checkpoint_path=path)')
+    if pretrained:
+        kwargs = _overlay_file_read_by_soft_mm(kwargs)
     out_indices = kwargs.pop('out_indices', 4)
     return build_model_with_cfg(SoftVisionTransformer, name, pretrained, arch=arch, soft_norm=soft_norm,
                                 pretrained_filter_fn=checkpoint_filter_fn,

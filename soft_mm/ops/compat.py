@@ -11,25 +11,30 @@ Each fact is read once, at import, so that the code ``torch.compile`` traces cal
   ``torch.get_autocast_dtype``, 2.4) and :func:`autocast_available` (``torch.amp.is_autocast_available``);
 * :func:`float32_precision_switches`, the per-backend float32 matmul switches (``fp32_precision``, 2.9);
 * :func:`matmul` and :data:`CPU_FLOAT16_AUTOCAST`: float16 GEMMs (2.2) and float16 autocast (2.3) on CPU;
+* :data:`HAS_SAFE_GLOBALS`: ``torch.serialization.add_safe_globals``, the safe loader's allow-list (2.4);
 * :func:`dense_grad`: torch 2.1's CPU GELU backward misreads a gradient of other strides than its input.
 
 The tests use the same names, so a feature's absence is decided here and nowhere else.
 """
 from __future__ import annotations
 
+import contextlib
 import re
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Iterator
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ['CPU_FLOAT16_AUTOCAST', 'CPU_FLOAT16_MATMUL', 'GELU_BACKWARD_TAKES_STRIDED_GRADS', 'HAS_CUSTOM_OP',
-           'HAS_IS_EXPORTING', 'TORCH_VERSION', 'FunctionOp', 'autocast_available', 'autocast_dtype_of',
-           'autocast_enabled', 'custom_op', 'dense_grad', 'eager_without_custom_ops', 'float32_precision_switches',
-           'is_compiling', 'is_exporting', 'matmul']
+           'HAS_IS_EXPORTING', 'HAS_SAFE_GLOBALS', 'TORCH_VERSION', 'FunctionOp', 'autocast_available',
+           'autocast_dtype_of', 'autocast_enabled', 'custom_op', 'dense_grad', 'eager_without_custom_ops',
+           'float32_precision_switches', 'is_compiling', 'is_exporting', 'matmul', 'recorded_calls']
 
 TORCH_VERSION: tuple[int, int] = tuple(int(part) for part in re.match(r'(\d+)\.(\d+)', torch.__version__).groups())
 HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')  # torch >= 2.4
 HAS_IS_EXPORTING = hasattr(torch.compiler, 'is_exporting')  # torch >= 2.7
+HAS_SAFE_GLOBALS = hasattr(torch.serialization, 'add_safe_globals')  # torch >= 2.4: weights_only's allow-list
 
 # --- graph capture ---------------------------------------------------------------------------------------------------
 
@@ -96,8 +101,10 @@ else:
 
 def _cpu_autocast_takes_float16() -> bool:
     try:
-        with torch.autocast('cpu', dtype=torch.float16):
-            pass
+        with warnings.catch_warnings():  # torch < 2.3 warns on construction ("Disabling autocast"), then raises
+            warnings.simplefilter('ignore')
+            with torch.autocast('cpu', dtype=torch.float16):
+                pass
     except RuntimeError:  # torch < 2.3: "AutocastCPU only support Bfloat16"
         return False
     return True
@@ -193,9 +200,12 @@ class FunctionOp:
         self.name = name
         self.forward = forward
         self.function = None if backward is None else _autograd_function(name, forward, backward, setup_context)
+        self.recorders: list[list[tuple]] = []  # :func:`recorded_calls`
 
     @torch._dynamo.disable  # dynamo < 2.4 cannot trace these kernels: a graph break, the op run eagerly
     def __call__(self, *args):
+        for calls in self.recorders:
+            calls.append(args)
         if self.function is None:
             with torch.no_grad():
                 return self.forward(*args)
@@ -219,6 +229,33 @@ def _autograd_function(name: str, forward: Callable, backward: Callable, setup_c
                 {'forward': staticmethod(forward_fn), 'backward': staticmethod(backward_fn)})
 
 
+class _RecordCalls(TorchDispatchMode):
+    def __init__(self, overload, calls: list[tuple]) -> None:
+        super().__init__()
+        self.overload, self.calls = overload, calls
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func is self.overload:
+            self.calls.append(args)
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def recorded_calls(op) -> Iterator[list[tuple]]:
+    """The arguments of every call of the op ``op`` (what :func:`custom_op` returned) made inside the block, in
+    order: seen by a dispatch mode on a custom op, by the op itself on a :class:`FunctionOp`."""
+    calls: list[tuple] = []
+    if isinstance(op, FunctionOp):
+        op.recorders.append(calls)
+        try:
+            yield calls
+        finally:
+            op.recorders.remove(calls)
+    else:
+        with _RecordCalls(op._opoverload, calls):
+            yield calls
+
+
 def eager_without_custom_ops(fn: Callable) -> Callable:
     """``fn`` as it is on torch >= 2.4; on older torch run eagerly by ``torch.compile`` (a graph break at its call):
     dynamo there cannot trace the ops that stand in for the custom ops, and a graph break inside ``fn``'s own
@@ -235,6 +272,7 @@ def custom_op(name: str, forward: Callable, schema: str, fake: Callable, backwar
 
     Returns the callable op: a ``torch.library`` custom op on torch >= 2.4 (one node under ``torch.compile``,
     checked by ``torch.library.opcheck``), else a :class:`FunctionOp` that runs the same kernels (the fake unused).
+    :func:`recorded_calls` sees the calls of either.
     """
     if not HAS_CUSTOM_OP:
         return FunctionOp(name, forward, backward, setup_context)

@@ -6,18 +6,38 @@ statistics methods) and numpy scalars in ``message_hub``/``meta``, so ``--resume
 checkpoint stop with ``Unsupported global: ...``. Allow-listing exactly those types keeps the safe loader (no
 arbitrary code runs while unpickling) instead of switching it off; ``getattr`` in particular is replaced by a version
 that resolves only HistoryBuffer's statistics methods.
+
+torch < 2.4 has no allow-list (``torch.serialization.add_safe_globals``) and its safe loader cannot rebuild any other
+object: there :func:`safe_load` unpickles with an allow-list of its own (torch's tensor-rebuilding globals and the
+same mmengine objects), so every torch reads the same files and refuses the same ones.
 """
 from __future__ import annotations
 
+import _compat_pickle
 import argparse
+import codecs
+import os
 import pickle
+import types
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
+from ..ops.compat import HAS_SAFE_GLOBALS
+
 # numpy dtypes whose arrays and scalars are plain data; object and void dtypes can carry arbitrary pickles
 _NUMPY_DATA_DTYPES = ('Bool', 'Int8', 'Int16', 'Int32', 'Int64', 'UInt8', 'UInt16', 'UInt32', 'UInt64',
                       'Float16', 'Float32', 'Float64', 'Str')
+
+
+def _multiarray() -> types.ModuleType:
+    """numpy's ``multiarray`` module: ``numpy._core`` in numpy 2 (and numpy 1.26's shim of it), else ``numpy.core``."""
+    try:
+        from numpy._core import multiarray
+    except ImportError:
+        from numpy.core import multiarray
+    return multiarray
 
 
 def history_buffer_getattr(obj: object, name: str) -> object:
@@ -34,7 +54,7 @@ def mmengine_checkpoint_globals() -> list:
     """The non-tensor types found in checkpoints written by mmengine's Runner (and timm's ``args`` Namespace)."""
     from mmengine.logging import HistoryBuffer
 
-    multiarray = np._core.multiarray if hasattr(np, '_core') else np.core.multiarray
+    multiarray = _multiarray()
     safe: list = [HistoryBuffer, argparse.Namespace, np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar,
                   (history_buffer_getattr, 'builtins.getattr')]
     if hasattr(np, '_core'):  # numpy 2 reads files that numpy 1 wrote, which name numpy.core
@@ -49,3 +69,57 @@ def allow_mmengine_checkpoint_globals() -> None:
     add_safe_globals = getattr(torch.serialization, 'add_safe_globals', None)
     if add_safe_globals is not None:
         add_safe_globals(mmengine_checkpoint_globals())
+
+
+def _pickle_name(obj: object) -> str:
+    return f'{obj.__module__}.{obj.__qualname__}'
+
+
+def _allowed_by_name() -> dict[str, object]:
+    """``'module.name' -> object`` for the allow-list unpickler: torch's own safe globals (tensors, storages,
+    dtypes, ``OrderedDict``) and :func:`mmengine_checkpoint_globals`."""
+    from torch._weights_only_unpickler import _get_allowed_globals  # torch < 2.4 (the only caller)
+
+    allowed = dict(_get_allowed_globals())
+    allowed.update({str(dtype): dtype for dtype in (torch.bfloat16, torch.bool, torch.uint8)})
+    multiarray = _multiarray()
+    allowed['_codecs.encode'] = codecs.encode  # how protocol-2 pickles hold bytes (numpy 1's scalars)
+    for core in ('numpy.core', 'numpy._core'):  # numpy 1 and 2 name the module differently in the files they write
+        allowed[f'{core}.multiarray._reconstruct'] = multiarray._reconstruct
+        allowed[f'{core}.multiarray.scalar'] = multiarray.scalar
+    for entry in mmengine_checkpoint_globals():
+        obj, name = entry if isinstance(entry, tuple) else (entry, _pickle_name(entry))
+        allowed.setdefault(name, obj)
+    return allowed
+
+
+class _AllowListUnpickler(pickle.Unpickler):
+    """An unpickler that resolves only allow-listed globals: nothing else can be called or built."""
+
+    allowed: ClassVar[dict[str, object]] = {}
+
+    def find_class(self, module: str, name: str) -> object:
+        if not self.allowed:
+            type(self).allowed = _allowed_by_name()
+        # protocol 2 (torch.save's default) names Python 2's modules; the stock find_class maps them the same way
+        module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
+        module = _compat_pickle.IMPORT_MAPPING.get(module, module)
+        found = self.allowed.get(f'{module}.{name}')
+        if found is None:
+            raise pickle.UnpicklingError(f'Unsupported global: GLOBAL {module}.{name} is not allow-listed')
+        return found
+
+
+_ALLOW_LIST_PICKLE = types.ModuleType('soft_mm_allow_list_pickle')
+_ALLOW_LIST_PICKLE.Unpickler = _AllowListUnpickler
+_ALLOW_LIST_PICKLE.load = lambda file, **kwargs: _AllowListUnpickler(file, **kwargs).load()
+
+
+def safe_load(path: str | os.PathLike, **kwargs: Any) -> Any:
+    """``torch.load(path, weights_only=True, **kwargs)`` with mmengine's checkpoint objects allow-listed, on every
+    torch: through torch's allow-list where it has one (>= 2.4), else through soft_mm's allow-list unpickler. A
+    global outside the list raises ``pickle.UnpicklingError`` naming it (``GLOBAL module.name``)."""
+    allow_mmengine_checkpoint_globals()
+    if HAS_SAFE_GLOBALS:
+        return torch.load(path, weights_only=True, **kwargs)
+    return torch.load(path, pickle_module=_ALLOW_LIST_PICKLE, **kwargs)

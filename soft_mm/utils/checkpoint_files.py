@@ -1,8 +1,9 @@
 """Read checkpoint files safely and say in one sentence what is wrong with one that cannot be used.
 
 :func:`read_checkpoint` is soft_mm's one checkpoint reader: the tools, the converter and the ONNX exporter read every
-file through it. It runs ``torch.load(weights_only=True)`` with mmengine's objects allow-listed (see
-:mod:`.checkpoint`), tensors memory-mapped; full unpickling only when the caller passes ``allow_pickle=True``.
+file through it. It runs ``torch.load(weights_only=True)`` with mmengine's objects allow-listed
+(:func:`.checkpoint.safe_load`), tensors memory-mapped; full unpickling only when the caller passes
+``allow_pickle=True``.
 
 ``torch.load`` reports a truncated file as a miniz error, a text file as ``KeyError: 101`` and a file with pickled
 objects as a page of advice; mmengine loads a state dict of another model with a logged warning and goes on with
@@ -24,7 +25,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from .checkpoint import allow_mmengine_checkpoint_globals
+from .checkpoint import safe_load
 
 TRUNCATED_HINT = ('copy it again or use an earlier checkpoint (a run killed while saving with mmengine\'s own '
                   'CheckpointHook leaves such files; soft_mm\'s AtomicCheckpointHook does not)')
@@ -99,13 +100,12 @@ def read_checkpoint(path: str | os.PathLike, allow_pickle: bool = False, unsafe_
     run code stored in it (only for files you trust). Every other unreadable file (missing, a folder, empty,
     truncated, corrupt, not a checkpoint) is a :class:`CheckpointFileError` naming the file, the problem and the fix.
     """
-    allow_mmengine_checkpoint_globals()
     path = os.fspath(path)
     if os.path.isfile(path) and os.path.getsize(path) == 0:
         raise CheckpointFileError(path, 'is empty', TRUNCATED_HINT)
     try:
         # mmap needs the zip format (torch >= 1.6); files of the legacy format are read plainly
-        return torch.load(path, map_location='cpu', weights_only=True, mmap=zipfile.is_zipfile(path))
+        return safe_load(path, map_location='cpu', mmap=zipfile.is_zipfile(path))
     except Exception as error:  # the safe unpickler runs no code of the file: whatever it raises is the file's
         problem, advice = _describe_file_error(path, error)
         refused = _refused_global(error)

@@ -12,9 +12,9 @@ import torch
 from mmengine.analysis import FlopAnalyzer, parameter_count
 from mmengine.analysis.jit_handles import get_shape
 from torch import nn
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ..ops import NEWTON_OP, newton_inverse_macs
+from ..ops.compat import recorded_calls
 
 __all__ = ['SDPA_OP', 'analyze', 'newton_macs', 'sdpa_flop_jit']
 
@@ -28,26 +28,14 @@ def sdpa_flop_jit(inputs: list[Any], outputs: list[Any]) -> Counter:
     return Counter({'scaled_dot_product_attention': rows * k_shape[-2] * (q_shape[-1] + v_shape[-1])})
 
 
-class _NewtonCalls(TorchDispatchMode):
-    """Adds up :func:`~soft_mm.ops.newton_inverse_macs` of every ``soft_mm::newton_inverse`` call it sees."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.macs = 0
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is NEWTON_OP._opoverload:
-            self.macs += newton_inverse_macs(tuple(args[0].shape), args[1])
-        return func(*args, **(kwargs or {}))
-
-
 def newton_macs(model: nn.Module, inputs: tuple) -> int:
     """MACs of the implicit-backward Newton–Schulz inverses (``soft_mm::newton_inverse``) in one eager
-    ``model(*inputs)`` (no grad). An exported or traced graph holds them as plain matmuls, which the trace counts
-    under ``matmul``; this tells how many of those are the iterations'."""
-    with torch.no_grad(), _NewtonCalls() as calls:
+    ``model(*inputs)`` (no grad): :func:`~soft_mm.ops.newton_inverse_macs` of every call. An exported or traced graph
+    holds them as plain matmuls, which the trace counts under ``matmul``; this tells how many of those are the
+    iterations'."""
+    with torch.no_grad(), recorded_calls(NEWTON_OP) as calls:
         model(*inputs)
-    return calls.macs
+    return sum(newton_inverse_macs(tuple(args[0].shape), args[1]) for args in calls)
 
 
 def analyze(model: nn.Module, inputs: tuple) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from mmengine.registry import OPTIM_WRAPPERS
 
 from soft_mm.engine import CPUAmpOptimWrapper, enable_cpu_bf16_ops
 from soft_mm.engine.amp import _float32_fallback
+from soft_mm.ops.compat import autocast_dtype_of, autocast_enabled
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -20,7 +21,7 @@ def test_float32_fallback_casts_only_bfloat16_calls():
     seen = []
 
     def op(x, y, scale=1.0):
-        seen.append((x.dtype, y.dtype, torch.is_autocast_enabled('cpu')))
+        seen.append((x.dtype, y.dtype, autocast_enabled('cpu')))
         return x * scale + y, torch.arange(3)
 
     wrapped = _float32_fallback(op, restore=True)
@@ -67,9 +68,9 @@ def test_optim_wrapper_runs_the_step_under_bfloat16_autocast():
     wrapper = OPTIM_WRAPPERS.build(dict(type='CPUAmpOptimWrapper', optimizer=torch.optim.SGD(model.parameters(), 0.1)))
     assert isinstance(wrapper, CPUAmpOptimWrapper)
     with wrapper.optim_context(model):
-        assert torch.is_autocast_enabled('cpu') and torch.get_autocast_dtype('cpu') == torch.bfloat16
+        assert autocast_enabled('cpu') and autocast_dtype_of('cpu') == torch.bfloat16
         out = model(torch.randn(2, 8))
-    assert out.dtype == torch.bfloat16 and not torch.is_autocast_enabled('cpu')
+    assert out.dtype == torch.bfloat16 and not autocast_enabled('cpu')
     before = model.weight.detach().clone()
     wrapper.update_params(out.float().square().sum())
     assert model.weight.dtype == torch.float32 and not torch.equal(model.weight, before)

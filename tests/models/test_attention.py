@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
+from op_checks import cpu_float16
 
 from soft_mm.models import SoftAttention, SoftmaxAttention
 from soft_mm.utils.precision_rule import relative_error
@@ -234,6 +235,7 @@ def test_bfloat16_autocast_finite_outputs_and_gradients(landmark_mode):
     assert all(p.grad is not None and p.grad.isfinite().all() for p in attn.parameters())
 
 
+@cpu_float16
 @pytest.mark.parametrize('landmark_mode', ['conv', 'avg'])
 def test_float16_finite_outputs_and_gradients(landmark_mode):
     torch.manual_seed(0)

@@ -7,6 +7,7 @@ import math
 
 import pytest
 import torch
+from op_checks import cpu_float16
 from torch import nn
 
 from soft_mm.models import ARCH_SETTINGS, SOFT, SoftAttention, SoftVisionTransformer
@@ -112,6 +113,7 @@ def test_bfloat16_autocast_keeps_the_residual_stream_in_bfloat16():
         assert all(o.dtype == torch.float32 for o in make_narrow().eval()(torch.randn(1, 3, 61, 83)))
 
 
+@cpu_float16
 def test_cuda_autocast_rules_keep_the_residual_stream_and_the_op_output_in_float16(monkeypatch):
     """CUDA's float16 autocast (mmdet's --amp on a GPU) reproduced on CPU: linears and convs in float16 (CPU autocast
     does that) and LayerNorm in float32 with a float32 output (CUDA autocast's rule, patched in here; CPU autocast

@@ -10,7 +10,7 @@ from compile_recording import RecordingBackend
 from op_checks import check_custom_op
 
 from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
-from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING
+from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING, recorded_calls
 from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
 from soft_mm.ops.tiled import _tiled_products
 from soft_mm.ops.triton_nystrom import TRITON_VERSION, _triton_products
@@ -142,3 +142,15 @@ def test_double_backward_through_the_custom_op_is_refused():
     (grad_q,) = torch.autograd.grad(out.square().sum(), q, create_graph=True)
     with pytest.raises(RuntimeError):
         grad_q.sum().backward()
+
+
+def test_recorded_calls_sees_every_call_of_the_op_on_every_torch():
+    """compat.recorded_calls (what the FLOP counter reads): a dispatch mode on a custom op, the op's own hook on the
+    autograd.Function fallback; nothing recorded outside the block."""
+    mats = [torch.eye(n, dtype=torch.float64) * 2 + 0.1 for n in (3, 5)]
+    with recorded_calls(NEWTON_OP) as calls:
+        for mat in mats:
+            newton_inverse(mat, 7, 0.01)
+    assert [(tuple(args[0].shape), args[1]) for args in calls] == [((3, 3), 7), ((5, 5), 7)]
+    newton_inverse(mats[0], 7, 0.01)
+    assert len(calls) == 2

@@ -2,6 +2,7 @@
 other than the export size (pitfall 12: shape branches frozen at the export size)."""
 from __future__ import annotations
 
+import inspect
 from pathlib import Path
 from types import ModuleType
 
@@ -85,7 +86,9 @@ def test_legacy_exporter_with_dynamic_axes_matches_torch_at_other_sizes(tmp_path
     torch.manual_seed(0)
     model = SOFT(SMALL_ARCH, soft_norm=True, newton_iters=6, landmark_mode=landmark_mode).eval()
     path = tmp_path / 'legacy.onnx'
-    torch.onnx.export(model, (torch.randn(1, 3, *EXPORT_SIZE),), str(path), dynamo=False, input_names=['img'],
+    # dynamo=False where the exporter offers both (torch >= 2.5); older torch has only this one
+    legacy = {'dynamo': False} if 'dynamo' in inspect.signature(torch.onnx.export).parameters else {}
+    torch.onnx.export(model, (torch.randn(1, 3, *EXPORT_SIZE),), str(path), **legacy, input_names=['img'],
                       output_names=[f'out{i}' for i in range(4)], dynamic_axes={'img': {2: 'h', 3: 'w'}},
                       opset_version=17)
     session = ort.InferenceSession(str(path))

@@ -53,16 +53,17 @@ def run_installer(tmp_path: Path, nvcc_release: str, until: str | None = None, *
 
 
 def test_an_nvcc_of_another_cuda_major_version_stops_the_install_with_one_sentence(tmp_path):
-    status, out, err = run_installer(tmp_path, '12.4')
+    torch_major = (torch.version.cuda or '0').split('.')[0]
+    other = '11.8' if torch_major == '12' else '12.4'  # an nvcc of another major version than torch's CUDA
+    status, out, err = run_installer(tmp_path, other)
     assert status == 1
     if torch.version.cuda is None:
         expected = ('soft_mm install failed: CUDA ops were requested but the installed torch is a CPU build; install '
                     'a CUDA build of torch 2.14.1 or unset FORCE_CUDA.')
     else:
-        major = torch.version.cuda.split('.')[0]
-        expected = (f'soft_mm install failed: torch was built with CUDA {torch.version.cuda} but nvcc is CUDA 12.4; '
-                    f"put an nvcc of CUDA {major} first on PATH (e.g. pip install 'nvidia-cuda-nvcc=={major}.*') "
-                    'or unset FORCE_CUDA.')
+        expected = (f'soft_mm install failed: torch was built with CUDA {torch.version.cuda} but nvcc is CUDA {other}; '
+                    f"put an nvcc of CUDA {torch_major} first on PATH (e.g. pip install "
+                    f"'nvidia-cuda-nvcc=={torch_major}.*') or unset FORCE_CUDA.")
     assert err.strip().splitlines()[-1] == expected, err[-2000:]
     assert 'cached wheel' not in out and 'building from source' not in out  # stopped before mmcv's build
 
