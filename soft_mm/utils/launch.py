@@ -166,6 +166,6 @@ def adapt_config_to_device(cfg: Config, launcher: str) -> None:
     cfg.model_wrapper_cfg = wrapper
     if not torch_dist.is_initialized():
         _set_dist_env_from_launcher(launcher)
-        timeout = dist_cfg.get('timeout')
+        timeout = dist_cfg.get('timeout')  # torch < 2.2 takes no timeout=None: the default when unset
         torch_dist.init_process_group(backend='gloo', init_method='env://',
-                                      timeout=timedelta(seconds=timeout) if timeout else None)
+                                      **({'timeout': timedelta(seconds=timeout)} if timeout else {}))

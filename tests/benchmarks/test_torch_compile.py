@@ -13,6 +13,7 @@ from compile_recording import RecordingBackend
 
 from soft_mm.models import SOFT
 from soft_mm.ops import capture
+from soft_mm.ops.compat import HAS_CUSTOM_OP
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL_ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
@@ -67,8 +68,13 @@ def capture_flags(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
 def assert_whole_graphs(rows: list[dict], backend: RecordingBackend, flags: list[bool]) -> None:
     """Each size was compiled by ``backend`` (no fallback) into one graph of the whole forward, traced with
-    ``exporting()`` False wherever the model asked: a compiled model runs the code of the eager one."""
+    ``exporting()`` False wherever the model asked: a compiled model runs the code of the eager one. On torch < 2.4
+    (no custom ops) the SOFT ops run eagerly between graphs: several graphs per size, the same flags."""
     assert [row['backend'] for row in rows] == [backend] * len(rows)
+    if not HAS_CUSTOM_OP:
+        assert len(backend.graphs) > len(rows), 'graph breaks at the SOFT ops (run eagerly on torch < 2.4)'
+        assert flags and not any(flags), 'every shape-dependent branch took the eager path while compiled'
+        return
     assert len(backend.graphs) == len(rows), 'one graph per input size: no graph break, no recompilation'
     for graph in backend.graphs:
         (output,) = [node for node in graph.graph.nodes if node.op == 'output']
@@ -92,7 +98,8 @@ def test_compiled_model_runs_the_tiled_kernel_as_one_node(tool: ModuleType, capt
     backend = RecordingBackend('aot_eager')
     rows = tool.compare(_model(), [(400, 368)], backend=backend, repeats=1)
     assert_whole_graphs(rows, backend, capture_flags)
-    assert backend.targets().count(torch.ops.soft_mm.tiled_nystrom_products.default) == 1  # stage 1's one SOFT block
+    if HAS_CUSTOM_OP:  # stage 1's one SOFT block
+        assert backend.targets().count(torch.ops.soft_mm.tiled_nystrom_products.default) == 1
     assert rows[0]['max_abs_diff'] < ATOL
 
 
@@ -102,7 +109,8 @@ def test_compiled_model_under_bfloat16_autocast_matches_eager(tool: ModuleType, 
     backend = RecordingBackend('aot_eager')
     rows = tool.compare(_model(), SIZES[:1], backend=backend, repeats=1, dtype=torch.bfloat16, float64_errors=True)
     assert_whole_graphs(rows, backend, capture_flags)
-    assert backend.targets().count(torch.ops.soft_mm.head_depthwise_conv.default) == 1
+    if HAS_CUSTOM_OP:
+        assert backend.targets().count(torch.ops.soft_mm.head_depthwise_conv.default) == 1
     assert rows[0]['max_abs_diff'] < 0.1  # bfloat16 outputs of magnitude ~5 (2^-8 relative), both the same kernels
     # against float64: bfloat16 rounding (2^-8 = 3.9e-3 relative), the compiled graph no worse than eager
     assert 1e-4 < rows[0]['eager_error'] < 3e-2 and rows[0]['compiled_error'] <= 1.5 * rows[0]['eager_error']

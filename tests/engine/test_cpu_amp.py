@@ -76,10 +76,11 @@ def test_optim_wrapper_runs_the_step_under_bfloat16_autocast():
     assert model.weight.dtype == torch.float32 and not torch.equal(model.weight, before)
 
 
+# two images a batch for the dense demos (their configs take 4-8): the same steps on a quarter of the pixels
 DEMOS = {
-    'detection': ('configs/retinanet_soft_tiny_demo.py', {}),
-    'instance segmentation': ('configs/mask_rcnn_soft_tiny_demo.py', {}),
-    'segmentation': ('configs/upernet_soft_tiny_demo.py', {}),
+    'detection': ('configs/retinanet_soft_tiny_demo.py', {'train_dataloader.batch_size': 2}),
+    'instance segmentation': ('configs/mask_rcnn_soft_tiny_demo.py', {'train_dataloader.batch_size': 2}),
+    'segmentation': ('configs/upernet_soft_tiny_demo.py', {'train_dataloader.batch_size': 2}),
     'classification': ('configs/soft_tiny_in1k_demo.py',
                        {'train_dataloader.dataset.generator.num_train_per_class': 2,
                         'train_dataloader.dataset.generator.num_val_per_class': 1,

@@ -18,6 +18,8 @@ import pytest
 import torch
 from tool_process import tool_output
 
+from soft_mm.utils.checkpoint import safe_load
+
 pytest.importorskip('mmpretrain')
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -200,7 +202,7 @@ def pretrained_backbone_gradients(config: Path, checkpoint: Path, **backbone) ->
     torch.manual_seed(0)
     model = MODELS.build(cfg.model)
     model.init_weights()
-    saved = torch.load(checkpoint, map_location='cpu', weights_only=True)['state_dict']
+    saved = safe_load(checkpoint, map_location='cpu')['state_dict']
     loaded = model.backbone.state_dict()
     assert not [key for key, value in loaded.items() if not torch.equal(value, saved[key])], 'loaded as saved'
     loader = Runner.build_dataloader(dict(cfg.train_dataloader, num_workers=0, persistent_workers=False), seed=0)
@@ -252,7 +254,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
                          cwd=tmp_path)
     top1 = r'accuracy/top1: ([\d.]+)'
     assert float(re.findall(top1, tested)[-1]) == float(re.findall(top1, output)[-1])
-    checkpoint = torch.load(pretrained, map_location='cpu', weights_only=True)
+    checkpoint = safe_load(pretrained, map_location='cpu')
     assert set(checkpoint['state_dict']) >= CLASSIFIER_ONLY  # the classifier's keys, no wrapper prefix
 
     detector = ['train_cfg.max_epochs=1', 'model.backbone.init_cfg.type=Pretrained']

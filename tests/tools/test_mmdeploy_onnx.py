@@ -6,6 +6,7 @@ with the command.
 """
 from __future__ import annotations
 
+import inspect
 import json
 from pathlib import Path
 
@@ -50,8 +51,9 @@ def test_deploy_config_follows_the_model_and_the_exporter_is_restored(tool):
     assert str(exc.value).startswith('missing.pth not found') and '\n' not in str(exc.value)
 
     export = torch.onnx.export
-    with tool.legacy_onnx_exporter():
-        assert torch.onnx.export.keywords == {'dynamo': False}
+    with tool.legacy_onnx_exporter():  # torch < 2.5 has only the legacy exporter, and no dynamo argument
+        assert getattr(torch.onnx.export, 'keywords', None) == (
+            {'dynamo': False} if 'dynamo' in inspect.signature(export).parameters else None)
     assert torch.onnx.export is export
 
 
@@ -86,8 +88,10 @@ def test_demos_export_and_score_as_pytorch_at_two_sizes(tmp_path, monkeypatch, t
     for row in scores:
         torch_scores, onnx_scores = row['pytorch'], row['onnxruntime']
         assert {'aAcc', 'mIoU'} <= set(torch_scores) and set(torch_scores) == set(onnx_scores)
+        # percent; random weights leave near-tie logits whose argmax rounding can flip (0.06 at 192x192 through
+        # torch 2.1's TorchScript-based exporter, 88 of 147,456 pixels): a frozen shape would move them by far more
         for metric, value in torch_scores.items():
-            assert abs(onnx_scores[metric] - value) < 0.05, (row['size'], metric)  # percent
+            assert abs(onnx_scores[metric] - value) < 0.1, (row['size'], metric)
     assert scores[0]['pytorch'] != scores[1]['pytorch']  # the second size was really run
 
     detector = load_config(RETINANET_DEMO, {'model.test_cfg.score_thr': 0.0})

@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import copy
 import functools
+import inspect
 import json
 import numbers
 import os.path as osp
@@ -136,8 +137,12 @@ def register_rewriters() -> None:
 
 @contextlib.contextmanager
 def legacy_onnx_exporter() -> Iterator[None]:
-    """``torch.onnx.export`` defaults to ``dynamo=False`` inside the block (mmdeploy calls it without the argument)."""
+    """``torch.onnx.export`` defaults to ``dynamo=False`` inside the block (mmdeploy calls it without the argument);
+    unchanged on torch < 2.5, whose exporter is only the TorchScript-based one."""
     export = torch.onnx.export
+    if 'dynamo' not in inspect.signature(export).parameters:
+        yield
+        return
     torch.onnx.export = functools.partial(export, dynamo=False)
     try:
         yield
