@@ -29,8 +29,8 @@ from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
 from soft_mm.ops.triton_nystrom import MIN_TRITON, TRITON_VERSION, triton_available
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
-# DataLoader workers), computes on one thread: two workers of two threads each on two cores oversubscribe them (issue
-# 26 reports steps 5-10x slower: the OpenMP threads spin while preempted). Without xdist the tests keep torch's default.
+# DataLoader workers), computes on one thread: two workers of two threads each on two cores oversubscribe them (steps
+# 5-10x slower: the OpenMP threads spin while preempted). Without xdist the tests keep torch's default.
 if int(os.environ.get('PYTEST_XDIST_WORKER_COUNT', '1')) > 1:
     for _variable in ('OMP_NUM_THREADS', 'MKL_NUM_THREADS'):
         os.environ[_variable] = '1'

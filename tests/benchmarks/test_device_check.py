@@ -40,7 +40,7 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
                        for method in ('triton', 'reference', 'sdpa')}
     assert {row['model'] for row in report['backbones'] if 'fwd_bwd_ms' in row} == {'soft_norm_small', 'swin_t',
                                                                                      'convnext_t'}
-    # the table tests/ops/test_triton_cubins.py holds: 46 rows since the m×m kernel (triton_nystrom_middle) joined it
+    # the table tests/ops/test_triton_cubins.py holds: 23 kernels (the m×m one, triton_nystrom_middle, among them) × 2
     assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 46
     assert 'sm_80 regs / spill B' in proc.stdout
 

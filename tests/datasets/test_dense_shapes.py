@@ -1,5 +1,5 @@
 """The dense variant of the synthetic shapes data (configs/retinanet_soft_tiny_dense_demo.py): many small shapes on a
-cluttered texture, while the defaults still draw the shapes demo exactly as before."""
+cluttered texture, while the defaults draw the shapes demo's images unchanged (the same pixels for the same seed)."""
 from __future__ import annotations
 
 import hashlib

@@ -14,7 +14,7 @@ from soft_mm.ops.triton_nystrom import _middle_op, triton_nystrom_middle
 
 pytestmark = triton_kernels
 
-# the most kernels one forward of the op may launch on the CUDA path (the bound; measured: 5)
+# the most kernels one forward of the op may launch on the CUDA path (it launches 5, 6 with a cast)
 MAX_FORWARD_LAUNCHES = 12
 
 
@@ -96,9 +96,9 @@ def op_inputs(num_tokens=300, num_landmarks=49, seed=3):
 @pytest.mark.parametrize('dtype, autocast', [(torch.float32, None), (torch.bfloat16, None),
                                              (torch.float32, torch.float16)])
 def test_one_cuda_path_forward_launches_at_most_twelve_kernels(monkeypatch, dtype, autocast):
-    # the Triton backend as on a GPU (forced here under the interpreter). Counted so before the fused m×m kernel: 116
-    # launches in float32 (114 ATen, 41 of them matmuls, 40 the Newton–Schulz loop; 2 Triton); now 5 (6 where a
-    # cast is due: the landmarks to float32, or v to float16 under float16 autocast)
+    # the Triton backend as on a GPU (forced here under the interpreter): 5 launches, 6 where a cast is due (the
+    # landmarks to float32, or v to float16 under float16 autocast); the Newton–Schulz loop alone, run as ATen
+    # matmuls, would be 40
     q, landmarks, v = (t.to(dtype) for t in op_inputs())
     with counted_launches(monkeypatch) as record, torch.autocast('cpu', dtype=autocast or torch.bfloat16,
                                                                  enabled=autocast is not None):

@@ -44,8 +44,8 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
 # 0.641 in 3.4 min with the conv landmarks it now uses (the first issue's target was 0.30); the bar is about half the
 # conv figure, which absorbs run-to-run variation of multi-threaded CPU training.
 RETINANET_DEMO_MIN_MAP = 0.35
-# The first of the Mask R-CNN demo's 4 epochs reached 0.169 bbox / 0.194 segm mAP (2 epochs 0.421-0.429 / 0.458-0.465)
-# when this was written; an untrained detector scores 0.
+# The first of the Mask R-CNN demo's 4 epochs reaches 0.169 bbox / 0.194 segm mAP (2 epochs 0.421-0.429 /
+# 0.458-0.465); an untrained detector scores 0.
 MASK_RCNN_FIRST_EPOCH_MIN_MAP = {'bbox': 0.08, 'segm': 0.08}
 # score_thr=0: after one epoch on 16 images the detector may score every box below the config's 0.05, and CocoMetric
 # then reports "the whole dataset is empty" instead of the metrics these short runs check for.

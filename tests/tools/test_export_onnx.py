@@ -79,8 +79,8 @@ def test_cli_rejects_unknown_classifier(tool: ModuleType) -> None:
 @pytest.mark.parametrize('landmark_mode', ['conv', 'avg'])
 def test_legacy_exporter_with_dynamic_axes_matches_torch_at_other_sizes(tmp_path: Path, landmark_mode: str) -> None:
     """What mmdeploy-style pipelines call: the TorchScript exporter with ``dynamic_axes``. Exported at 224², the graph
-    runs at other sizes, also below the dynamo exporter's range (a traced size used to stay in a Reshape of the
-    stage-1 value conv and in the landmark grid)."""
+    runs at other sizes, also below the dynamo exporter's range: no traced size may stay in a Reshape of the
+    stage-1 value conv or in the landmark grid."""
     import onnxruntime as ort
 
     torch.manual_seed(0)

@@ -28,8 +28,8 @@ DEMO = str(CONFIGS / 'soft_tiny_in1k_demo.py')
 IMAGENET_MEAN = np.array([123.675, 116.28, 103.53])  # RGB, mmpretrain's ImageNet data_preprocessor
 IMAGENET_STD = np.array([58.395, 57.12, 57.375])
 CLASSIFIER_ONLY = {'cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'}
-# The first 4 of the demo's 16 epochs reached top-1 0.468 (EMA weights; chance is 0.1), 8 epochs 0.794-0.826, the
-# whole demo 0.902, when this was written; the margin absorbs run-to-run variation.
+# The first 4 of the demo's 16 epochs reach top-1 0.468 (EMA weights; chance is 0.1), 8 epochs 0.794-0.826, the
+# whole demo 0.902 (docs/get_started.md); the margin absorbs run-to-run variation.
 QUARTER_DEMO_MIN_TOP1 = 0.3
 
 
