@@ -51,12 +51,16 @@ def history_buffer_getattr(obj: object, name: str) -> object:
 
 
 def mmengine_checkpoint_globals() -> list:
-    """The non-tensor types found in checkpoints written by mmengine's Runner (and timm's ``args`` Namespace)."""
-    from mmengine.logging import HistoryBuffer
-
+    """The non-tensor types found in checkpoints written by mmengine's Runner (and timm's ``args`` Namespace); the
+    message hub's ``HistoryBuffer`` where mmengine is installed (timm-only use reads no mmengine checkpoints)."""
     multiarray = _multiarray()
-    safe: list = [HistoryBuffer, argparse.Namespace, np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar,
-                  (history_buffer_getattr, 'builtins.getattr')]
+    safe: list = [argparse.Namespace, np.ndarray, np.dtype, multiarray._reconstruct, multiarray.scalar]
+    try:
+        from mmengine.logging import HistoryBuffer
+    except ImportError:
+        pass
+    else:
+        safe += [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
     if hasattr(np, '_core'):  # numpy 2 reads files that numpy 1 wrote, which name numpy.core
         safe += [(multiarray._reconstruct, 'numpy.core.multiarray._reconstruct'),
                  (multiarray.scalar, 'numpy.core.multiarray.scalar')]

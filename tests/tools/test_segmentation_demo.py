@@ -14,8 +14,8 @@ from mmengine.config import Config
 
 ROOT = Path(__file__).resolve().parents[2]
 UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
-# The demo (400 iterations) reached mIoU 44.7 (percent, mmseg's IoUMetric; on one thread with the other core busy) when
-# this was written, 800 iterations 53.5; predicting background everywhere scores 22. The margin absorbs run-to-run
+# The demo (400 iterations) reaches mIoU 44.7 (percent, mmseg's IoUMetric; on one thread with the other core busy),
+# 800 iterations 53.5; predicting background everywhere scores 22. The margin absorbs run-to-run
 # variation of CPU training (other thread counts round differently).
 UPERNET_DEMO_MIN_MIOU = 35.0
 
