@@ -6,6 +6,7 @@ Each fact is read once, at import, so that the code ``torch.compile`` traces cal
 * :func:`custom_op` — an op of the ``soft_mm`` namespace with its fake and its backward: a ``torch.library`` custom
   op where torch has them (>= 2.4: one opaque node under ``torch.compile``), otherwise the same kernels behind an
   ``autograd.Function`` (same forward, same first-order backward; ``torch.compile`` traces into it instead);
+* :func:`recorded_calls` — the arguments of every call of such an op (a dispatch mode, or the fallback's own hook);
 * :func:`is_exporting` (``torch.compiler.is_exporting``, 2.7) and :func:`is_compiling`;
 * :func:`autocast_enabled` / :func:`autocast_dtype_of` (``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype``, 2.4) and :func:`autocast_available` (``torch.amp.is_autocast_available``);
