@@ -16,10 +16,11 @@ from __future__ import annotations
 import _compat_pickle
 import argparse
 import codecs
+import functools
 import os
 import pickle
 import types
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 import torch
@@ -61,9 +62,9 @@ def mmengine_checkpoint_globals() -> list:
         pass
     else:
         safe += [HistoryBuffer, (history_buffer_getattr, 'builtins.getattr')]
-    if hasattr(np, '_core'):  # numpy 2 reads files that numpy 1 wrote, which name numpy.core
-        safe += [(multiarray._reconstruct, 'numpy.core.multiarray._reconstruct'),
-                 (multiarray.scalar, 'numpy.core.multiarray.scalar')]
+    # numpy 1 writes numpy.core, numpy 2 numpy._core: a file of either reads with either
+    safe += [(function, f'{core}.multiarray.{function.__name__}')
+             for core in ('numpy.core', 'numpy._core') for function in (multiarray._reconstruct, multiarray.scalar)]
     safe += [getattr(np.dtypes, f'{name}DType') for name in _NUMPY_DATA_DTYPES if hasattr(np.dtypes, f'{name}DType')]
     return safe
 
@@ -79,6 +80,7 @@ def _pickle_name(obj: object) -> str:
     return f'{obj.__module__}.{obj.__qualname__}'
 
 
+@functools.cache
 def _allowed_by_name() -> dict[str, object]:
     """``'module.name' -> object`` for the allow-list unpickler: torch's own safe globals (tensors, storages,
     dtypes, ``OrderedDict``) and :func:`mmengine_checkpoint_globals`."""
@@ -86,11 +88,7 @@ def _allowed_by_name() -> dict[str, object]:
 
     allowed = dict(_get_allowed_globals())
     allowed.update({str(dtype): dtype for dtype in (torch.bfloat16, torch.bool, torch.uint8)})
-    multiarray = _multiarray()
     allowed['_codecs.encode'] = codecs.encode  # how protocol-2 pickles hold bytes (numpy 1's scalars)
-    for core in ('numpy.core', 'numpy._core'):  # numpy 1 and 2 name the module differently in the files they write
-        allowed[f'{core}.multiarray._reconstruct'] = multiarray._reconstruct
-        allowed[f'{core}.multiarray.scalar'] = multiarray.scalar
     for entry in mmengine_checkpoint_globals():
         obj, name = entry if isinstance(entry, tuple) else (entry, _pickle_name(entry))
         allowed.setdefault(name, obj)
@@ -100,15 +98,11 @@ def _allowed_by_name() -> dict[str, object]:
 class _AllowListUnpickler(pickle.Unpickler):
     """An unpickler that resolves only allow-listed globals: nothing else can be called or built."""
 
-    allowed: ClassVar[dict[str, object]] = {}
-
     def find_class(self, module: str, name: str) -> object:
-        if not self.allowed:
-            type(self).allowed = _allowed_by_name()
         # protocol 2 (torch.save's default) names Python 2's modules; the stock find_class maps them the same way
         module, name = _compat_pickle.NAME_MAPPING.get((module, name), (module, name))
         module = _compat_pickle.IMPORT_MAPPING.get(module, module)
-        found = self.allowed.get(f'{module}.{name}')
+        found = _allowed_by_name().get(f'{module}.{name}')
         if found is None:
             raise pickle.UnpicklingError(f'Unsupported global: GLOBAL {module}.{name} is not allow-listed')
         return found
