@@ -36,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import backbone_modes
 import harness
 import torch
 from torch import nn
@@ -299,6 +300,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              'stops after 2x the pixels, so the default run fits in 10 minutes)')
     parser.add_argument('--gemm-size', type=int, default=GEMM_SIZE,
                         help='side of the square matmul that measures the GEMM rate (default %(default)s)')
+    parser.add_argument('--modes', nargs='+', choices=backbone_modes.MODES, default=None,
+                        help='instead of the table above: forward times side by side in each of these ways of '
+                             'running (CPU; eager float32, eager bfloat16, torch.compile, onnxruntime), one process '
+                             'per mode and size (benchmarks/backbone_modes.py)')
+    parser.add_argument('--profile', action='store_true',
+                        help='with --modes: also profile the SOFT model\'s forward in each mode')
     parser.add_argument('--device', default='cuda' if torch.cuda.is_available() else 'cpu')
     parser.add_argument('--out', default='work_dirs/benchmark_backbone')
     harness.add_case_arguments(parser)
@@ -314,14 +321,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     full = [m for m in MODELS if not m.endswith(harness.UNFUSED_SUFFIX)]
     args.models = list(full if args.full else args.models or DEFAULT_MODELS)
     args.dtype = list(dict.fromkeys(args.dtype))
+    if args.modes:
+        args.modes = list(dict.fromkeys(args.modes))
+        if args.device != 'cpu':
+            parser.error(f'--modes measures the CPU modes; --device must be cpu, got {args.device}')
     return args
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.worker:
-        print(json.dumps(run_worker(json.loads(args.worker))))
+        spec = json.loads(args.worker)
+        print(json.dumps(backbone_modes.run_worker(spec) if spec.get('modes_worker') else run_worker(spec)))
         return 0
+    if args.modes:
+        return backbone_modes.run(args, __file__)
     notes, too_slow = [], set()
     results: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
     sizes = sorted(args.sizes, key=lambda s: s[0] * s[1])

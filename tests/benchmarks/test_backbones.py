@@ -5,7 +5,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import torch
 
 from soft_mm.models import SOFT
 
@@ -110,3 +112,45 @@ def test_both_dtypes_in_one_run(tmp_path):
     table = (tmp_path / 'backbone_benchmark.md').read_text()
     assert 'float32, batch 1' in table and 'bfloat16 autocast, batch 1' in table
     assert 'soft_norm_small targets' in table
+
+
+def test_modes_time_every_model_in_one_process(tmp_path):
+    pytest.importorskip('timm')
+    proc = subprocess.run([sys.executable, str(TOOL), '--modes', 'bfloat16', '--models', 'soft_tiny',
+                           'efficientvit_b2', '--sizes', '64x96', '--rounds', '2', '--repeats', '1', '--gemm-size',
+                           '256', '--out', str(tmp_path)], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr
+    results = json.loads((tmp_path / 'backbone_modes.json').read_text())['results']
+    assert [r['mode'] for r in results] == ['bfloat16']
+    assert results[0]['gemm_gflops'] > 0 and set(results[0]['models']) == {'soft_tiny', 'efficientvit_b2'}
+    for row in results[0]['models'].values():
+        assert len(row['round_s']) == 2 and row['fwd_s'] == np.median(row['round_s']) and row['first_call_s'] > 0
+    table = (tmp_path / 'backbone_modes.md').read_text()
+    bf16 = results[0]['models']
+    ratio = bf16['efficientvit_b2']['fwd_s'] / bf16['soft_tiny']['fwd_s']
+    assert '| efficientvit_b2 / soft_tiny |' in table and '| bfloat16 | 64x96 |' in table
+    assert f'{ratio:.2f}x |' in next(line for line in table.splitlines() if line.startswith('| bfloat16 | 64x96'))
+
+
+def test_modes_need_the_cpu():
+    proc = subprocess.run([sys.executable, str(TOOL), '--modes', 'float32', '--device', 'cuda:0'], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and '--modes measures the CPU modes; --device must be cpu, got cuda:0' in proc.stderr
+
+
+def test_onnxruntime_mode_exports_times_and_profiles(tmp_path, load_benchmark):
+    """The onnxruntime mode in-process on a model of torch's exporter, and onnxruntime's profile summed per op type."""
+    pytest.importorskip('onnxruntime')
+    modes = load_benchmark('backbone_modes')
+    model = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.ReLU(), torch.nn.Conv2d(8, 4, 1)).eval()
+    x = torch.randn(1, 3, 32, 48)
+    run = modes.prepare('onnxruntime', 'two_convs', model, x, tmp_path)
+    out = run()
+    with torch.no_grad():
+        expected = model(x)
+    assert len(out) == 1 and np.allclose(out[0], expected.numpy(), atol=1e-5)
+    profile = modes.onnx_profile(tmp_path / 'two_convs.onnx', x, tmp_path)
+    ops = {op: (ms, n) for op, ms, n in profile}
+    # the two convs of one run (the ReLU fused into the first or not), nothing of the warm-up run
+    assert sum(n for op, (_, n) in ops.items() if op.endswith('Conv')) == 2, ops
+    assert all(ms > 0 for ms, _ in ops.values())
