@@ -61,30 +61,49 @@ main() {
   pip_q "setuptools>=77.0.3,<82" wheel ninja
 
   step "torch"
-  if "$PY" -c 'import torch, torchvision' >/dev/null 2>&1; then
-    echo "keeping the installed torch $("$PY" -c 'import torch; print(torch.__version__)') / torchvision $("$PY" -c 'import torchvision; print(torchvision.__version__)')"
-  else
-    echo "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION (large download when not cached locally)"
-    pip_q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
-  fi
-  TORCH_TAG=$("$PY" -c 'import torch; print(torch.__version__.replace("+", "_"))')
-  # the supported range is pyproject.toml's torch requirement (one home); an installed torch outside it stops here
+  # one Python start reads everything the install needs of torch: its version, whether it is inside the supported
+  # range (pyproject.toml's torch requirement, one home), whether a GPU is visible, its CUDA version, and the pins
+  # that keep it (written to $PINS); it prints nothing when torch or torchvision is missing
   TORCH_RANGE=$(sed -n 's/^ *"torch\([<>=!,.0-9]*\)",*$/\1/p' "$ROOT/pyproject.toml" | head -n 1)
-  "$PY" - "$TORCH_RANGE" <<'PYEOF' || die "the installed torch $("$PY" -c 'import torch; print(torch.__version__)') is outside the range soft_mm supports (torch$TORCH_RANGE); install a torch in that range (e.g. pip install 'torch==$TORCH_VERSION' 'torchvision==$TORCHVISION_VERSION', or torch 2.1.2 with torchvision 0.16.2 for mmcv's prebuilt wheels) and rerun."
-import operator, re, sys, torch
+  probe_torch() {
+    "$PY" - "$TORCH_RANGE" "$PINS" <<'PYEOF' 2>/dev/null
+import operator, re, sys
+from importlib.metadata import version
+try:
+    import torch, torchvision
+except ImportError:
+    sys.exit(0)
 def release(text): return tuple(int(p) for p in re.match(r'[0-9]+(?:\.[0-9]+)*', text).group(0).split('.'))
 def pad(v): return v + (0,) * (3 - len(v))
 ops = {'>=': operator.ge, '>': operator.gt, '<=': operator.le, '<': operator.lt, '==': operator.eq}
 have = pad(release(torch.__version__))
-sys.exit(0 if all(ops[op](have, pad(release(v))) for op, v in re.findall(r'(>=|<=|==|<|>)\s*([0-9.]+)', sys.argv[1]))
-         else 1)
+in_range = all(ops[op](have, pad(release(v))) for op, v in re.findall(r'(>=|<=|==|<|>)\s*([0-9.]+)', sys.argv[1]))
+# nothing installed after this moves torch, torchvision or (torch < 2.3 being built for numpy 1.x) numpy to 2.x
+# (the installed distributions' versions: torch.__version__ may carry a local tag, +cu121, that they lack)
+pins = [f'torch=={version("torch")}', f'torchvision=={version("torchvision")}']
+if have[:2] < (2, 3):
+    pins.append('numpy<2')
+with open(sys.argv[2], 'w') as f:
+    f.write('\n'.join(pins) + '\n')
+# (getattr: the installer's tests stand in a torch package that has nothing but its version)
+cuda = getattr(torch, 'cuda', None)
+gpu = int(bool(cuda is not None and cuda.is_available()))
+cuda_version = getattr(getattr(torch, 'version', None), 'cuda', None) or '-'
+print(torch.__version__, torchvision.__version__, int(in_range), gpu, cuda_version)
 PYEOF
-  # nothing installed after this moves torch, torchvision or (torch < 2.3 being built for numpy 1.x) numpy to 2.x
-  # (the installed distributions' versions: torch.__version__ may carry a local tag, +cu121, that they lack)
-  "$PY" -c 'from importlib.metadata import version
-torch, torchvision = version("torch"), version("torchvision")
-print("torch==" + torch); print("torchvision==" + torchvision)
-if tuple(int(p) for p in torch.split(".")[:2]) < (2, 3): print("numpy<2")' > "$PINS"
+  }
+  TORCH_FOUND=$(probe_torch)
+  if [ -n "$TORCH_FOUND" ]; then
+    echo "keeping the installed torch $(echo "$TORCH_FOUND" | cut -d' ' -f1) / torchvision $(echo "$TORCH_FOUND" | cut -d' ' -f2)"
+  else
+    echo "installing torch==$TORCH_VERSION torchvision==$TORCHVISION_VERSION (large download when not cached locally)"
+    pip_q "torch==$TORCH_VERSION" "torchvision==$TORCHVISION_VERSION"
+    TORCH_FOUND=$(probe_torch)
+    [ -n "$TORCH_FOUND" ] || die "torch==$TORCH_VERSION and torchvision==$TORCHVISION_VERSION installed but 'import torch, torchvision' fails; run it in Python to see why."
+  fi
+  read -r TORCH_FULL _ TORCH_IN_RANGE GPU_VISIBLE TORCH_CUDA <<< "$TORCH_FOUND"
+  [ "$TORCH_IN_RANGE" = 1 ] || die "the installed torch $TORCH_FULL is outside the range soft_mm supports (torch$TORCH_RANGE); install a torch in that range (e.g. pip install 'torch==$TORCH_VERSION' 'torchvision==$TORCHVISION_VERSION', or torch 2.1.2 with torchvision 0.16.2 for mmcv's prebuilt wheels) and rerun."
+  TORCH_TAG=${TORCH_FULL//+/_}
   echo "pinned for the rest of the install: $(tr '\n' ' ' < "$PINS")"
 
   step "mmengine"
@@ -92,9 +111,9 @@ if tuple(int(p) for p in torch.split(".")[:2]) < (2, 3): print("numpy<2")' > "$P
 
   step "mmcv $MMCV_VERSION with compiled ops"
   WITH_CUDA=0
-  if [ "${FORCE_CUDA:-0}" = "1" ] || "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+  if [ "${FORCE_CUDA:-0}" = "1" ] || [ "$GPU_VISIBLE" = 1 ]; then
     command -v nvcc >/dev/null 2>&1 || die "CUDA ops were requested (FORCE_CUDA=1 or a visible GPU) but nvcc is not on PATH; install the CUDA toolkit or unset FORCE_CUDA."
-    TORCH_CUDA=$("$PY" -c 'import torch; print(torch.version.cuda or "")')
+    if [ "$TORCH_CUDA" = "-" ]; then TORCH_CUDA=""; fi
     NVCC_CUDA=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
     [ -n "$TORCH_CUDA" ] || die "CUDA ops were requested but the installed torch is a CPU build; install a CUDA build of torch $TORCH_VERSION or unset FORCE_CUDA."
     [ "${TORCH_CUDA%%.*}" = "${NVCC_CUDA%%.*}" ] || die "torch was built with CUDA $TORCH_CUDA but nvcc is CUDA $NVCC_CUDA; put an nvcc of CUDA ${TORCH_CUDA%%.*} first on PATH (e.g. pip install 'nvidia-cuda-nvcc==${TORCH_CUDA%%.*}.*') or unset FORCE_CUDA."
@@ -115,7 +134,7 @@ if tuple(int(p) for p in torch.split(".")[:2]) < (2, 3): print("numpy<2")' > "$P
       export CPATH="$WHEEL_INCLUDES${CPATH:+:$CPATH}"
       echo "CUDA math headers from torch's nvidia wheels: CPATH=$CPATH"
     fi
-    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && ! "$PY" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' 2>/dev/null; then
+    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && [ "$GPU_VISIBLE" != 1 ]; then
       export TORCH_CUDA_ARCH_LIST="8.0;9.0"  # no GPU to ask: Ampere and Hopper, not every architecture torch knows
       echo "no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (set it to choose others)"
     fi
