@@ -15,9 +15,11 @@ from mmengine.config import Config
 ROOT = Path(__file__).resolve().parents[2]
 UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
 # The demo (400 iterations) reaches mIoU 44.7 (percent, mmseg's IoUMetric; on one thread with the other core busy),
-# 800 iterations 53.5; predicting background everywhere scores 22. The margin absorbs run-to-run
-# variation of CPU training (other thread counts round differently).
-UPERNET_DEMO_MIN_MIOU = 35.0
+# 800 iterations 53.5; stopped after its first 250 iterations (its learning-rate schedule up to there), 41.5; 200,
+# 34.5. Predicting background everywhere scores 22. The margin absorbs run-to-run variation of CPU training (other
+# thread counts round differently).
+UPERNET_DEMO_ITERS = 250
+UPERNET_DEMO_MIN_MIOU = 33.0
 
 
 def logged_miou(output: str) -> float:
@@ -51,9 +53,12 @@ def test_demo_config_builds_a_128px_four_class_upernet():
 
 @pytest.mark.slow
 def test_upernet_demo_trains_to_a_learned_miou_and_tests(tmp_path):
-    """The README's command from an empty folder: writes the data and label maps, trains, evaluates; then test.py."""
+    """The README's command from an empty folder, stopped after 250 of its 400 iterations: writes the data and label
+    maps, trains, evaluates; then test.py."""
     work_dir = tmp_path / 'work'
-    output = tool_output(['tools/train.py', UPERNET_DEMO, '--work-dir', str(work_dir)], tmp_path)
+    stop = [f'train_cfg.{key}={UPERNET_DEMO_ITERS}' for key in ('max_iters', 'val_interval')]
+    output = tool_output(['tools/train.py', UPERNET_DEMO, '--work-dir', str(work_dir), '--cfg-options', *stop,
+                          f'default_hooks.checkpoint.interval={UPERNET_DEMO_ITERS}'], tmp_path)
     assert len(os.listdir(tmp_path / 'data/shapes/semantic/val')) == 100
     trained_miou = logged_miou(output)
     print(f'UperNet demo: mIoU {trained_miou}')
