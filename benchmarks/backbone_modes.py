@@ -212,12 +212,25 @@ def markdown(results: list[dict[str, Any]], models: list[str], header: str) -> s
     return '\n'.join(lines) + '\n'
 
 
+def native_bfloat16_gemm() -> bool:
+    """Whether this CPU multiplies bfloat16 matrices in hardware (oneDNN with AVX512-BF16 or AMX). Without, torch
+    runs bfloat16 matmuls in its scalar reference kernel, one thread, hundreds of times slower than float32."""
+    supported = getattr(torch.ops.mkldnn, '_is_mkldnn_bf16_supported', None)
+    return bool(torch.backends.mkldnn.is_available() and supported is not None and supported())
+
+
 def run(args: Any, script: str) -> int:
     """``backbones.py --modes``: one fresh process per (mode, size), then the table."""
     sizes = sorted(args.sizes, key=lambda s: s[0] * s[1])
-    results = []
+    results, notes = [], []
+    modes = list(args.modes)
+    if 'bfloat16' in modes and not native_bfloat16_gemm():
+        modes.remove('bfloat16')
+        notes.append('bfloat16 not run: this CPU has no bfloat16 GEMM in hardware (AVX512-BF16 or AMX), so torch '
+                     'would run every bfloat16 matmul in its one-thread reference kernel.')
+        print(notes[-1], file=sys.stderr)
     for hw in sizes:
-        for mode in args.modes:
+        for mode in modes:
             spec = dict(mode=mode, hw=list(hw), models=args.models, rounds=args.rounds, repeats=args.repeats,
                         gemm_size=args.gemm_size, profile=args.profile, modes_worker=True)
             print(f'{mode} at {hw[0]}x{hw[1]} ...', flush=True)
@@ -232,10 +245,10 @@ def run(args: Any, script: str) -> int:
                       f"first call {row['first_call_s']:.1f} s", flush=True)
             results.append(result)
     threads = results[0]['threads'] if results else torch.get_num_threads()
-    header = (f'Backbones in {len(args.modes)} modes, CPU, {threads} threads, batch 1, forward; median of '
+    header = (f'Backbones in {len(modes)} modes, CPU, {threads} threads, batch 1, forward; median of '
               f'{args.repeats} per round, median of {args.rounds} round(s) interleaved across models; '
               f'{harness.glibc_malloc_note(args.glibc_malloc)}')
-    table = markdown(results, args.models, header)
-    harness.write_results(args.out, 'backbone_modes', table, args, results=results)
+    table = markdown(results, args.models, header) + ''.join(f'\n{note}\n' for note in notes)
+    harness.write_results(args.out, 'backbone_modes', table, args, results=results, notes=notes)
     print(f'saved {Path(args.out) / "backbone_modes.md"} and backbone_modes.json')
     return 0

@@ -116,20 +116,30 @@ def test_both_dtypes_in_one_run(tmp_path):
 
 def test_modes_time_every_model_in_one_process(tmp_path):
     pytest.importorskip('timm')
-    proc = subprocess.run([sys.executable, str(TOOL), '--modes', 'bfloat16', '--models', 'soft_tiny',
+    proc = subprocess.run([sys.executable, str(TOOL), '--modes', 'float32', '--models', 'soft_tiny',
                            'efficientvit_b2', '--sizes', '64x96', '--rounds', '2', '--repeats', '1', '--gemm-size',
                            '256', '--out', str(tmp_path)], capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / 'backbone_modes.json').read_text())['results']
-    assert [r['mode'] for r in results] == ['bfloat16']
+    assert [r['mode'] for r in results] == ['float32']
     assert results[0]['gemm_gflops'] > 0 and set(results[0]['models']) == {'soft_tiny', 'efficientvit_b2'}
     for row in results[0]['models'].values():
         assert len(row['round_s']) == 2 and row['fwd_s'] == np.median(row['round_s']) and row['first_call_s'] > 0
     table = (tmp_path / 'backbone_modes.md').read_text()
-    bf16 = results[0]['models']
-    ratio = bf16['efficientvit_b2']['fwd_s'] / bf16['soft_tiny']['fwd_s']
-    assert '| efficientvit_b2 / soft_tiny |' in table and '| bfloat16 | 64x96 |' in table
-    assert f'{ratio:.2f}x |' in next(line for line in table.splitlines() if line.startswith('| bfloat16 | 64x96'))
+    times = results[0]['models']
+    ratio = times['efficientvit_b2']['fwd_s'] / times['soft_tiny']['fwd_s']
+    assert '| efficientvit_b2 / soft_tiny |' in table and '| float32 | 64x96 |' in table
+    assert f'{ratio:.2f}x |' in next(line for line in table.splitlines() if line.startswith('| float32 | 64x96'))
+
+
+def test_bfloat16_mode_needs_hardware_bfloat16_gemms(tmp_path, load_benchmark, monkeypatch):
+    tool, modes = load_benchmark('backbones'), load_benchmark('backbone_modes')
+    monkeypatch.setattr(modes, 'native_bfloat16_gemm', lambda: False)
+    args = tool.parse_args(['--modes', 'bfloat16', '--models', 'soft_tiny', '--out', str(tmp_path)])
+    assert modes.run(args, str(TOOL)) == 0
+    data = json.loads((tmp_path / 'backbone_modes.json').read_text())
+    assert data['results'] == [] and data['notes'][0].startswith('bfloat16 not run: this CPU has no bfloat16 GEMM')
+    assert data['notes'][0] in (tmp_path / 'backbone_modes.md').read_text()
 
 
 def test_modes_need_the_cpu():
