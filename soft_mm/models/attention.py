@@ -187,24 +187,28 @@ class SoftAttention(nn.Module):
         # head-split views of the token-major projections (no copy); the tiled attention keeps that layout, so its
         # output, the value conv (a channels-last map) and the output projection all read each other in place.
         q = self.qk(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) * self.head_dim ** -0.25
-        v = self.v(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        v_tokens = self.v(x)
+        v = v_tokens.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
         out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, normalize=self.soft_norm,
                              ridge=self.settings.newton_ridge, backward=self.settings.newton_backward)
+        out = out.transpose(1, 2).reshape(b, n, c)  # token-major (a view: the attention kept v's layout)
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is
             # token-major like the attention output, so the sum and the output projection copy nothing
-            # (exporting a graph, the (B*d, heads, H, W) form: the channels-last view makes torch.export guard on
-            # the batch size)
             if exporting():
-                v_map = v.permute(0, 3, 1, 2).reshape(b * self.head_dim, self.num_heads, *hw_shape)
-                local = self.v_conv(v_map).reshape(b, self.head_dim, self.num_heads, n).permute(0, 2, 3, 1)
+                # an exported graph copies every layout change: one transpose of the (N, C) token matrix each way
+                # and the filters repeated over their heads' channels (contiguous NCHW: a channels-last view would
+                # make torch.export guard on the batch size)
+                v_map = v_tokens.transpose(1, 2).contiguous().reshape(b, c, *hw_shape)
+                weight = self.v_conv.weight.repeat_interleave(self.head_dim, dim=0)  # (h*d, 1, k, k)
+                local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=c).flatten(2).transpose(1, 2)
             else:
                 local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim)
-                local = local.permute(0, 2, 3, 1).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+                local = local.permute(0, 2, 3, 1).reshape(b, n, c)
             out = out + local
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+        return self.proj(out)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, landmarks={self.landmark_mode}(grid={self.landmark_grid}, '
