@@ -192,7 +192,7 @@ class SoftAttention(nn.Module):
         landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
         out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, normalize=self.soft_norm,
                              ridge=self.settings.newton_ridge, backward=self.settings.newton_backward)
-        out = out.transpose(1, 2).reshape(b, n, c)  # token-major (a view: the attention kept v's layout)
+        out = out.transpose(1, 2).reshape(b, n, c)  # token-major (a view where the backend kept v's layout)
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is
