@@ -56,18 +56,6 @@ def _export_tool() -> Any:
     return module
 
 
-class _Outputs(nn.Module):
-    """The model with its outputs as a plain tuple (timm's ``features_only`` models return a list)."""
-
-    def __init__(self, model: nn.Module) -> None:
-        super().__init__()
-        self.model = model
-
-    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        out = self.model(x)
-        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
-
-
 def export_onnx(name: str, model: nn.Module, x: torch.Tensor, path: Path) -> None:
     """Write ``model`` to ``path`` as its users would: SOFT by the project's export tool, the others by torch's
     TorchScript-based exporter at the input's size."""
@@ -76,8 +64,8 @@ def export_onnx(name: str, model: nn.Module, x: torch.Tensor, path: Path) -> Non
         _export_tool().export(model, path)
         return
     with torch.no_grad():
-        torch.onnx.export(_Outputs(model).eval(), (x,), str(path), input_names=['input'], opset_version=17,
-                          dynamo=False)
+        torch.onnx.export(_export_tool()._TupleOutputs(model).eval(), (x,), str(path), input_names=['input'],
+                          opset_version=17, dynamo=False)
 
 
 def onnx_session(path: Path, profile_prefix: str | None = None) -> Any:

@@ -65,7 +65,8 @@ class _TupleOutputs(nn.Module):
         self.model = model
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(self.model(x))
+        out = self.model(x)
+        return tuple(out) if isinstance(out, (list, tuple)) else (out,)
 
 
 def build_backbone(arch: str = 'tiny', soft_norm: bool = False, config: str | None = None,
