@@ -32,7 +32,7 @@ Parts:
 3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory
    (:func:`harness.build_backbone`: SOFT-Norm-Small, timm's Swin-T and ConvNeXt-T);
 4. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
-   and spilled bytes per kernel and dtypes (:mod:`soft_mm.ops.triton_cubins`, the table its test holds at 0 spills).
+   and spilled bytes per kernel and dtypes (:mod:`triton_cubins`, the table its test holds at 0 spills).
 """
 from __future__ import annotations
 
@@ -54,12 +54,12 @@ if str(ROOT) not in sys.path:  # this checkout's soft_mm, from any working direc
 import torch  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from harness import PeakMemory, build_backbone, median_time  # noqa: E402
+from triton_cubins import format_table, resource_usage  # noqa: E402
 
 import soft_mm  # noqa: E402
 from soft_mm.ops import naive_soft_attention, soft_attention  # noqa: E402
 from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
-from soft_mm.ops.triton_cubins import format_table, resource_usage  # noqa: E402
-from soft_mm.ops.triton_nystrom import triton_available, unsupported_reason  # noqa: E402
+from soft_mm.ops.soft.backends.triton.backend import triton_available, unsupported_reason  # noqa: E402
 from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
 from soft_mm.utils.precision_rule import (  # noqa: E402
     outputs_and_grads,

@@ -179,7 +179,7 @@ def run_in_fresh_process(script: str, spec: dict[str, Any],
 
 SOFT_BACKBONES = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
                   'soft_norm_small': ('small', True)}
-# the same backbones without the fused first-linear-and-GELU of their MLPs (soft_mm.ops.fused), for an A/B
+# the same backbones without the fused first-linear-and-GELU of their MLPs (soft_mm.ops.layers.gelu), for an A/B
 UNFUSED_SUFFIX = '_unfused'
 SOFT_BACKBONES.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_BACKBONES.items())})
 # timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T without its

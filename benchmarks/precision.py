@@ -23,7 +23,7 @@ from collections.abc import Callable
 import torch
 
 from soft_mm.ops import gaussian_kernel, naive_soft_attention, newton_inverse, soft_attention
-from soft_mm.ops.dispatch import DispatchError
+from soft_mm.ops.soft.dispatch import DispatchError
 from soft_mm.utils.precision_rule import outputs_and_grads, relative_error, rule_inputs
 
 SETTINGS = dict(normalize=True, ridge=0.01)  # SOFT-Norm with the published models' ridge

@@ -22,11 +22,11 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
-from tool_process import REPO_ROOT  # tests/ is on sys.path: pyproject's pythonpath
+from repo import ROOT  # tests/ is on sys.path (pyproject's pythonpath)
 
 import soft_mm
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
-from soft_mm.ops.triton_nystrom import MIN_TRITON, TRITON_VERSION, triton_available
+from soft_mm.ops.soft.backends.triton.backend import MIN_TRITON, TRITON_VERSION, triton_available
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
 # DataLoader workers), computes on one thread: two workers of two threads each on two cores oversubscribe them (steps
@@ -107,13 +107,13 @@ def pytest_make_collect_report(collector):
 
 # Every process a test starts (a tool, a worker, a training run) imports this checkout's soft_mm, whatever copy of
 # soft_mm is installed (an editable install of another checkout, or none).
-os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get('PYTHONPATH')]))
+os.environ['PYTHONPATH'] = os.pathsep.join(filter(None, [str(ROOT), os.environ.get('PYTHONPATH')]))
 
 # ... and so must the tests themselves: a stale install of another checkout would be tested instead, silently.
 _TESTED = Path(soft_mm.__file__).resolve()
-assert _TESTED.is_relative_to((REPO_ROOT / 'soft_mm').resolve()), (
-    f'the tests would import soft_mm from {_TESTED.parent}, not from this checkout ({REPO_ROOT / "soft_mm"}): '
-    f'install this checkout (pip install --no-deps -e {REPO_ROOT}, or bash tools/install.sh) or put {REPO_ROOT} '
+assert _TESTED.is_relative_to((ROOT / 'soft_mm').resolve()), (
+    f'the tests would import soft_mm from {_TESTED.parent}, not from this checkout ({ROOT / "soft_mm"}): '
+    f'install this checkout (pip install --no-deps -e {ROOT}, or bash tools/install.sh) or put {ROOT} '
     f'first on PYTHONPATH')
 
 _SCRIPTS: dict[Path, ModuleType] = {}
@@ -123,7 +123,7 @@ def _load_script(path: Path) -> ModuleType:
     """Import the script at ``path`` once per session under a unique module name (``tools/test.py`` would shadow the
     standard library's ``test``): ``tools/deployment/export_onnx.py`` -> ``soft_mm_tools_deployment_export_onnx``."""
     if path not in _SCRIPTS:
-        module_name = 'soft_mm_' + '_'.join(path.relative_to(REPO_ROOT).with_suffix('').parts)
+        module_name = 'soft_mm_' + '_'.join(path.relative_to(ROOT).with_suffix('').parts)
         spec = importlib.util.spec_from_file_location(module_name, path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
@@ -134,14 +134,14 @@ def _load_script(path: Path) -> ModuleType:
 @pytest.fixture(scope='session')
 def load_tool() -> Callable[[str], ModuleType]:
     """``load_tool('analysis_tools/get_flops')`` -> the module of ``tools/analysis_tools/get_flops.py``."""
-    return lambda name: _load_script(REPO_ROOT / 'tools' / f'{name}.py')
+    return lambda name: _load_script(ROOT / 'tools' / f'{name}.py')
 
 
 @pytest.fixture(scope='session')
 def load_benchmark() -> Callable[[str], ModuleType]:
     """``load_benchmark('attention')`` -> the module of ``benchmarks/attention.py`` (the harness beside it imports as
     ``harness``: pyproject's pythonpath puts benchmarks/ on ``sys.path``)."""
-    return lambda name: _load_script(REPO_ROOT / 'benchmarks' / f'{name}.py')
+    return lambda name: _load_script(ROOT / 'benchmarks' / f'{name}.py')
 
 KEYS_DIR = Path(__file__).parent / 'converters' / 'official_keys'
 OFFICIAL_VARIANTS = ('tiny', 'small', 'medium', 'large', 'huge')

@@ -54,7 +54,7 @@ class _CountingKernels:
 @contextlib.contextmanager
 def counted_launches(monkeypatch):
     """Context yielding a list that collects ``'aten.<op>'`` and ``'triton.<kernel>'`` per launch made inside it."""
-    import soft_mm.ops.triton_nystrom as triton_module
+    import soft_mm.ops.soft.backends.triton.backend as triton_module
     record: list[str] = []
     real = triton_module._kernels
     monkeypatch.setattr(triton_module, '_kernels', lambda: _CountingKernels(real(), record))

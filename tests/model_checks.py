@@ -4,15 +4,13 @@ tests' config and gradient checks."""
 from __future__ import annotations
 
 import dataclasses
-from pathlib import Path
 from typing import Any
 
 import torch
 import yaml
+from repo import ROOT
 
 from soft_mm.models.arch import resolve_arch
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def metafile_models() -> dict[str, dict[str, Any]]:

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import torch
 from op_checks import cpu_float16
+from repo import ROOT
 
 from soft_mm.models import SOFT
 
-ROOT = Path(__file__).resolve().parents[1]
 RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 
 
@@ -183,7 +183,7 @@ def test_detector_autocast_loss_forward_backward(dtype):
 def test_config_naming_soft_without_custom_imports(tmp_path):
     """The tools stop with the fix; other OpenMMLab tools see a registry KeyError, which the tools also explain."""
     pytest.importorskip('mmdet')  # the demo's bases are mmdet's
-    from soft_mm.engine.cli import ConfigError, explain, load_config
+    from soft_mm.cli.tools import ConfigError, explain, load_config
 
     config = tmp_path / 'retinanet_soft.py'
     config.write_text(f"_base_ = ['{ROOT / 'configs/retinanet_soft_tiny_demo.py'}']\ncustom_imports = None\n")
@@ -293,7 +293,7 @@ def test_data_checks_name_the_path_the_config_key_and_the_fix(tmp_path):
     from mmdet.utils import register_all_modules
     from mmengine.config import Config
 
-    from soft_mm.utils.config_checks import DataFileError, MissingPathError, check_data_paths
+    from soft_mm.cli.config_checks import DataFileError, MissingPathError, check_data_paths
 
     register_all_modules()
     root = tmp_path / 'coco'

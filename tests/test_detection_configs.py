@@ -1,5 +1,4 @@
 """The COCO detection configs: published recipe, inheritance from mmdet's own bases, full-model parameter counts."""
-from pathlib import Path
 
 import pytest
 
@@ -8,8 +7,8 @@ from mmdet.registry import MODELS
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
 from model_checks import out_channels, published_params_m
+from repo import CONFIGS
 
-CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 # published parameters (millions) of the full COCO models (80 classes), as the metafiles state them
 PUBLISHED_PARAMS_M = {method: {arch: published_params_m(f'{method}_soft_{arch}_coco')
                                for arch in ('tiny', 'small', 'medium', 'large')}

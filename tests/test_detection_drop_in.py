@@ -8,8 +8,8 @@ mmdet = pytest.importorskip('mmdet')
 from mmengine.config import Config
 from mmengine.runner import Runner
 from model_checks import record_gradients, without_scope
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DROP_IN = ROOT / 'configs/drop_in/retinanet_pvt-t_soft_small_coco.py'
 MMDET_PVT = Path(mmdet.__file__).parent / '.mim/configs/pvt/retinanet_pvt-t_fpn_1x_coco.py'
 

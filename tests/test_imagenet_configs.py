@@ -3,7 +3,6 @@ exact parameter counts of the ten classifiers, the weight-decay groups, and stri
 from __future__ import annotations
 
 import importlib.metadata
-from pathlib import Path
 
 import pytest
 import torch
@@ -13,8 +12,8 @@ from mmengine.config import Config
 from mmengine.optim import build_optim_wrapper
 from mmengine.registry import init_default_scope
 from model_checks import VARIANTS
+from repo import CONFIGS
 
-CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 # Parameters of the 1000-class classifiers, as the ImageNet metafile states them (counted from the authors' model
 # definitions, small with the published depths 1,3,7,4); plain and SOFT-Norm have the same tensors.
 PARAMS = {variant.name: variant.num_params for variant in VARIANTS.values()}
@@ -116,12 +115,8 @@ def test_no_weight_decay_on_norms_biases_position_embeddings_and_cls_token():
 def test_converted_authors_checkpoint_loads_strictly(name, tmp_path, official_tiny):
     """The authors' layout -> tools/model_converters/convert_official_checkpoint.py -> strict load into the config's
     classifier, and the classifier's state dict is the file's (the same keys as the timm model: no wrapper prefix)."""
-    from soft_mm.converters.official import (
-        convert_official_state_dict,
-        load_converted_checkpoint,
-        make_meta,
-        save_converted_checkpoint,
-    )
+    from soft_mm.models.official_checkpoint import load_converted_checkpoint, make_meta, save_converted_checkpoint
+    from soft_mm.models.official_layout import convert_official_state_dict
 
     official = official_tiny
     converted, arch, unmapped = convert_official_state_dict(official)

@@ -4,11 +4,9 @@ layers) fails here, as ``lint-imports`` fails in .ci/run."""
 import os
 import shutil
 import subprocess
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[1]
+from repo import ROOT
 
 
 def test_no_import_runs_up_a_layer():

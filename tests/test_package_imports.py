@@ -6,12 +6,13 @@ checkout."""
 import subprocess
 import sys
 
-from tool_process import BARE_GPU_MACHINE_LACKS, REPO_ROOT, blocked_imports_env
+from repo import ROOT
+from tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
 
 def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
     env = blocked_imports_env(tmp_path / 'site', blocked)
-    env['PYTHONPATH'] += f':{REPO_ROOT}:{REPO_ROOT / "benchmarks"}'
+    env['PYTHONPATH'] += f':{ROOT}:{ROOT / "benchmarks"}'
     proc = subprocess.run([sys.executable, '-c', code], env=env, cwd=tmp_path, capture_output=True, text=True,
                           check=False, timeout=120)
     assert proc.returncode == 0, proc.stdout + proc.stderr

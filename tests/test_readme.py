@@ -6,8 +6,8 @@ import re
 from pathlib import Path
 
 import yaml
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / 'README.md'
 DOCS = sorted((ROOT / 'docs').rglob('*.md'))
 

@@ -5,16 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 import textwrap
-from pathlib import Path
 
 import pytest
 from mmengine.registry import MODELS as MMENGINE_MODELS
+from repo import ROOT
 
 import soft_mm
 from soft_mm.models import SOFT
 from soft_mm.registry import MODELS as SOFT_MM_MODELS
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def check_tiny(model, out_indices=(0, 1, 2, 3)) -> None:
@@ -50,7 +48,7 @@ def test_build_from_downstream_registries(package, type_name):
 
 def run_fresh_python(code: str) -> str:
     """Run ``code`` in a fresh interpreter (nothing of soft_mm imported yet) with the repository importable."""
-    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=REPO_ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=ROOT, capture_output=True,
                             text=True, timeout=300, check=False)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout

@@ -1,5 +1,4 @@
 """The UperNet ADE20K configs build the published models through mmseg's registry."""
-from pathlib import Path
 
 import pytest
 import torch
@@ -9,8 +8,8 @@ from mmengine.config import Config
 from mmseg.registry import MODELS
 from mmseg.utils import register_all_modules
 from model_checks import published_params_m
+from repo import CONFIGS
 
-CONFIGS = Path(__file__).resolve().parents[1] / 'configs'
 # published UperNet parameter counts (SOFT-Norm backbones, with the auxiliary FCN head as in mmseg's counts), as the
 # metafile states them
 PUBLISHED_M = {size: published_params_m(f'upernet_soft_{size}_ade20k') for size in ('small', 'medium')}

@@ -8,8 +8,8 @@ mmseg = pytest.importorskip('mmseg')
 from mmengine.config import Config
 from mmengine.runner import Runner
 from model_checks import record_gradients, without_scope
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 DROP_IN = ROOT / 'configs/drop_in/upernet_swin-t_soft_small_ade20k.py'
 MMSEG_SWIN = (Path(mmseg.__file__).parent
               / '.mim/configs/swin/swin-tiny-patch4-window7-in1k-pre_upernet_8xb2-160k_ade20k-512x512.py')

@@ -11,8 +11,8 @@ import pytest
 import torch
 from mmengine.config import Config
 from mmengine.registry import init_default_scope
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 SEG_CONFIG = ROOT / 'configs/upernet_soft_tiny_demo.py'
 DET_CONFIG = ROOT / 'configs/retinanet_soft_tiny_demo.py'
 OPACITY = 0.8  # MMSegInferencer's default overlay opacity

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from repo import ROOT
 
 
 def run_tool(args: list[str], cwd: Path, timeout: float = 900, check: bool = True,
@@ -16,7 +16,7 @@ def run_tool(args: list[str], cwd: Path, timeout: float = 900, check: bool = Tru
     """``python tools/...`` (``bash`` when ``args[0]`` ends in .sh, with ``PYTHON`` set to this interpreter for the
     launch scripts' ``${PYTHON:-python}``; ``args[0]`` relative to the repository root) in ``cwd``. With ``check``
     a non-zero exit fails the test with the ends of stdout and stderr."""
-    script = str(REPO_ROOT / args[0])
+    script = str(ROOT / args[0])
     command = ['bash', script, *args[1:]] if script.endswith('.sh') else [sys.executable, script, *args[1:]]
     proc = subprocess.run(command, check=False, cwd=cwd, env=dict(os.environ, PYTHON=sys.executable, **(env or {})),
                           capture_output=True, text=True, timeout=timeout)

@@ -20,16 +20,17 @@ import numpy as np
 import torch
 from mmengine.config import Config
 
-from soft_mm.engine import enable_cpu_bf16_ops
-from soft_mm.engine.cli import (
+from soft_mm.cli import compile_backbone_for_inference, enable_test_amp
+from soft_mm.cli.runtime import compiled_graphs_note
+from soft_mm.cli.tools import (
+    add_precision_args,
     check_image_files,
     check_model_checkpoint,
     load_config,
     one_sentence_errors,
     read_model_checkpoint,
 )
-from soft_mm.utils import compile_backbone_for_inference, enable_test_amp
-from soft_mm.utils.launch import COMPILE_BACKENDS, compiled_graphs_note
+from soft_mm.engine import enable_cpu_bf16_ops
 
 State = dict[str, torch.Tensor]
 
@@ -45,15 +46,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--opacity', type=float, default=0.5, help='segmentation: opacity of the overlaid classes')
     parser.add_argument('--topk', type=int, default=5, help='classification: how many classes to print')
     parser.add_argument('--device', default='cuda:0' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--amp', action='store_true',
-                        help='run the model under autocast: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
-    parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
-                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
-    parser.add_argument('--compile', nargs='?', const='inductor', default=None, choices=COMPILE_BACKENDS,
-                        metavar='BACKEND',
-                        help='compile the backbone with torch.compile for inference (default backend inductor, '
-                             'weights frozen into the graph; pays under --amp on CPU, see README); the first forward '
-                             'compiles')
+    add_precision_args(parser, 'run the model under autocast: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
     parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
     return parser.parse_args(argv)
 

@@ -5,7 +5,7 @@
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [same options]
 
 A bad config, dataset, image or checkpoint stops with one sentence (``--debug``: the traceback). Shared pieces:
-``soft_mm/engine/cli.py``.
+``soft_mm/cli/tools.py``.
 """
 from __future__ import annotations
 
@@ -14,8 +14,11 @@ import argparse
 from mmengine.config import Config
 from mmengine.evaluator import DumpResults
 
-from soft_mm.engine.cli import (
+from soft_mm.cli import check_checkpoint_paths, check_data_paths, compile_backbone_for_inference, enable_test_amp
+from soft_mm.cli.runtime import compiled_graphs_note
+from soft_mm.cli.tools import (
     ConfigError,
+    add_precision_args,
     base_parser,
     build_runner,
     check_checkpoint_files,
@@ -24,26 +27,16 @@ from soft_mm.engine.cli import (
     set_work_dir,
     use_checked_image_loading,
 )
-from soft_mm.engine.cli import (
+from soft_mm.cli.tools import (
     parse_args as parse_with,
 )
-from soft_mm.utils import check_checkpoint_paths, check_data_paths, compile_backbone_for_inference, enable_test_amp
-from soft_mm.utils.launch import COMPILE_BACKENDS, compiled_graphs_note
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = base_parser('Test (and evaluate) a checkpoint.')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', help='also dump the raw predictions to this .pkl file')
-    parser.add_argument('--amp', action='store_true',
-                        help='evaluate in mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
-    parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
-                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
-    parser.add_argument('--compile', nargs='?', const='inductor', default=None, choices=COMPILE_BACKENDS,
-                        metavar='BACKEND',
-                        help='compile the backbone with torch.compile for inference (default backend inductor, '
-                             'weights frozen into the graph; pays under --amp on CPU, see README); the first forward '
-                             'compiles')
+    add_precision_args(parser, 'evaluate in mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
     parser.add_argument('--show-dir', help='draw the predictions on every test image into WORK_DIR/TIMESTAMP/SHOW_DIR')
     return parse_with(parser, argv)
 

@@ -8,7 +8,7 @@ The registry scope comes from the config's ``default_scope``. Without a GPU the 
 distributed runs); ``--amp`` is float16 mixed precision on a GPU (``--amp-dtype bfloat16``: bfloat16) and
 bfloat16 autocast on CPU. A bad config, dataset, image or checkpoint stops with one sentence
 (``--debug``: the traceback); an unreadable image also saves the training so far (``unreadable_images = 'skip'`` in
-the config skips such training images with a warning instead). Shared pieces: ``soft_mm/engine/cli.py``.
+the config skips such training images with a warning instead). Shared pieces: ``soft_mm/cli/tools.py``.
 """
 from __future__ import annotations
 
@@ -16,8 +16,10 @@ import argparse
 
 from mmengine.config import Config
 
-from soft_mm.engine.cli import (
+from soft_mm.cli import check_checkpoint_paths, check_data_paths, enable_amp
+from soft_mm.cli.tools import (
     ConfigError,
+    add_precision_args,
     base_parser,
     build_runner,
     check_checkpoint_files,
@@ -28,20 +30,17 @@ from soft_mm.engine.cli import (
     train_keeping_progress,
     use_checked_image_loading,
 )
-from soft_mm.engine.cli import (
+from soft_mm.cli.tools import (
     parse_args as parse_with,
 )
-from soft_mm.utils import check_checkpoint_paths, check_data_paths, enable_amp
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = base_parser('Train a detector or segmentor.')
     parser.add_argument('--resume', nargs='?', type=str, const='auto',
                         help='resume from CKPT, or with no value from the latest checkpoint in the work dir')
-    parser.add_argument('--amp', action='store_true',
-                        help='mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 autocast on CPU')
-    parser.add_argument('--amp-dtype', choices=('float16', 'bfloat16'), default=None,
-                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
+    add_precision_args(parser, 'mixed precision: float16 on a GPU (see --amp-dtype), bfloat16 autocast on CPU',
+                       compile=False)
     parser.add_argument('--auto-scale-lr', action='store_true', help='scale the lr by the actual batch size')
     parser.add_argument('--tensorboard', action='store_true',
                         help='also log to TensorBoard (tensorboard --logdir WORK_DIR)')

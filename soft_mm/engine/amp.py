@@ -32,7 +32,7 @@ class CPUAmpOptimWrapper(OptimWrapper):
     Use it where ``AmpOptimWrapper`` cannot run (a CPU-only machine): ``optim_wrapper = dict(type='CPUAmpOptimWrapper',
     optimizer=...)``, or ``tools/train.py --amp`` on a machine without a GPU. Parameters, gradients and optimizer
     state stay float32; autocast runs linears, convs and matmuls in bfloat16, and soft_mm's SOFT op takes its
-    bfloat16-products policy (:mod:`soft_mm.ops.precision`).
+    bfloat16-products policy (:mod:`soft_mm.ops.soft.policy`).
     """
 
     def __init__(self, *args, **kwargs) -> None:

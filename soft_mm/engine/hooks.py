@@ -20,7 +20,7 @@ from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
 from ..models.settings import is_int
-from ..ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
+from ..ops.soft.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
 
 

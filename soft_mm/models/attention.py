@@ -9,9 +9,9 @@ from timm.layers import register_notrace_function
 from torch import nn
 
 from ..ops import soft_attention
-from ..ops.capture import exporting
-from ..ops.head_conv import head_depthwise_conv
-from ..ops.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
+from ..ops.graph_mode import exporting
+from ..ops.layers.head_conv import head_depthwise_conv
+from ..ops.layers.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from .settings import AttentionSettings, attention_settings, is_int
 
 # torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op and the

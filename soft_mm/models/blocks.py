@@ -5,7 +5,7 @@ import torch
 from timm.layers import DropPath, Mlp, register_notrace_function
 from torch import nn
 
-from ..ops.fused import linear_gelu
+from ..ops.layers.gelu import linear_gelu
 
 # torch.fx: linear_gelu picks the fused kernel from the device, dtype and grad mode in Python, so a symbolic trace
 # keeps the call as one node that runs eagerly (see soft_mm.models.attention)
@@ -22,7 +22,7 @@ class TanhGELU(nn.GELU):
 
 class GeluMlp(Mlp):
     """timm's ``Mlp`` (same parameters and state-dict keys) whose first linear layer and GELU run as one fused GEMM
-    in CPU inference (:func:`soft_mm.ops.fused.linear_gelu`); other activations, training and other devices run
+    in CPU inference (:func:`soft_mm.ops.layers.gelu.linear_gelu`); other activations, training and other devices run
     timm's forward unchanged. ``fuse = False`` (on the class or an instance) turns the fusion off, for A/B
     benchmarks."""
 

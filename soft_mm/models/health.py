@@ -7,8 +7,8 @@
 
 Forward hooks on every :class:`~soft_mm.models.attention.SoftAttention`'s ``landmark_probe`` (an ``nn.Identity``)
 copy the landmarks that the forward actually used; the figures are then computed from those landmarks in float64
-(:func:`~soft_mm.ops.health.landmark_kernel_health`) with the layer's own ``newton_iters`` and ``newton_ridge``. The
-hooks only read, so the model's outputs are bit-identical with and without them.
+(:func:`~soft_mm.ops.soft.health.landmark_kernel_health`) with the layer's own ``newton_iters`` and
+``newton_ridge``. The hooks only read, so the model's outputs are bit-identical with and without them.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from torch import nn
 from typing_extensions import Self
 
-from ..ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL, landmark_kernel_health
+from ..ops.soft.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL, landmark_kernel_health
 from .attention import SoftAttention
 
 __all__ = ['LandmarkRecorder', 'LayerHealth', 'attention_health', 'format_health_table', 'health_scalars',

@@ -34,7 +34,7 @@ from timm.layers import register_notrace_function
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
-from ..ops.capture import exporting
+from ..ops.graph_mode import exporting
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU

@@ -11,7 +11,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..ops.newton import BACKWARD_MODES
+from ..ops.soft.newton import BACKWARD_MODES
 
 __all__ = ['AUTHORS_SETTINGS', 'LANDMARK_MODES', 'AttentionSettings', 'attention_settings']
 

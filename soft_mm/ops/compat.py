@@ -47,7 +47,7 @@ if HAS_IS_EXPORTING:
 else:
     def is_exporting() -> bool:
         """False: torch < 2.7 cannot tell ``torch.export`` from ``torch.compile``; the ONNX exporter and
-        ``torch.jit.trace`` are told apart by :func:`soft_mm.ops.capture.exporting` itself."""
+        ``torch.jit.trace`` are told apart by :func:`soft_mm.ops.graph_mode.exporting` itself."""
         return False
 
 # torch >= 2.3 has torch.compiler.is_compiling; 2.1 and 2.2 the same function in torch._dynamo

@@ -3,7 +3,7 @@
 Under CPU autocast the heads hand mmcv's compiled ops bfloat16 tensors, which their CPU kernels reject ("expected
 scalar type Float but found BFloat16"), and mmdet would decode boxes in bfloat16: :func:`enable_cpu_bf16_ops` runs
 those steps in float32. Used by :class:`soft_mm.engine.CPUAmpOptimWrapper` (which re-exports it from
-:mod:`soft_mm.engine`) and by :func:`soft_mm.utils.launch.enable_test_amp`.
+:mod:`soft_mm.engine`) and by :func:`soft_mm.cli.runtime.enable_test_amp`.
 """
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..ops.naive import naive_soft_attention
+from ..ops.soft.naive import naive_soft_attention
 
 __all__ = ['RULE_FRACTION', 'outputs_and_grads', 'relative_error', 'rule_errors', 'rule_inputs', 'within_rule']
 

@@ -3,13 +3,12 @@ reference, tested in tests/ops/test_soft_attention.py), and a tiny run writes it
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 import torch.nn.functional as F
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'benchmarks' / 'attention.py'
 
 

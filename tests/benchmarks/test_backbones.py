@@ -3,15 +3,14 @@
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
+from repo import ROOT
 
 from soft_mm.models import SOFT
 
-ROOT = Path(__file__).resolve().parents[2]
 TOOL = ROOT / 'benchmarks' / 'backbones.py'
 
 

@@ -6,9 +6,10 @@ import subprocess
 import sys
 
 import pytest
-from tool_process import BARE_GPU_MACHINE_LACKS, REPO_ROOT, blocked_imports_env
+from repo import ROOT
+from tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
-from soft_mm.ops.triton_nystrom import TRITON_VERSION
+from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
 
 
 def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
@@ -27,11 +28,11 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     out = tmp_path / 'device_check.json'
     env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
     # from a folder outside the checkout, the checkout not on PYTHONPATH: the tool finds its own soft_mm
-    proc = subprocess.run([sys.executable, str(REPO_ROOT / 'benchmarks/device_check.py'), '--smoke', '--out', str(out)],
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks/device_check.py'), '--smoke', '--out', str(out)],
                           cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env, check=False)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     report = json.loads(out.read_text())
-    assert report['soft_mm'] == str(REPO_ROOT / 'soft_mm')
+    assert report['soft_mm'] == str(ROOT / 'soft_mm')
     assert not [key for key in report if key.endswith('_error')], report
     assert report['correctness'] and all(row['ok'] for row in report['correctness'])
     assert all(row['float32_error'] < 3e-5 for row in report['correctness'])

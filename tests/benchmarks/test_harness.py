@@ -18,13 +18,13 @@ from harness import (
     run_in_fresh_process,
     timed,
 )
-from tool_process import REPO_ROOT
+from repo import ROOT
 
 # in a fresh process, as the benchmarks measure: in the test process the 64 MiB may be served from memory that
 # earlier tests freed but the allocator kept resident, which raises no peak
 PEAK_SCRIPT = f"""
 import sys
-sys.path.insert(0, {str(REPO_ROOT / 'benchmarks')!r})
+sys.path.insert(0, {str(ROOT / 'benchmarks')!r})
 import torch
 from harness import PeakMemory
 memory = PeakMemory(torch.device('cpu'))

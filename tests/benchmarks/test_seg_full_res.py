@@ -1,12 +1,10 @@
 """benchmarks/seg_full_res.py: slide and whole-image inference of a SOFT UperNet, at a reduced size."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
+from repo import ROOT
 
 pytest.importorskip('mmseg')
-ROOT = Path(__file__).resolve().parents[2]
 DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
 
 

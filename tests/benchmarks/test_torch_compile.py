@@ -1,10 +1,9 @@
 """benchmarks/torch_compile.py: ``torch.compile`` of the SOFT backbone gives the eager outputs, from one whole graph per
-input size that runs the eager code of the model (``soft_mm.ops.capture.exporting()`` False) and the eager kernels,
+input size that runs the eager code of the model (``soft_mm.ops.graph_mode.exporting()`` False) and the eager kernels,
 the hand-written ones as custom-op nodes."""
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from types import ModuleType
 
 import pytest
@@ -12,10 +11,9 @@ import torch
 from compile_recording import RecordingBackend
 
 from soft_mm.models import SOFT
-from soft_mm.ops import capture
+from soft_mm.ops import graph_mode
 from soft_mm.ops.compat import HAS_CUSTOM_OP
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 SMALL_ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
 # odd sizes, one below the 224 grid (fewer landmarks per side) and one above it (pooled landmarks)
 SIZES = [(64, 96), (257, 193)]
@@ -50,7 +48,7 @@ def capture_flags(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
     """Every value ``exporting()`` returned to soft_mm's modules while a graph was being traced."""
     from torch._dynamo.comptime import comptime  # runs its function while dynamo traces, nothing at run time
 
-    original = capture.exporting
+    original = graph_mode.exporting
 
     def noting() -> bool:
         flag = original()
@@ -59,7 +57,7 @@ def capture_flags(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
 
     users = [module for name, module in list(sys.modules.items())
              if name.startswith('soft_mm') and getattr(module, 'exporting', None) is original]
-    assert len(users) >= 3  # the capture module itself (graph_mode, the op's dispatch) and the model's layers
+    assert len(users) >= 3  # the graph_mode module itself (graph_mode(), the op's dispatch) and the model's layers
     for module in users:
         monkeypatch.setattr(module, 'exporting', noting)
     TRACED_FLAGS.clear()

@@ -5,16 +5,15 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
+from repo import ROOT
 
-from soft_mm.converters import build_classifier_from_checkpoint, load_converted_checkpoint
+from soft_mm.models.official_checkpoint import build_classifier_from_checkpoint, load_converted_checkpoint
 from soft_mm.utils.checkpoint_files import CheckpointFileError
 
-REPO = Path(__file__).resolve().parents[2]
-TOOL = REPO / 'tools' / 'model_converters' / 'convert_official_checkpoint.py'
+TOOL = ROOT / 'tools' / 'model_converters' / 'convert_official_checkpoint.py'
 
 
 @pytest.fixture(scope='module')

@@ -1,5 +1,5 @@
-"""Tests of soft_mm.converters.official: key mapping, arch inference, file handling and the reproduction of the
-authors' forward pass by a converted model.
+"""Tests of soft_mm.models.official_checkpoint and official_layout: key mapping, arch inference, file handling and
+the reproduction of the authors' forward pass by a converted model.
 
 The authors' model cannot be installed here, so ``official_forward`` below is an independent functional reference of
 their forward pass (plain torch, written from the SOFT paper's description; it uses neither soft_mm.ops nor
@@ -15,20 +15,18 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from soft_mm.converters import build_classifier_from_checkpoint, convert_official_state_dict
-from soft_mm.converters.official import (
+from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
+from soft_mm.models.official_checkpoint import (
     CLASSIFIER_ONLY_KEYS,
-    infer_arch,
+    build_classifier_from_checkpoint,
     load_converted_checkpoint,
     load_official_checkpoint,
     make_meta,
-    map_official_key,
-    match_arch,
     save_converted_checkpoint,
     select_state_dict,
     verify_converted,
 )
-from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
+from soft_mm.models.official_layout import convert_official_state_dict, infer_arch, map_official_key, match_arch
 from soft_mm.utils.checkpoint_files import UnsafeCheckpointError
 
 HEAD_DIM = 32

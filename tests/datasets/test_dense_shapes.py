@@ -9,10 +9,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from repo import ROOT
 
 from soft_mm.datasets.synthetic_shapes import draw_image, write_shapes_dataset
 
-DENSE_DEMO = Path(__file__).resolve().parents[2] / 'configs/retinanet_soft_tiny_dense_demo.py'
+DENSE_DEMO = ROOT / 'configs/retinanet_soft_tiny_dense_demo.py'
 
 
 def test_defaults_draw_the_shapes_demo_unchanged():

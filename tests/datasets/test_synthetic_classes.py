@@ -8,6 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from repo import CONFIGS
 
 from soft_mm.datasets.synthetic_classes import (
     CLASS_NAMES,
@@ -15,8 +16,6 @@ from soft_mm.datasets.synthetic_classes import (
     ensure_classes_dataset,
     write_classes_dataset,
 )
-
-CONFIGS = Path(__file__).resolve().parents[2] / 'configs'
 
 
 @pytest.fixture(scope='module')

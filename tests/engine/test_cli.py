@@ -1,4 +1,4 @@
-"""soft_mm/engine/cli.py: config loading, the custom_imports check, checkpoint checks and one-sentence errors."""
+"""soft_mm/cli/tools.py: config loading, the custom_imports check, checkpoint checks and one-sentence errors."""
 from __future__ import annotations
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 from mmengine.config import Config
 from torch import nn
 
-from soft_mm.engine.cli import (
+from soft_mm.cli.tools import (
     ConfigError,
     default_work_dir,
     explain,

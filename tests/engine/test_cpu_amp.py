@@ -3,18 +3,16 @@ each demo (detection, segmentation, classification) that is finite and lowers th
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
 from mmengine.config import Config
 from mmengine.registry import OPTIM_WRAPPERS
+from repo import ROOT
 
 from soft_mm.engine import CPUAmpOptimWrapper, enable_cpu_bf16_ops
 from soft_mm.engine.amp import _float32_fallback
 from soft_mm.ops.compat import autocast_dtype_of, autocast_enabled
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_float32_fallback_casts_only_bfloat16_calls():

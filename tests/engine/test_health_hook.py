@@ -6,13 +6,13 @@ import json
 from pathlib import Path
 
 import pytest
+from repo import ROOT
 from tool_process import tool_output
 
 from soft_mm.engine.hooks import AttentionHealthHook
 
 pytest.importorskip('mmdet')
 
-ROOT = Path(__file__).resolve().parents[2]
 DENSE_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_dense_demo.py')
 # 16 train images of batch 8: 2 iterations; the hook is the config's second custom hook
 SHORT_RUN = ['train_cfg.max_epochs=1', 'default_hooks.logger.interval=1', 'model.test_cfg.score_thr=0.0']

@@ -2,24 +2,19 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
+from checkpoint_kill import kill_during_checkpoint_write
+from repo import ROOT
 
 from soft_mm.engine.hooks import InvalidLossHook
 from soft_mm.utils.checkpoint_files import read_checkpoint
 
-ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / 'tests' / 'engine' / 'toy_training.py'
-# a sitecustomize that holds every checkpoint write open (just before the rename that publishes it)
-CHECKPOINT_WRITE_HOLD = ROOT / 'tests' / 'engine' / 'checkpoint_write_hold'
-
-
 def _env(**extra: str) -> dict[str, str]:
     return dict(os.environ, **extra)
 
@@ -30,36 +25,6 @@ def _train(work_dir: Path, *args: str, check: bool = True) -> subprocess.Complet
     if check and proc.returncode != 0:
         raise AssertionError(proc.stdout[-3000:] + proc.stderr[-3000:])
     return proc
-
-
-def kill_during_checkpoint_write(command: list[str], work_dir: Path, cwd: Path | None = None,
-                                 timeout: float = 600) -> Path:
-    """Start ``command`` with its checkpoint writes held open (``CHECKPOINT_WRITE_HOLD``), SIGKILL it once a
-    temporary checkpoint file exists.
-
-    Returns the temporary file that was being written.
-    """
-    python_path = os.pathsep.join(filter(None, [str(CHECKPOINT_WRITE_HOLD), os.environ.get('PYTHONPATH')]))
-    proc = subprocess.Popen(command, env=_env(PYTHONPATH=python_path), cwd=cwd, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            partial = sorted(work_dir.glob('.*.partial'))
-            if partial and partial[0].stat().st_size > 0:  # written, not yet renamed
-                os.kill(proc.pid, signal.SIGKILL)
-                proc.wait(timeout=60)
-                assert proc.returncode == -signal.SIGKILL
-                return partial[0]
-            if proc.poll() is not None:
-                raise AssertionError(f'the run ended ({proc.returncode}) before writing a checkpoint:\n'
-                                     f'{proc.stderr.read()[-3000:]}')
-            time.sleep(0.2)
-        raise AssertionError('no checkpoint write within the timeout')
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
 
 
 def test_sigkill_during_checkpoint_write_then_resume(tmp_path):

@@ -16,7 +16,7 @@ from soft_mm.models.health import (
     health_scalars,
     short_layer_name,
 )
-from soft_mm.ops.health import landmark_kernel_health
+from soft_mm.ops.soft.health import landmark_kernel_health
 
 
 def _backbone(mode: str, seed: int = 0) -> SOFT:

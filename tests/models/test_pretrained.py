@@ -14,9 +14,9 @@ import timm
 import torch
 from torch import nn
 
-from soft_mm.converters import convert_official_state_dict, save_converted_checkpoint
-from soft_mm.converters.official import CLASSIFIER_ONLY_KEYS, make_meta
 from soft_mm.models import SOFT, SoftPyramid, SoftVisionTransformer
+from soft_mm.models.official_checkpoint import CLASSIFIER_ONLY_KEYS, make_meta, save_converted_checkpoint
+from soft_mm.models.official_layout import convert_official_state_dict
 from soft_mm.ops.compat import HAS_SAFE_GLOBALS
 
 

@@ -11,11 +11,10 @@ import pytest
 import timm
 import torch
 from model_checks import VARIANTS, Variant, get_variant, out_channels
+from repo import CONFIGS
 
 from soft_mm.models import ARCH_SETTINGS, SoftVisionTransformer, resolve_arch, variant_name
 from soft_mm.models import classifier as classifier_module
-
-CONFIGS = Path(__file__).resolve().parents[2] / 'configs'
 
 
 def test_record_has_ten_variants_in_table_order():

@@ -1,4 +1,5 @@
-"""The SOFT op's hand-written kernels as ``torch.library`` custom ops (soft_mm.ops.library): the fake kernels agree
+"""The SOFT op's hand-written kernels as ``torch.library`` custom ops
+(soft_mm.ops.soft.backends.products_op): the fake kernels agree
 with the real ones (``torch.library.opcheck``: schema, shapes, dtypes, memory layouts, autograd registration, a
 dynamic-shape AOT trace), ``torch.compile`` records each as one node and gives the eager outputs and gradients, and
 export keeps plain ATen operators."""
@@ -11,9 +12,9 @@ from op_checks import check_custom_op
 
 from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
 from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING, recorded_calls
-from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
-from soft_mm.ops.tiled import _tiled_products
-from soft_mm.ops.triton_nystrom import TRITON_VERSION, _triton_products
+from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS, _tiled_products
+from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION, _triton_products
+from soft_mm.ops.soft.dispatch import DispatchError
 
 
 def token_major_inputs(dtype=torch.float64, batch=2, heads=3, num_tokens=45, head_dim=8, num_landmarks=5, seed=0):

@@ -3,11 +3,13 @@ automatic choices, the errors, and every backend's low-precision error against f
 import pytest
 import torch
 
-from soft_mm.ops import dispatch, soft_attention
+from soft_mm.ops import soft_attention
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
-from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, Backend, DispatchError, backends, select_backend
-from soft_mm.ops.precision import Precision, precision_policy
-from soft_mm.ops.triton_nystrom import triton_available
+from soft_mm.ops.soft import dispatch
+from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS
+from soft_mm.ops.soft.backends.triton.backend import triton_available
+from soft_mm.ops.soft.dispatch import Backend, DispatchError, backends, select_backend
+from soft_mm.ops.soft.policy import Precision, precision_policy
 from soft_mm.utils.precision_rule import RULE_FRACTION, rule_errors, rule_inputs
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
@@ -46,7 +48,7 @@ def test_automatic_choice():
 
 
 def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
-    import soft_mm.ops.triton_nystrom as triton_module
+    import soft_mm.ops.soft.backends.triton.backend as triton_module
     monkeypatch.setattr(triton_module, 'TRITON_VERSION', None)
     assert pick(device='cuda', tokens=10 ** 6) == 'reference'
     with pytest.raises(DispatchError, match=r"backend 'triton' needs triton \(pip install triton\)"):
@@ -56,7 +58,7 @@ def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
 @pytest.mark.parametrize('version', [(2, 1), (3, 0)])
 def test_a_triton_older_than_the_kernels_need_is_declined_with_its_version(monkeypatch, version):
     # torch 2.1 ships triton 2.1, torch 2.4 triton 3.0: the kernels need triton_nystrom.MIN_TRITON (3.4)
-    import soft_mm.ops.triton_nystrom as triton_module
+    import soft_mm.ops.soft.backends.triton.backend as triton_module
     monkeypatch.setattr(triton_module, 'TRITON_VERSION', version)
     assert triton_module.MIN_TRITON == (3, 4)
     assert pick(device='cuda', tokens=10 ** 6) == 'reference'
@@ -107,7 +109,7 @@ def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkey
     triton = {b.name: b for b in backends()}['triton']
     assert (triton.max_landmarks, triton.max_head_dim) == (64, 64) and 'm <= 64; d, d_v <= 64' in triton.describe()
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
-    monkeypatch.setattr('soft_mm.ops.triton_nystrom.triton_available', lambda: True)
+    monkeypatch.setattr('soft_mm.ops.soft.backends.triton.backend.triton_available', lambda: True)
     with pytest.raises(DispatchError) as info:
         select_backend('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160,
                        value_dim=32)

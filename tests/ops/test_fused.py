@@ -1,5 +1,5 @@
-"""soft_mm.ops.fused.linear_gelu: the same function as ``F.gelu(F.linear(...))``, fused into one oneDNN GEMM in CPU
-inference, and the blocks' GeluMlp that uses it."""
+"""soft_mm.ops.layers.gelu.linear_gelu: the same function as ``F.gelu(F.linear(...))``, fused into one oneDNN GEMM in
+CPU inference, and the blocks' GeluMlp that uses it."""
 from __future__ import annotations
 
 import pytest
@@ -8,8 +8,8 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 
 from soft_mm.models.blocks import GeluMlp, TanhGELU
-from soft_mm.ops import fused
-from soft_mm.ops.fused import fused_dtypes, fused_linear_gelu_available, linear_gelu
+from soft_mm.ops.layers import gelu
+from soft_mm.ops.layers.gelu import fused_dtypes, fused_linear_gelu_available, linear_gelu
 
 needs_onednn = pytest.mark.skipif(not fused_linear_gelu_available(), reason='this PyTorch build has no oneDNN')
 
@@ -26,8 +26,8 @@ def layer(dtype=torch.float32, tokens=37, seed=0):
 @pytest.fixture
 def fused_calls(monkeypatch):
     calls = []
-    original = fused._fusable
-    monkeypatch.setattr(fused, '_fusable', lambda *a: calls.append(dtype := original(*a)) or dtype)
+    original = gelu._fusable
+    monkeypatch.setattr(gelu, '_fusable', lambda *a: calls.append(dtype := original(*a)) or dtype)
     return calls
 
 

@@ -1,10 +1,10 @@
-"""Tests of soft_mm.ops.head_conv: the per-head value conv and its custom backward against autograd's conv."""
+"""Tests of soft_mm.ops.layers.head_conv: the per-head value conv and its custom backward against autograd's conv."""
 import pytest
 import torch
 import torch.nn.functional as F
 from op_checks import check_custom_op, grad_fn_name
 
-from soft_mm.ops.head_conv import CUSTOM_BACKWARD_MIN_KERNEL, _head_conv_op, head_depthwise_conv
+from soft_mm.ops.layers.head_conv import CUSTOM_BACKWARD_MIN_KERNEL, _head_conv_op, head_depthwise_conv
 
 
 def reference(x, weight, head_dim):
@@ -77,7 +77,7 @@ def test_custom_op_passes_opcheck(channels_last):
 
 
 def test_the_custom_backward_is_taken_on_cpu_from_its_measured_kernel_size():
-    from soft_mm.ops.head_conv import uses_custom_backward
+    from soft_mm.ops.layers.head_conv import uses_custom_backward
     assert [uses_custom_backward('cpu', k) for k in (3, 5, 7, 9)] == [False, False, True, True]
     assert not uses_custom_backward('cuda', 9)  # measured on CPU only
     x = torch.randn(1, 4, 9, 9, requires_grad=True)

@@ -1,5 +1,5 @@
-"""soft_mm.ops.health: the landmark kernel's conditioning, effective rank and Newton convergence, against hand-built
-kernels of known spectrum and independent float64 references."""
+"""soft_mm.ops.soft.health: the landmark kernel's conditioning, effective rank and Newton convergence, against
+hand-built kernels of known spectrum and independent float64 references."""
 from __future__ import annotations
 
 import numpy as np
@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from soft_mm.ops import gaussian_kernel, newton_inverse
-from soft_mm.ops.health import landmark_kernel_health, newton_residuals
+from soft_mm.ops.soft.health import landmark_kernel_health, newton_residuals
 
 
 def test_coincident_landmarks_sit_at_the_ridge_ceiling():

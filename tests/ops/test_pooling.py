@@ -1,4 +1,4 @@
-"""soft_mm.ops.pooling: both matmul forms of adaptive average pooling equal ``F.adaptive_avg_pool2d`` in float64,
+"""soft_mm.ops.layers.pooling: both matmul forms of adaptive average pooling equal ``F.adaptive_avg_pool2d`` in float64,
 forward and backward, at sizes whose bins overlap (33 -> 7, 47 -> 7, 200 -> 56, 334 -> 56), stay single inputs
 (12 -> 12) or share inputs while upsampling (10 -> 12)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from soft_mm.ops.pooling import _pool_matrix, adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
+from soft_mm.ops.layers.pooling import _pool_matrix, adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 
 # (input H, W) -> output (h, w): overlapping bins, identity rows with upsampled columns, a stage-1 detection map
 CASES = [((33, 47), (7, 7)), ((12, 10), (12, 12)), ((200, 334), (56, 56))]

@@ -1,11 +1,12 @@
-"""Tests of soft_mm.ops.tiled: the token-tiled products against the untiled math, and the path soft_attention takes."""
+"""Tests of soft_mm.ops.soft.backends.tiled: the token-tiled products against the untiled math, and the path
+soft_attention takes."""
 import pytest
 import torch
 
 from soft_mm.ops import gaussian_kernel, soft_attention
-from soft_mm.ops.dispatch import AUTO_TILING_MIN_TOKENS, DispatchError
-from soft_mm.ops.kernel import augment_kernel_cols, augment_kernel_rows
-from soft_mm.ops.tiled import tiled_nystrom_products
+from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS, tiled_nystrom_products
+from soft_mm.ops.soft.dispatch import DispatchError
+from soft_mm.ops.soft.kernel import augment_kernel_cols, augment_kernel_rows
 
 
 def random_inputs(groups=3, num_tokens=37, num_landmarks=5, head_dim=4, value_dim=6, seed=0, dtype=torch.float64):
@@ -136,15 +137,15 @@ def test_autocast_tiled_equals_untiled():
 
 
 def test_automatic_tiling_and_tracing_take_the_expected_path(monkeypatch):
-    import soft_mm.ops.attention as attention_module
+    import soft_mm.ops.soft.backends.tiled as tiled_module
     calls = []
-    original = attention_module.tiled_nystrom_products
+    original = tiled_module.tiled_nystrom_products
 
     def record(*args, **kwargs):
         calls.append(args[0].shape[-2])  # tokens
         return original(*args, **kwargs)
 
-    monkeypatch.setattr(attention_module, 'tiled_nystrom_products', record)
+    monkeypatch.setattr(tiled_module, 'tiled_nystrom_products', record)
     small = attention_inputs(batch=1, heads=1, num_tokens=AUTO_TILING_MIN_TOKENS, dtype=torch.float32)
     large = attention_inputs(batch=1, heads=1, num_tokens=AUTO_TILING_MIN_TOKENS + 1, dtype=torch.float32)
     soft_attention(*small)

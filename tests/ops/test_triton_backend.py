@@ -57,7 +57,7 @@ def test_value_dim_and_head_dim_may_differ_and_strided_views_are_read_in_place()
 
 def test_gradients_of_non_dense_views_are_written_in_their_own_layout():
     # q and v are the first 32 of 48 channels of wider tensors (views with gaps, which empty_like does not copy: the
-    # gradients are contiguous); before, the backward wrote them through q's and v's strides, out of bounds
+    # gradients are contiguous); writing them through q's and v's strides would go out of bounds
     tensors, grad_out = inputs(70, 9)
     wide = [torch.cat([t, torch.randn(*t.shape[:3], 16, dtype=t.dtype)], -1) for t in (tensors[0], tensors[2])]
     reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
@@ -97,7 +97,7 @@ def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_lan
 
 
 def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
-    import soft_mm.ops.triton_nystrom as triton_module
+    import soft_mm.ops.soft.backends.triton.backend as triton_module
     seen = []
     original = triton_module._triton_products
     monkeypatch.setattr(triton_module, '_triton_products',
@@ -111,7 +111,7 @@ def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
 
 
 def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    import soft_mm.ops.triton_nystrom as triton_module
+    import soft_mm.ops.soft.backends.triton.backend as triton_module
     calls = []
     original = triton_module._triton_products
     monkeypatch.setattr(triton_module, '_triton_products', lambda *a: calls.append(1) or original(*a))
@@ -126,7 +126,7 @@ def test_float16_products_keep_large_middle_factors_in_range():
     # landmarks far from the tokens (kernel values ~1e-3) and a middle matrix of 1e7 (an ill-conditioned inverse):
     # the m x d factors middle @ (K1^T v) reach ~4e5, beyond float16's 65504, while the float16 output and grad v
     # stay in range; each kernel scales such a factor tile into [-1, 1] by a power of two before rounding it
-    from soft_mm.ops.triton_nystrom import triton_nystrom_products
+    from soft_mm.ops.soft.backends.triton.backend import triton_nystrom_products
     gen = torch.Generator().manual_seed(4)
     q = 0.1 * torch.randn(1, 2, 100, 8, generator=gen, dtype=torch.float64)
     landmarks = 1.3 + 0.1 * torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64)
@@ -156,7 +156,7 @@ def test_float16_products_keep_large_middle_factors_in_range():
 def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, splits):
     # 4 (sample, head) groups of 300 tokens: 5 forward blocks of 64 and 10 backward blocks of 32 tokens, summed by 1
     # or 3 programs per group (uneven shares) into as many partial sums; against float64, and run to run identical
-    import soft_mm.ops.triton_config as config
+    import soft_mm.ops.soft.backends.triton.config as config
     monkeypatch.setattr(config, 'SPLIT_PROGRAMS', programs)
     assert config.split_count(300, 64, 4) == splits and config.split_count(300, 32, 4) == splits
     tensors, grad_out = inputs(300, 49)
@@ -169,7 +169,7 @@ def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, 
 
 
 def test_split_count_follows_the_sizes_only():
-    from soft_mm.ops.triton_config import SPLIT_PROGRAMS, split_count
+    from soft_mm.ops.soft.backends.triton.config import SPLIT_PROGRAMS, split_count
     assert split_count(66816, 64, 4) == SPLIT_PROGRAMS // 4 == 128  # 1044 blocks: about 8 per program
     assert split_count(100, 64, 4) == 2  # never more programs than blocks
     assert split_count(10 ** 6, 64, 10 ** 4) == 1  # at least one per group

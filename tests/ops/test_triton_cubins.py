@@ -1,12 +1,21 @@
-"""soft_mm.ops.triton_cubins: every Triton kernel the backend launches (the m×m one included), in every dtype
+"""triton_cubins: every Triton kernel the backend launches (the m×m one included), in every dtype
 combination the precision policy hands it, compiled on this CPU machine to real cubins for sm_80 (Ampere) and sm_90
 (Hopper) — the GPU code with the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at
 the published sizes from triton 3.6 (triton 3.4's code generation spills 8-88 B in the backward: correct, slower), and
 at every size the backend declares a launch that fits each target's shared memory."""
 import pytest
 from op_checks import triton_kernels
+from triton_cubins import (
+    KERNELS,
+    LAUNCH_DTYPES,
+    MIDDLE_VARIANTS,
+    format_shared_memory,
+    format_table,
+    resource_usage,
+)
 
-from soft_mm.ops.triton_config import (
+from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
+from soft_mm.ops.soft.backends.triton.config import (
     BLOCK_N,
     BLOCK_N_BACKWARD,
     MAX_HEAD_DIM,
@@ -15,15 +24,6 @@ from soft_mm.ops.triton_config import (
     SHARED_MEMORY_PER_BLOCK,
     middle_warps,
 )
-from soft_mm.ops.triton_cubins import (
-    KERNELS,
-    LAUNCH_DTYPES,
-    MIDDLE_VARIANTS,
-    format_shared_memory,
-    format_table,
-    resource_usage,
-)
-from soft_mm.ops.triton_nystrom import TRITON_VERSION
 
 pytestmark = triton_kernels
 # the oldest triton whose cubins spill no register at the published sizes (3.6: the GPU image's; 3.8 the newest)
@@ -57,13 +57,13 @@ def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_sha
             assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
         else:  # triton 3.4 (torch 2.8-2.10): the backward spills a little, the other kernels nothing
             spilled = row['stack_bytes'] + row['local_bytes']
-            assert spilled <= 128 and (row['kernel'] == 'backward' or spilled == 0), row
-        if row['kernel'].startswith('nystrom_middle'):
+            assert spilled <= 128 and (row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl' or spilled == 0), row
+        if row['kernel'].startswith('nystrom_middle_fwd_kernel'):
             assert row['num_warps'] == middle_warps(49) == 8 and row['block'] is None
             assert row['tensor_core_instructions'] == [], row  # IEEE float32: the iteration amplifies rounding
             continue
         assert row['num_warps'] == NUM_WARPS
-        assert row['block'] == (BLOCK_N_BACKWARD if row['kernel'] == 'backward' else BLOCK_N)
+        assert row['block'] == (BLOCK_N_BACKWARD if row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl' else BLOCK_N)
         # the real low-precision branch: bfloat16 / float16 tensor-core products accumulating in float32 (sm_90:
         # wgmma where the block has 64 rows), and none in float32 (IEEE FMAs: no TF32)
         instructions = row['tensor_core_instructions']
@@ -72,8 +72,8 @@ def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_sha
         else:
             low = {'bf16': 'bf16', 'fp16': 'f16'}[row['products']]
             assert instructions and all(f'.f32.{low}.{low}' in i for i in instructions), row
-            assert any(i.startswith('wgmma') for i in instructions) == (row['arch'] == 'sm_90'
-                                                                         and row['kernel'] != 'backward'), row
+            backward = row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl'
+            assert any(i.startswith('wgmma') for i in instructions) == (row['arch'] == 'sm_90' and not backward), row
     table = format_table(published).splitlines()
     assert len(table) == 1 + 23 and 'sm_80 regs / spill B / smem B' in table[0] and 'sm_90' in table[0]
     corners = format_shared_memory(rows).splitlines()
@@ -97,11 +97,12 @@ def test_bad_arguments_are_named():
 
 
 def test_the_table_puts_each_architecture_in_a_column():
-    rows = [dict(kernel='kt_x', q='fp32', v='fp32', products='fp32', arch=arch, registers=regs, stack_bytes=stack,
+    kernel = 'nystrom_fwd_kernel_context'
+    rows = [dict(kernel=kernel, q='fp32', v='fp32', products='fp32', arch=arch, registers=regs, stack_bytes=stack,
                  local_bytes=0, num_landmarks=49, head_dim=32, dynamic_shared_bytes=smem)
             for arch, regs, stack, smem in (('sm_90', 94, 8, 200_000), ('sm_80', 128, 0, 170_000))]
-    assert format_table(rows).splitlines()[1].split() == ['kt_x', 'fp32', 'fp32', 'fp32', '49', '32', '128', '/', '0',
+    assert format_table(rows).splitlines()[1].split() == [kernel, 'fp32', 'fp32', 'fp32', '49', '32', '128', '/', '0',
                                                           '/', '170000', '94', '/', '8', '/', '200000']
     # the largest request per size against each target's limit: over an A100's 166,912 B, within an H100's
-    assert format_shared_memory(rows).splitlines()[1].split()[:8] == ['49', '32', '170,000', 'B', 'OVER', '(kt_x',
-                                                                      'fp32/fp32)', '200,000']
+    assert format_shared_memory(rows).splitlines()[1].split()[:8] == ['49', '32', '170,000', 'B', 'OVER',
+                                                                      f'({kernel}', 'fp32/fp32)', '200,000']

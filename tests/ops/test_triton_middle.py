@@ -1,6 +1,7 @@
-"""The m×m part of the SOFT op in one Triton kernel (soft_mm.ops.triton_nystrom.triton_nystrom_middle), run on CPU
-tensors under the Triton interpreter: the landmark kernel, the Newton–Schulz iteration and SOFT-Norm's scaling against
-the PyTorch iteration and float64, its backward, its place in the op, and the kernels one CUDA-path forward launches.
+"""The m×m part of the SOFT op in one Triton kernel (soft_mm.ops.soft.backends.triton.backend.triton_nystrom_middle),
+run on CPU tensors under the Triton interpreter: the landmark kernel, the Newton–Schulz iteration and SOFT-Norm's
+scaling against the PyTorch iteration and float64, its backward, its place in the op, and the kernels one CUDA-path
+forward launches.
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from kernel_launches import counted_launches, summary
 from op_checks import check_custom_op, triton_kernels
 
 from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
-from soft_mm.ops.triton_nystrom import _middle_op, triton_nystrom_middle
+from soft_mm.ops.soft.backends.triton.backend import _middle_op, triton_nystrom_middle
 
 pytestmark = triton_kernels
 
@@ -105,8 +106,9 @@ def test_one_cuda_path_forward_launches_at_most_twelve_kernels(monkeypatch, dtyp
         soft_attention(q, landmarks, v, normalize=True, ridge=0.01, backend='triton')
     counts = summary(record)
     assert len(record) <= MAX_FORWARD_LAUNCHES, counts
-    assert [r for r in record if r.startswith('triton.')] == ['triton.nystrom_middle', 'triton.kt_x',
-                                                               'triton.k_times'], counts
+    assert [r for r in record if r.startswith('triton.')] == ['triton.nystrom_middle_fwd_kernel',
+                                                               'triton.nystrom_fwd_kernel_context',
+                                                               'triton.nystrom_fwd_kernel_o'], counts
     # one product in torch, middle @ (K1^T v): no Newton–Schulz iteration left
     assert counts.get('aten.matmul', 0) + counts.get('aten.bmm', 0) == 1, counts
 
@@ -116,7 +118,7 @@ def test_unrolled_backward_keeps_the_pytorch_iteration(monkeypatch):
     q, landmarks, v = op_inputs(num_tokens=40, num_landmarks=5)
     with counted_launches(monkeypatch) as record:
         unrolled = soft_attention(q, landmarks, v, ridge=0.01, backward='unrolled', backend='triton')
-    assert 'triton.nystrom_middle' not in record
+    assert 'triton.nystrom_middle_fwd_kernel' not in record
     assert sum(record.count(f'aten.{mm}') for mm in ('mm', 'bmm', 'matmul')) >= 40  # the iteration in torch
     fused = soft_attention(q, landmarks, v, ridge=0.01, backend='triton')
     assert relative(fused, unrolled.double()) < 3e-6

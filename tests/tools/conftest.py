@@ -11,9 +11,10 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from tool_process import REPO_ROOT, logged_metrics, run_tool
+from repo import ROOT
+from tool_process import logged_metrics, run_tool
 
-RETINANET_DEMO = str(REPO_ROOT / 'configs/retinanet_soft_tiny_demo.py')
+RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 
 
 @dataclasses.dataclass(frozen=True)

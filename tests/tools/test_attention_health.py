@@ -2,16 +2,14 @@
 without a checkpoint."""
 from __future__ import annotations
 
-from pathlib import Path
-
 import cv2
 import numpy as np
 import pytest
 import torch
+from repo import ROOT
 
 pytest.importorskip('mmdet')
 
-ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = {
     'detection': 'configs/retinanet_soft_tiny_demo.py',
     'segmentation': 'configs/upernet_soft_tiny_demo.py',
@@ -48,7 +46,7 @@ def test_table_and_plot_for_every_task(task, image, tmp_path, load_tool, capsys,
 def test_a_checkpoint_is_measured_not_the_initialisation(image, tmp_path, load_tool):
     from mmdet.apis import init_detector
 
-    from soft_mm.engine.cli import load_config
+    from soft_mm.cli.tools import load_config
 
     config = str(ROOT / CONFIGS['detection'])
     options = ['--cfg-options', 'model.backbone.landmark_mode=avg']

@@ -14,11 +14,11 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+from repo import ROOT
 from tool_process import logged_metrics, run_tool
 
 pytest.importorskip('mmdet')
 
-ROOT = Path(__file__).resolve().parents[2]
 RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 MASK_RCNN_DEMO = str(ROOT / 'configs/mask_rcnn_soft_tiny_demo.py')
 
@@ -40,9 +40,8 @@ def tiny_demo_dir(tmp_path_factory) -> Path:
     write_shapes_dataset(folder / 'data/shapes', num_train=16, num_val=8)
     return folder
 
-# The RetinaNet demo (4 epochs) reached 0.512 bbox mAP in 5.6 min on 2 idle CPU cores with average-pooled landmarks and
-# 0.641 in 3.4 min with the conv landmarks it now uses (the first issue's target was 0.30); the bar is about half the
-# conv figure, which absorbs run-to-run variation of multi-threaded CPU training.
+# The RetinaNet demo (4 epochs, conv landmarks) reaches bbox mAP 0.64-0.66 (configs/retinanet_soft_tiny_demo.py); the
+# bar is about half that, which absorbs run-to-run variation of CPU training.
 RETINANET_DEMO_MIN_MAP = 0.35
 # The first of the Mask R-CNN demo's 4 epochs reaches 0.169 bbox / 0.194 segm mAP (2 epochs 0.421-0.429 /
 # 0.458-0.465); an untrained detector scores 0.
@@ -91,7 +90,7 @@ def test_missing_annotation_and_checkpoint_stop_with_one_sentence(tmp_path, monk
 
 def test_amp_and_cpu_adaptation_of_the_config(monkeypatch, load_tool):
     train_tool = load_tool('train')
-    from soft_mm.utils import adapt_config_to_device
+    from soft_mm.cli import adapt_config_to_device
 
     monkeypatch.setattr('torch.cuda.is_available', lambda: False)
     cfg = train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--amp']))
@@ -99,7 +98,7 @@ def test_amp_and_cpu_adaptation_of_the_config(monkeypatch, load_tool):
     assert cfg.optim_wrapper.clip_grad.max_norm == 1.0  # the rest of the config's wrapper is kept
     with pytest.raises(SystemExit, match=r'^--amp-dtype float16 needs a GPU: CPU mixed precision runs in bfloat16'):
         train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--amp', '--amp-dtype', 'float16']))
-    from soft_mm.engine.cli import ConfigError
+    from soft_mm.cli.tools import ConfigError
     with pytest.raises(ConfigError, match='--amp-dtype needs --amp'):
         train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--amp-dtype', 'bfloat16']))
     cfg = train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--resume', '--work-dir', 'w']))

@@ -15,7 +15,6 @@ onnx = pytest.importorskip('onnx')
 pytest.importorskip('onnxruntime')
 pytest.importorskip('onnxscript')
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 # a small pyramid with every feature of the published ones (SOFT-Norm stages 1-3, softmax stage 4, conv landmarks)
 SMALL_ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
 EXPORT_SIZE = (224, 224)

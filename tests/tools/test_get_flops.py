@@ -3,17 +3,16 @@ reports."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 import torch
 from model_checks import VARIANTS
+from repo import CONFIGS, ROOT
 
-from soft_mm.converters import save_converted_checkpoint
-from soft_mm.converters.official import make_meta
 from soft_mm.models import SoftmaxAttention, SoftVisionTransformer
+from soft_mm.models.official_checkpoint import make_meta, save_converted_checkpoint
 
-TOOL = Path(__file__).resolve().parents[2] / 'tools' / 'analysis_tools' / 'get_flops.py'
+TOOL = ROOT / 'tools' / 'analysis_tools' / 'get_flops.py'
 # One block per stage, 49 landmarks per SOFT stage at 224x224: cheap to trace.
 SMALL_ARCH = {'embed_dims': [32, 64, 96, 128], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
 
@@ -85,7 +84,7 @@ def test_converted_checkpoint_report(tool, tmp_path, capsys):
 @pytest.mark.slow
 def test_detection_config_whole_model(tool, capsys):
     pytest.importorskip('mmdet')
-    config = Path(__file__).resolve().parents[2] / 'configs' / 'retinanet_soft_tiny_coco.py'
+    config = CONFIGS / 'retinanet_soft_tiny_coco.py'
     assert tool.main(['--config', str(config), '--shape', '256', '320']) == 0
     out = capsys.readouterr().out
     assert 'backbone SOFT at 256x320' in out and 'whole model RetinaNet at 256x320' in out

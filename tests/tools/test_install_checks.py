@@ -13,8 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-
-ROOT = Path(__file__).resolve().parents[2]
+from repo import ROOT
 
 
 def executable(path: Path, text: str) -> None:

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 # the mim of this interpreter's environment first (where tools/install.sh puts it), else any on PATH
 MIM = shutil.which('mim', path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get('PATH', '')]))
 ON_CI = os.environ.get('CI', '').lower() in ('1', 'true')

@@ -13,12 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from repo import ROOT
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
 pytest.importorskip('mmdeploy', reason='mmdeploy is not installed: bash tools/install.sh installs it')
 
-ROOT = Path(__file__).resolve().parents[2]
 RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
 MASK_RCNN_DEMO = str(ROOT / 'configs/mask_rcnn_soft_tiny_demo.py')
@@ -31,7 +31,7 @@ def tool(load_tool):
 
 
 def test_deploy_config_follows_the_model_and_the_exporter_is_restored(tool):
-    from soft_mm.engine.cli import ConfigError, load_config
+    from soft_mm.cli.tools import ConfigError, load_config
 
     detector = load_config(RETINANET_DEMO, {'model.test_cfg.score_thr': 0.3, 'model.test_cfg.max_per_img': 50})
     deploy = tool.deploy_config(detector)
@@ -73,8 +73,8 @@ def test_demos_export_and_score_as_pytorch_at_two_sizes(tmp_path, monkeypatch, t
     are in docs/user_guides/deployment.md)."""
     import onnxruntime as ort
 
+    from soft_mm.cli.tools import load_config
     from soft_mm.datasets.synthetic_shapes import write_shapes_dataset
-    from soft_mm.engine.cli import load_config
 
     monkeypatch.chdir(tmp_path)
     write_shapes_dataset('data/shapes', num_train=4, num_val=4)

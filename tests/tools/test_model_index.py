@@ -12,11 +12,11 @@ import pytest
 import torch
 import yaml
 from mmengine.config import Config
+from repo import ROOT
 
 import soft_mm
 from soft_mm.models.arch import ARCH_SETTINGS, variant_name
 
-ROOT = Path(__file__).resolve().parents[2]
 METAFILES = ROOT / 'configs' / 'metafiles'
 # configs that build no SOFT backbone, so the SOFT zoo does not list them
 EXCLUDED = {

@@ -7,8 +7,6 @@ from pathlib import Path
 import matplotlib.image
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 @pytest.fixture
 def run_dir(tmp_path: Path) -> Path:

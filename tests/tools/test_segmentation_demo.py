@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import os
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -11,8 +10,8 @@ from tool_process import tool_output
 
 pytest.importorskip('mmseg')
 from mmengine.config import Config
+from repo import ROOT
 
-ROOT = Path(__file__).resolve().parents[2]
 UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
 # The demo (400 iterations) reaches mIoU 44.7 (percent, mmseg's IoUMetric; on one thread with the other core busy),
 # 800 iterations 53.5; stopped after its first 250 iterations (its learning-rate schedule up to there), 41.5; 200,
@@ -33,7 +32,7 @@ def test_demo_config_builds_a_128px_four_class_upernet():
     from mmseg.registry import MODELS
     from mmseg.utils import register_all_modules
 
-    from soft_mm.utils import check_data_paths
+    from soft_mm.cli import check_data_paths
 
     register_all_modules()
     cfg = Config.fromfile(UPERNET_DEMO)

@@ -4,9 +4,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from repo import ROOT
 
 pytest.importorskip('tensorboard')
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_flag_adds_the_backend_once_and_it_writes_events(tmp_path: Path, load_tool) -> None:

@@ -4,7 +4,6 @@ Uses the RetinaNet demo config on 16 train / 8 val synthetic images (2 iteration
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import sys
 from pathlib import Path
@@ -12,29 +11,17 @@ from types import ModuleType
 
 import pytest
 import torch
+from checkpoint_kill import kill_during_checkpoint_write
+from repo import ROOT
 from tool_process import run_tool, tool_output
 
 pytest.importorskip('mmdet')
 
-ROOT = Path(__file__).resolve().parents[2]
 RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 
 SHORT = ['default_hooks.checkpoint.interval=1', 'default_hooks.logger.interval=1', 'train_dataloader.num_workers=0',
          'val_dataloader.num_workers=0', 'train_dataloader.persistent_workers=False',
          'val_dataloader.persistent_workers=False']
-
-
-def _load_file(path: Path, name: str) -> ModuleType:
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def kill_during_checkpoint_write(*args, **kwargs) -> Path:
-    """The helper of tests/engine/test_hooks.py: SIGKILL a run while a checkpoint is being written."""
-    hook_tests = _load_file(ROOT / 'tests' / 'engine' / 'test_hooks.py', 'soft_mm_tests_engine_hooks')
-    return hook_tests.kill_during_checkpoint_write(*args, **kwargs)
 
 
 @pytest.fixture(scope='module')

@@ -5,14 +5,11 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from soft_mm.utils.atomic import atomic_save, atomic_write, atomic_write_text
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_atomic_save_replaces_only_when_complete(tmp_path):

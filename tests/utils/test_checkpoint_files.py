@@ -12,9 +12,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from tool_process import REPO_ROOT
+from repo import ROOT
 
-from soft_mm.converters import convert_official_checkpoint, load_converted_checkpoint, load_official_checkpoint
+from soft_mm.models.official_checkpoint import (
+    convert_official_checkpoint,
+    load_converted_checkpoint,
+    load_official_checkpoint,
+)
 from soft_mm.utils.checkpoint_files import (
     CheckpointFileError,
     UnsafeCheckpointError,
@@ -117,12 +121,12 @@ def test_one_reader_no_other_torch_load():
     """Every checkpoint soft_mm and its tools read goes through read_checkpoint: no other torch.load call exists."""
     calls = []
     for folder in ('soft_mm', 'tools'):
-        for source in sorted((REPO_ROOT / folder).rglob('*.py')):
+        for source in sorted((ROOT / folder).rglob('*.py')):
             for node in ast.walk(ast.parse(source.read_text())):
                 func = node.func if isinstance(node, ast.Call) else None
                 if isinstance(func, ast.Attribute) and func.attr == 'load' and ast.unparse(func.value) in (
                         'torch', 'serialization', 'torch.serialization'):
-                    calls.append(f'{source.relative_to(REPO_ROOT)}:{node.lineno}')
+                    calls.append(f'{source.relative_to(ROOT)}:{node.lineno}')
     # the safe load (torch's allow-list or, on torch < 2.4, soft_mm's) and read_checkpoint's explicitly allowed full
     # unpickling
     files = sorted(call.split(':')[0] for call in calls)
@@ -214,7 +218,7 @@ CONVERTER = 'model_converters/convert_official_checkpoint.py'
 
 
 def _run(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO_ROOT / 'tools' / tool), *args], cwd=cwd, capture_output=True,
+    return subprocess.run([sys.executable, str(ROOT / 'tools' / tool), *args], cwd=cwd, capture_output=True,
                           text=True, timeout=300, check=False)
 
 

@@ -6,8 +6,8 @@ import pytest
 import torch
 from torch import nn
 
+from soft_mm.cli import compile_backbone_for_inference
 from soft_mm.models import SOFT
-from soft_mm.utils import compile_backbone_for_inference
 
 NARROW_ARCH = {'embed_dims': (16, 32, 48, 64), 'num_heads': (1, 2, 2, 2), 'depths': (1, 1, 1, 1)}
 

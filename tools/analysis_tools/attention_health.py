@@ -22,7 +22,7 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import DefaultScope
 
-from soft_mm.engine.cli import (
+from soft_mm.cli.tools import (
     check_image_files,
     check_model_checkpoint,
     load_config,
@@ -30,7 +30,7 @@ from soft_mm.engine.cli import (
     read_model_checkpoint,
 )
 from soft_mm.models.health import LandmarkRecorder, LayerHealth, attention_health, format_health_table
-from soft_mm.ops.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
+from soft_mm.ops.soft.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 
 CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.ckpt', '.bin')
 

@@ -37,7 +37,8 @@ import numpy as np
 import torch
 from mmengine.config import Config, DictAction
 
-from soft_mm.engine.cli import (
+from soft_mm.cli import check_data_paths
+from soft_mm.cli.tools import (
     ConfigError,
     check_model_checkpoint,
     load_config,
@@ -45,7 +46,6 @@ from soft_mm.engine.cli import (
     read_model_checkpoint,
     use_checked_image_loading,
 )
-from soft_mm.utils import check_data_paths
 from soft_mm.utils.sizes import size_arg
 
 ONNX_FILE = 'end2end.onnx'
@@ -110,7 +110,7 @@ _REWRITERS_REGISTERED = False
 
 def register_rewriters() -> None:
     """Register soft_mm's mmdeploy rewriters (once): for onnxruntime, ``F.adaptive_avg_pool2d`` to any size as
-    :func:`~soft_mm.ops.pooling.adaptive_avg_pool2d_matmul` (PyTorch's bins, sizes kept symbolic).
+    :func:`~soft_mm.ops.layers.pooling.adaptive_avg_pool2d_matmul` (PyTorch's bins, sizes kept symbolic).
 
     mmdeploy's own rewrite turns it into ``avg_pool2d`` with ``kernel = stride = int(in / out)`` read at the export
     size: frozen there, so another input size pools the wrong windows, and it fails outright (a zero stride) on a map
@@ -123,7 +123,7 @@ def register_rewriters() -> None:
     from mmdeploy.core import FUNCTION_REWRITER
     from torch.nn.modules.utils import _pair
 
-    from soft_mm.ops.pooling import adaptive_avg_pool2d_matmul
+    from soft_mm.ops.layers.pooling import adaptive_avg_pool2d_matmul
 
     @FUNCTION_REWRITER.register_rewriter(func_name='torch.nn.functional.adaptive_avg_pool2d', backend='onnxruntime')
     def adaptive_avg_pool2d__onnxruntime(input: torch.Tensor, output_size) -> torch.Tensor:

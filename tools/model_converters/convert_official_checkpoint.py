@@ -4,9 +4,9 @@
         [--key auto|state_dict|state_dict_ema|model] [--allow-unsafe-load] [--debug]
 
 DST holds ``{'state_dict', 'meta'}`` and loads into ``SoftVisionTransformer`` (see
-``soft_mm.converters.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',
+``soft_mm.models.official_checkpoint.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',
 checkpoint=DST)``, into the ``SOFT`` backbone. The weights do not say whether they are SOFT-Norm: pass ``--soft-norm``
-for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/converters/official.py``.
+for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/models/official_layout.py``.
 
 SRC is read by soft_mm's one checkpoint reader (``soft_mm.utils.checkpoint_files.read_checkpoint``:
 ``torch.load(weights_only=True)``, ``argparse.Namespace`` allow-listed for timm's files); a file that holds other
@@ -22,10 +22,15 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
-from soft_mm.converters import CHECKPOINT_KEYS, convert_official_checkpoint, save_converted_checkpoint
-from soft_mm.converters.official import OFFICIAL_FILE_HINT, match_arch
 from soft_mm.models import ARCH_SETTINGS, resolve_arch
 from soft_mm.models.arch import ARCH_KEYS
+from soft_mm.models.official_checkpoint import (
+    CHECKPOINT_KEYS,
+    OFFICIAL_FILE_HINT,
+    convert_official_checkpoint,
+    save_converted_checkpoint,
+)
+from soft_mm.models.official_layout import match_arch
 from soft_mm.utils.checkpoint_files import CheckpointFileError, UnsafeCheckpointError
 
 UNSAFE_LOAD_HINT = 'only if you trust the file, pass --allow-unsafe-load (full unpickling can run code stored in it)'

@@ -1,19 +1,19 @@
-"""Token-tiled Nyström products ``K1 @ middle @ K1^T @ v`` with a backward that recomputes the kernel tiles.
+"""The ``'tiled'`` backend: token-tiled Nyström products ``K1 @ middle @ K1^T @ v`` with a backward that recomputes
+the kernel tiles.
 
 The N×m kernel ``K1 = K(q, landmarks)`` of SOFT is built tile by tile: the tokens are cut into tiles of
-``tile_size`` rows and each ``tile_size × m`` block of ``K1`` is one matmul plus two in-place element-wise passes on
-a small tensor. Two passes over the tiles give the forward (``ctx = K1^T v`` accumulated, then
-``out = K1 (middle ctx)`` per tile) and two the backward (``K1^T grad_out`` accumulated, then the per-tile gradients
-of q, v and the summed gradient of the landmarks). The tiles of the first pass are kept for the second (measured
-1.8x faster for the forward than rebuilding them, 1.3x for forward+backward), but nothing N×m is saved for the
-backward, which rebuilds the tiles from q and the landmarks: the memory held between forward and backward is that of
-the inputs plus O(m d), and the N×m tiles live only within one forward or one backward. Compared with the untiled
-products this removes the N×m temporaries of every element-wise step (distance, clamp, exp and their gradients),
-which at large N are page-faulted in afresh on every call, and keeps the time linear in N.
+``tile_size`` rows and each ``tile_size × m`` block of ``K1`` is one matmul plus two in-place element-wise passes on a
+small tensor. Two passes over the tiles give the forward (``ctx = K1^T v`` accumulated, then ``out = K1 (middle ctx)``
+per tile) and two the backward (``K1^T grad_out`` accumulated, then the per-tile gradients of q, v and the summed
+gradient of the landmarks). The tiles of the first pass are kept for the second (faster than rebuilding them), but
+nothing N×m is saved for the backward, which rebuilds the tiles from q and the landmarks: the memory held between
+forward and backward is that of the inputs plus O(m d), and the N×m tiles live only within one forward or one backward.
+Compared with the untiled products this removes the N×m temporaries of every element-wise step (distance, clamp, exp and
+their gradients), which at large N are page-faulted in afresh on every call, and keeps the time linear in N.
 
 Each kernel block costs one matmul and two in-place element-wise passes (clamp and exp): with the rows of q
 augmented to ``[q, -|q|^2 / 2, 1]`` and those of the landmarks to ``[l, 1, -|l|^2 / 2]`` their product is the
-exponent ``-|q - l|^2 / 2`` itself (see :func:`soft_mm.ops.kernel.augment_kernel_rows`). The augmented rows of q,
+exponent ``-|q - l|^2 / 2`` itself (see :func:`soft_mm.ops.soft.kernel.augment_kernel_rows`). The augmented rows of q,
 their squared norms included, are built per tile in cache, so no N-sized temporary is made at all.
 
 Layout: the inputs may be strided views, and the outputs and gradients take the memory layout of ``v`` and ``q``.
@@ -28,14 +28,20 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from .kernel import augment_kernel_cols, augment_kernel_rows
-from .library import products_op
+from ..dispatch import Backend, register_backend
+from ..kernel import augment_kernel_cols, augment_kernel_rows
+from ..middle import Middle
+from ..policy import Precision
+from .products_op import products_op
 
-__all__ = ['DEFAULT_TILE_SIZE', 'tiled_nystrom_products']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'DEFAULT_TILE_SIZE', 'TILED', 'tiled_nystrom_products']
 
 # Tokens per tile: a 4096 × 49 float32 block per head is 0.8 MB, and the Python loop over tiles costs little next to
-# the matmuls (measured at 67k and 267k tokens: 4096 and 8192 within noise of each other, 1024 and 2048 slower).
+# the matmuls (docs/benchmarks/attention.md).
 DEFAULT_TILE_SIZE = 4096
+# The automatic threshold: below it the reference's N×m temporaries still fit in cache and the reference is as fast
+# with less Python overhead.
+AUTO_TILING_MIN_TOKENS = 2 * DEFAULT_TILE_SIZE
 
 
 def _bmm_into(out: Tensor, a: Tensor, b: Tensor) -> Tensor:
@@ -82,7 +88,7 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size:
     """``(out, K1^T v, middle K1^T v)`` over token tiles of 4-d inputs (the kernel of the custom op's forward)."""
     work = landmarks.dtype
     context = torch.zeros(*v.shape[:2], landmarks.shape[2], v.shape[3], dtype=work, device=v.device)  # K1^T v
-    mixed = torch.empty_like(context)  # middle K1^T v
+    middle_context = torch.empty_like(context)  # middle K1^T v
     out = torch.empty_like(v)  # v's memory layout
     for b in range(q.shape[0]):
         kernels = _TileKernels(landmarks[b], products)
@@ -90,15 +96,15 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size:
         for tile, _, _, kernel_p in kernels.tiles(q[b], tile_size):
             kernel_tiles.append((tile, kernel_p))
             _bmm_add(context[b], kernel_p.transpose(-2, -1), v[b, :, tile].to(products))
-        torch.bmm(middle[b], context[b], out=mixed[b])
-        mixed_p = mixed[b].to(products)
+        torch.bmm(middle[b], context[b], out=middle_context[b])
+        middle_context_p = middle_context[b].to(products)
         for tile, kernel_p in kernel_tiles:
-            _bmm_into(out[b, :, tile], kernel_p, mixed_p)
-    return out, context, mixed
+            _bmm_into(out[b, :, tile], kernel_p, middle_context_p)
+    return out, context, middle_context
 
 
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              mixed: Tensor, tile_size: int, products: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              middle_context: Tensor, tile_size: int, products: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, landmarks, v and middle, each kernel tile rebuilt (the custom op's backward kernel)."""
     head_dim = q.shape[3]
     grad_out = grad_out.to(products)
@@ -108,20 +114,21 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     landmark_sums = torch.zeros(*landmarks.shape[:3], head_dim + 2, dtype=landmarks.dtype, device=q.device)
     for b in range(q.shape[0]):
         kernels = _TileKernels(landmarks[b], products)
-        # Pass 1: the gradient of `mixed` is K1^T grad_out.
-        grad_mixed = torch.zeros_like(mixed[b])
+        # Pass 1: the gradient of `middle_context` is K1^T grad_out.
+        grad_middle_context = torch.zeros_like(middle_context[b])
         kernel_tiles = []  # (tile, q rows, kernel blocks), rebuilt here and held until pass 2
         for tile, q_aug, kernel, kernel_p in kernels.tiles(q[b], tile_size):
             kernel_tiles.append((tile, q_aug, kernel, kernel_p))
-            _bmm_add(grad_mixed, kernel_p.transpose(-2, -1), grad_out[b, :, tile])
-        torch.bmm(grad_mixed, context[b].transpose(-2, -1), out=grad_middle[b])
-        torch.bmm(middle[b].transpose(-2, -1), grad_mixed, out=grad_context[b])
-        # Pass 2: grad K1 = grad_out mixed^T + v grad_context^T; grad v = K1 grad_context; through the exponent
+            _bmm_add(grad_middle_context, kernel_p.transpose(-2, -1), grad_out[b, :, tile])
+        torch.bmm(grad_middle_context, context[b].transpose(-2, -1), out=grad_middle[b])
+        torch.bmm(middle[b].transpose(-2, -1), grad_middle_context, out=grad_context[b])
+        # Pass 2: grad K1 = grad_out middle_context^T + v grad_context^T; grad v = K1 grad_context; through the exponent
         # s = -|q - l|^2 / 2 (grad_s = grad_K1 * K1): grad q_i = sum_j grad_s_ij (l_j - q_i), grad l likewise.
-        mixed_t, grad_context_p = mixed[b].transpose(-2, -1).to(products), grad_context[b].to(products)
+        middle_context_t = middle_context[b].transpose(-2, -1).to(products)
+        grad_context_p = grad_context[b].to(products)
         grad_context_t = grad_context_p.transpose(-2, -1)
         for tile, q_aug, kernel, kernel_p in kernel_tiles:
-            grad_kernel = torch.bmm(grad_out[b, :, tile], mixed_t).to(kernel.dtype)
+            grad_kernel = torch.bmm(grad_out[b, :, tile], middle_context_t).to(kernel.dtype)
             _bmm_add(grad_kernel, v[b, :, tile].to(products), grad_context_t)
             _bmm_into(grad_v[b, :, tile], kernel_p, grad_context_p)
             grad_exponent = grad_kernel.mul_(kernel)  # (h, T, m), work dtype
@@ -185,3 +192,17 @@ def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tens
     if q.ndim == 3:
         return _tiled_products(q[None], landmarks[None], v[None], middle[None], tile_size, products)[0]
     return _tiled_products(q, landmarks, v, middle, tile_size, products)
+
+
+def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision,
+                     tile_size: int = DEFAULT_TILE_SIZE) -> Tensor:
+    """The backend's run function: :func:`tiled_nystrom_products` (output in the memory layout of v)."""
+    return tiled_nystrom_products(q, landmarks, v, middle.matrix().to(landmarks.dtype), tile_size,
+                                  products=precision.products)
+
+
+# CPU only: a Python loop of small kernels per tile and sample is what a GPU must not run; not exported (the loop is
+# no ATen graph); preferred above AUTO_TILING_MIN_TOKENS tokens, where its smaller working set pays
+TILED = register_backend(Backend(
+    name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
+    compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))

@@ -1,20 +1,19 @@
 """The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers and spills.
 
-Every kernel that :mod:`soft_mm.ops.triton_nystrom` can launch (``kt_x``, ``k_times``, ``backward`` in every dtype
-combination the precision policy hands them, :data:`LAUNCH_DTYPES`; ``nystrom_middle``, the m×m part, float32, plain
-and SOFT-Norm: :data:`MIDDLE_VARIANTS`) is compiled by ``triton.compile(ASTSource(...),
-target=GPUTarget('cuda', arch, 32))`` to a cubin for each target architecture (sm_80 Ampere, sm_90 Hopper by
-default) — the real GPU code, with the real bfloat16 branches, not the interpreter's emulation — and
-``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads each cubin's registers per
-thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports as many spill-store
-bytes), local memory and shared memory per program. 0 stack and local bytes: no spills.
-
-The compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own
-library functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the
+Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``nystrom_fwd_kernel_context``,
+``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
+:data:`LAUNCH_DTYPES`; ``nystrom_middle_fwd_kernel``, the m×m part, float32, plain and SOFT-Norm:
+:data:`MIDDLE_VARIANTS`) is compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a
+cubin for each target architecture (sm_80 Ampere, sm_90 Hopper by default) — the real GPU code, with the real bfloat16
+branches, not the interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as
+``ptxas`` is) reads each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled registers:
+``ptxas -v`` reports as many spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no
+spills.  The compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's
+own library functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the
 standard library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may
 specialise a stride of 1 or a multiple of 16, which only removes instructions).
 
-    python soft_mm/ops/triton_cubins.py [--arch 80 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
+    python benchmarks/triton_cubins.py [--arch 80 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
 (``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (an A100's
@@ -37,30 +36,31 @@ __all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS', 'format_share
            'resource_usage']
 
 ARCHS = (80, 90)
-KERNELS = ('kt_x', 'k_times', 'backward')
+KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
 # (q, v, products) of every launch the precision policy can make: float32 everything; bfloat16 or float16 products
 # with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever products are forced) and v
 # cast to the products' dtype
 LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
                  *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
 # the m×m kernel's rows: (its name in the table, NORMALIZE); its tensors are float32 whatever the inputs' dtype
-MIDDLE_VARIANTS = (('nystrom_middle', False), ('nystrom_middle_norm', True))
+MIDDLE_VARIANTS = (('nystrom_middle_fwd_kernel', False), ('nystrom_middle_fwd_kernel_norm', True))
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
-_Q_POINTERS = ('q_ptr', 'gq_ptr')
-_V_POINTERS = ('x_ptr', 'v_ptr', 'go_ptr', 'out_ptr', 'gv_ptr')
-_KERNELS_FILE = Path(__file__).with_name('_triton_kernels.py')
+_Q_POINTERS = ('q_ptr', 'dq_ptr')
+_V_POINTERS = ('x_ptr', 'v_ptr', 'do_ptr', 'o_ptr', 'dv_ptr')
+_TRITON_BACKEND = Path(__file__).resolve().parents[1] / 'soft_mm/ops/soft/backends/triton'
+_KERNELS_FILE = _TRITON_BACKEND / 'kernels.py'
 
 
 def _load(name: str, path: Path):
-    """A module of this folder loaded by its path (this file runs as a script, without the soft_mm package)."""
+    """A module of the Triton backend loaded by its path (without importing the soft_mm package, or torch)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-_CONFIG = _load('soft_mm_triton_config', Path(__file__).with_name('triton_config.py'))
+_CONFIG = _load('soft_mm_triton_config', _TRITON_BACKEND / 'config.py')
 
 
 def _tool(name: str) -> str:
@@ -77,7 +77,7 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     pad = _CONFIG.padded
     signature, constants = {}, dict(BLOCK=_CONFIG.KERNEL_BLOCKS[fn.__name__], MP=pad(num_landmarks),
                                      DP=pad(head_dim), DVP=pad(head_dim),
-                                     LOW=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
+                                     PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
     for name in fn.arg_names:
         if name in constants:
             signature[name] = 'constexpr'
@@ -89,7 +89,7 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
 
 
 def _middle_signature(fn, normalize: bool, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
-    """``ASTSource``'s signature and constants of a launch of ``nystrom_middle``."""
+    """``ASTSource``'s signature and constants of a launch of ``nystrom_middle_fwd_kernel``."""
     constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), NORMALIZE=normalize,
                      INTERPRET=False)
     floats = ('ridge', 'floor')
@@ -133,7 +133,7 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
             launches.append((name, fn, q, v, products,
                              *_signature(fn, q, v, products, num_landmarks, head_dim), _CONFIG.NUM_WARPS))
     for label, normalize in MIDDLE_VARIANTS:
-        fn = kernels.nystrom_middle
+        fn = kernels.nystrom_middle_fwd_kernel
         launches.append((label, fn, 'fp32', '-', 'fp32', *_middle_signature(fn, normalize, num_landmarks, head_dim),
                          _CONFIG.middle_warps(num_landmarks)))
     rows = []
@@ -211,7 +211,7 @@ def format_table(rows: list[dict]) -> str:
 
 def format_shared_memory(rows: list[dict]) -> str:
     """Per size (m, d) and architecture, the largest dynamic shared memory any kernel asks for and whether it fits
-    that architecture's limit per block (:data:`~soft_mm.ops.triton_config.SHARED_MEMORY_PER_BLOCK`)."""
+    that architecture's limit per block (:data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK`)."""
     archs = sorted({row['arch'] for row in rows}, key=lambda a: int(a[3:]))
     largest: dict[tuple[int, int], dict[str, dict]] = {}
     for row in rows:

@@ -2,12 +2,11 @@
 weight gradient.
 
 Forward, and the gradient of the input, are depthwise convs of the channels-last map (fast in oneDNN). The gradient
-of the filters is what PyTorch's depthwise conv backward computes slowly on CPU (measured at 200×336 tokens, 64
-channels, k = 9: 190 ms, ten times its forward), because it reduces over the whole map per filter tap. Here it is one
-more depthwise conv, of the input map with the output gradient as the filter (``grad_w[c, i, j] = sum_yx
-x[c, y + i - p, x + j - p] g[c, y, x]``, a k×k output), then summed over each head's channels: the same sums in
-another order. That pays from k = 7 (measured, forward+backward: k = 9 at 200×336 2.6x faster, k = 7 at 100×168
-1.6x; k = 5 no faster, k = 3 slower), so smaller filters take PyTorch's own backward.
+of the filters is what PyTorch's depthwise conv backward computes slowly on CPU, because it reduces over the whole map
+per filter tap. Here it is one more depthwise conv, of the input map with the output gradient as the filter
+(``grad_w[c, i, j] = sum_yx x[c, y + i - p, x + j - p] g[c, y, x]``, a k×k output), then summed over each head's
+channels: the same sums in another order. That pays from k = 7 (docs/benchmarks/layer_kernels.md), so smaller filters
+take PyTorch's own backward.
 """
 from __future__ import annotations
 
@@ -15,8 +14,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .compat import custom_op, eager_without_custom_ops
-from .precision import autocast_cast
+from ..compat import eager_without_custom_ops
+from ..custom_ops import differentiable_op
+from ..precision import autocast_cast
 
 __all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
 
@@ -52,23 +52,11 @@ def _conv_backward(grad_out: Tensor, x: Tensor, weight: Tensor, head_dim: int) -
 
 # Custom ops (soft_mm::head_depthwise_conv and its backward), so that torch.compile records one node each and runs
 # these kernels; their fake kernels are the same functions run on fake tensors, which gives the real layouts.
-_head_conv_backward_op = custom_op(
-    'soft_mm::head_depthwise_conv_backward', _conv_backward,
-    '(Tensor grad_out, Tensor x, Tensor weight, int head_dim) -> (Tensor, Tensor)', _conv_backward)
-
-
-def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
-    x, weight, head_dim = inputs
-    ctx.save_for_backward(x, weight)
-    ctx.head_dim = head_dim
-
-
-def _backward(ctx, grad_out: Tensor) -> tuple[Tensor, Tensor, None]:
-    return (*_head_conv_backward_op(grad_out, *ctx.saved_tensors, ctx.head_dim), None)
-
-
-_head_conv_op = custom_op('soft_mm::head_depthwise_conv', _conv, '(Tensor x, Tensor weight, int head_dim) -> Tensor',
-                          _conv, _backward, _setup_context)
+_head_conv_op, _ = differentiable_op(
+    'head_depthwise_conv', _conv, '(Tensor x, Tensor weight, int head_dim) -> Tensor', _conv,
+    backward=_conv_backward,
+    backward_schema='(Tensor grad_out, Tensor x, Tensor weight, int head_dim) -> (Tensor, Tensor)',
+    backward_fake=_conv_backward, save=lambda inputs, output: ((inputs[0], inputs[1]), (inputs[2],)))
 
 
 def uses_custom_backward(device_type: str, kernel: int) -> bool:

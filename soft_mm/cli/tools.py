@@ -21,6 +21,7 @@ from mmengine.registry import RUNNERS
 from mmengine.runner import Runner, find_latest_checkpoint
 from torch import nn
 
+from ..engine.hooks import AtomicCheckpointHook, AttentionHealthHook, InvalidLossError, InvalidLossHook
 from ..utils.atomic import atomic_write_text, partial_path, publish
 from ..utils.checkpoint import allow_mmengine_checkpoint_globals
 from ..utils.checkpoint_files import (
@@ -31,9 +32,9 @@ from ..utils.checkpoint_files import (
     read_checkpoint,
     state_dict_of,
 )
+from ..utils.config_tree import config_dicts, is_remote, pretrained_inits
 from ..utils.image_files import UNREADABLE_IMAGES_CHOICES, UNREADABLE_IMAGES_KEY, UnreadableImageError
-from ..utils.launch import LAUNCHERS, adapt_config_to_device
-from .hooks import AtomicCheckpointHook, AttentionHealthHook, InvalidLossError, InvalidLossHook
+from .runtime import AMP_DTYPES, COMPILE_BACKENDS, LAUNCHERS, adapt_config_to_device
 
 # type names that only resolve once soft_mm is imported
 SOFT_MM_TYPES = frozenset({'SOFT', 'soft_mm.SOFT', AtomicCheckpointHook.__name__, InvalidLossHook.__name__,
@@ -88,17 +89,12 @@ _IMAGE_LOADING_TYPES = ('LoadImageFromFile', 'mmcv.LoadImageFromFile')
 def _check_pipelines(node: Any, on_unreadable: str) -> None:
     """Replace every ``LoadImageFromFile`` of the ``pipeline`` lists under ``node`` (each list by a new one: data
     sets may share a pipeline object)."""
-    if isinstance(node, dict):
-        pipeline = node.get('pipeline')
+    for _, owner in config_dicts(node):
+        pipeline = owner.get('pipeline')
         if isinstance(pipeline, list):
-            node['pipeline'] = [
+            owner['pipeline'] = [
                 {**step, 'type': CHECKED_IMAGE_LOADING, 'on_unreadable': on_unreadable}
                 if isinstance(step, dict) and step.get('type') in _IMAGE_LOADING_TYPES else step for step in pipeline]
-        for value in node.values():
-            _check_pipelines(value, on_unreadable)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _check_pipelines(value, on_unreadable)
 
 
 def use_checked_image_loading(cfg: Config) -> None:
@@ -173,22 +169,25 @@ def base_parser(description: str) -> argparse.ArgumentParser:
     return parser
 
 
+def add_precision_args(parser: argparse.ArgumentParser, amp_help: str, compile: bool = True) -> None:
+    """``--amp`` (its help ``amp_help``), ``--amp-dtype`` and, with ``compile``, ``--compile [BACKEND]``: the
+    precision and compilation arguments of train.py (no ``--compile``), test.py and infer.py."""
+    parser.add_argument('--amp', action='store_true', help=amp_help)
+    parser.add_argument('--amp-dtype', choices=AMP_DTYPES, default=None,
+                        help='with --amp on a GPU: float16 (default) or bfloat16; on CPU only bfloat16')
+    if compile:
+        parser.add_argument('--compile', nargs='?', const='inductor', default=None, choices=COMPILE_BACKENDS,
+                            metavar='BACKEND',
+                            help='compile the backbone with torch.compile for inference (default backend inductor, '
+                                 'weights frozen into the graph; pays under --amp on CPU, see README); the first '
+                                 'forward compiles')
+
+
 def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None = None) -> argparse.Namespace:
     """``parser.parse_args(argv)``, exporting ``LOCAL_RANK`` for mmengine as torch.distributed.launch expects."""
     args = parser.parse_args(argv)
     os.environ.setdefault('LOCAL_RANK', str(args.local_rank))
     return args
-
-
-def _type_names(node: Any) -> Iterator[str]:
-    if isinstance(node, dict):
-        if isinstance(node.get('type'), str):
-            yield node['type']
-        for value in node.values():
-            yield from _type_names(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            yield from _type_names(value)
 
 
 def check_custom_imports(cfg: Config, path: str) -> None:
@@ -198,7 +197,8 @@ def check_custom_imports(cfg: Config, path: str) -> None:
     (``mmdet``'s ``tools/train.py``, ``mim train``) with ``KeyError: 'SOFT is not in the mmdet::model registry'``.
     """
     # the backbone first: it is what users add to a config
-    used = sorted(SOFT_MM_TYPES.intersection(_type_names(cfg.to_dict())), key=lambda name: ('SOFT' not in name, name))
+    names = (node['type'] for _, node in config_dicts(cfg.to_dict()) if isinstance(node.get('type'), str))
+    used = sorted(SOFT_MM_TYPES.intersection(names), key=lambda name: ('SOFT' not in name, name))
     imports = (cfg.get('custom_imports') or {}).get('imports', [])
     imports = [imports] if isinstance(imports, str) else list(imports)
     if used and not any(name == 'soft_mm' or name.startswith('soft_mm.') for name in imports):
@@ -275,23 +275,6 @@ def _module_at(model: nn.Module, keys: tuple[str, ...]) -> nn.Module | None:
     return module
 
 
-def _pretrained_inits(node: Any, keys: tuple[str, ...] = ()) -> Iterator[tuple[tuple[str, ...], dict]]:
-    """``(config keys of the module, init_cfg)`` for every ``type='Pretrained'`` init with a checkpoint."""
-    if not isinstance(node, dict):
-        return
-    init_cfgs = node.get('init_cfg')
-    for init_cfg in init_cfgs if isinstance(init_cfgs, (list, tuple)) else [init_cfgs]:
-        if isinstance(init_cfg, dict) and init_cfg.get('type') == 'Pretrained' and init_cfg.get('checkpoint'):
-            yield keys, init_cfg
-    for key, value in node.items():
-        if key != 'init_cfg':
-            yield from _pretrained_inits(value, (*keys, key))
-
-
-def _is_local(path: str) -> bool:
-    return '://' not in path
-
-
 def resume_checkpoint(cfg: Config) -> str | None:
     """The file ``runner.train()`` resumes from: ``load_from`` when given, else the work dir's ``last_checkpoint``."""
     if not cfg.get('resume'):
@@ -307,7 +290,7 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
     Tensors are memory-mapped, so a large checkpoint is not read twice.
     """
     resumed = resume_checkpoint(cfg) if train else None
-    if resumed and _is_local(resumed):
+    if resumed and not is_remote(resumed):
         checkpoint = read_checkpoint(resumed)
         if not (isinstance(checkpoint, dict) and isinstance(checkpoint.get('meta'), dict)
                 and 'state_dict' in checkpoint):
@@ -317,15 +300,16 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
         check_state_dict_fits(runner.model, state_dict_of(checkpoint, resumed), resumed, 'the model of this config',
                               'resume from a checkpoint of a run of this config')
     load_from = cfg.get('load_from')
-    if load_from and _is_local(load_from) and load_from != resumed:
+    if load_from and not is_remote(load_from) and load_from != resumed:
         check_state_dict_fits(runner.model, state_dict_of(read_checkpoint(load_from), load_from), load_from,
                               'the model of this config', 'pass a checkpoint trained with this config (ImageNet '
                               'weights of the backbone go in model.backbone.init_cfg)')
     if not train or resumed:
         return  # testing and resuming replace the initial weights
-    for keys, init_cfg in _pretrained_inits(cfg.get('model')):
-        checkpoint, module = init_cfg['checkpoint'], _module_at(runner.model, keys)
-        if module is None or not isinstance(checkpoint, str) or not _is_local(checkpoint):
+    for keys, init_cfg in pretrained_inits(cfg.get('model')):
+        checkpoint = init_cfg['checkpoint']
+        module = _module_at(runner.model, keys) if all(isinstance(key, str) for key in keys) else None
+        if module is None or not isinstance(checkpoint, str) or is_remote(checkpoint):
             continue
         where = f"model.{'.'.join(keys)}" if keys else 'the model'
         check_state_dict_fits(module, state_dict_of(read_checkpoint(checkpoint), checkpoint), checkpoint, where,

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as torch_dist
 from mmengine.config import Config, ConfigDict
 
+from ..utils.config_tree import config_dicts
+
 LAUNCHERS = ('none', 'pytorch', 'slurm', 'mpi')
 
 
@@ -109,14 +111,9 @@ def compiled_graphs_note(backend: str) -> str:
 
 def _replace_sync_bn(node) -> None:
     """Turn every ``type='SyncBN'`` in a config tree into ``'BN'`` in place."""
-    if isinstance(node, dict):
-        if node.get('type') == 'SyncBN':
-            node['type'] = 'BN'
-        for value in node.values():
-            _replace_sync_bn(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            _replace_sync_bn(value)
+    for _, owner in config_dicts(node):
+        if owner.get('type') == 'SyncBN':
+            owner['type'] = 'BN'
 
 
 def _set_dist_env_from_launcher(launcher: str) -> None:

@@ -6,7 +6,7 @@ SOFT's attention ``K1 A^+ K1^T v`` is only as good as its m×m landmark kernel `
   eigenvalues m, 0, ..., 0) and the whole Nyström term to a rank-one map: every token gets the same mixture of values;
   ``cond(A + ridge I)`` then sits at its ceiling ``(m + ridge) / ridge``;
 * ``num_iters`` Newton–Schulz iterations invert ``A + ridge I`` only up to a condition number of about
-  ``2^((num_iters - 6) / 2)`` (:func:`~soft_mm.ops.newton.newton_inverse`): beyond it the residual
+  ``2^((num_iters - 6) / 2)`` (:func:`~soft_mm.ops.soft.newton.newton_inverse`): beyond it the residual
   ``||(A + ridge I) X - I||_F / sqrt(m)`` stays O(1), the forward uses a truncated inverse and the implicit backward
   differentiates an inverse the forward did not compute.
 
@@ -65,7 +65,7 @@ def _check_count(value: object, name: str, minimum: int) -> int:
 
 def newton_residuals(mat: Tensor, num_iters: int, ridge: float = 0.0) -> Tensor:
     """Residuals ``||(mat + ridge I) V_k - I||_F / sqrt(M)`` of the Newton–Schulz iterates ``V_0 .. V_num_iters`` of
-    :func:`~soft_mm.ops.newton.newton_inverse` (same initial guess, same step), in ``mat``'s dtype.
+    :func:`~soft_mm.ops.soft.newton.newton_inverse` (same initial guess, same step), in ``mat``'s dtype.
 
     Args:
         mat: ``(..., M, M)`` floating-point matrices, M >= 1.
@@ -95,7 +95,7 @@ def landmark_kernel_health(landmarks: Tensor, num_iters: int = 20, ridge: float 
     ``A = exp(-0.5 ||l_i - l_j||^2)`` is recomputed from ``landmarks`` in float64 (:func:`gaussian_kernel`, the kernel
     SOFT's attention inverts; the landmarks must already carry SOFT's ``d ** -0.25`` scale, as the attention layers'
     landmarks do), its spectrum by ``eigvalsh`` (A is symmetric), and the iteration of
-    :func:`~soft_mm.ops.newton.newton_inverse` is run on it for ``max(num_iters, max_iters)`` steps.
+    :func:`~soft_mm.ops.soft.newton.newton_inverse` is run on it for ``max(num_iters, max_iters)`` steps.
 
     Args:
         landmarks: ``(..., m, d)`` landmark tokens, any floating dtype (m >= 1).

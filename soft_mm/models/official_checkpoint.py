@@ -1,10 +1,9 @@
 """Convert the SOFT authors' ImageNet checkpoints (fudan-zvg/SOFT layout) to soft_mm's layout: reading their files,
 writing and reading converted files, and the one call the command line runs.
 
-The key map, the arch inference and the migration of the authors' layout live beside the model, in
+The key map, the arch inference and the migration of the authors' layout live in
 :mod:`soft_mm.models.official_layout` (a model loads the authors' layout directly: ``load_state_dict``, timm's
-``pretrained=True`` with a file, mmengine's ``init_cfg=dict(type='Pretrained', ...)``); their names stay importable
-from this module.
+``pretrained=True`` with a file, mmengine's ``init_cfg=dict(type='Pretrained', ...)``).
 
 The converted file, ``{'state_dict': ..., 'meta': {...}}``, holds only tensors and plain Python values, so
 ``torch.load(weights_only=True)`` (and mmengine's ``init_cfg=dict(type='Pretrained', checkpoint=...)``) read it.
@@ -21,39 +20,17 @@ from typing import Any
 import torch
 from torch import nn
 
-from ..models.arch import ARCH_KEYS, DEFAULT_STAGE_ATTENTION, resolve_arch
-from ..models.classifier import SoftVisionTransformer
-from ..models.official_layout import (
-    checkpoint_filter_fn,
-    convert_official_state_dict,
-    infer_arch,
-    is_official_layout,
-    map_official_key,
-    match_arch,
-    migrate_official_keys,
-)
-from ..models.settings import AUTHORS_SETTINGS
 from ..utils.atomic import atomic_save
 from ..utils.checkpoint_files import CheckpointFileError, read_checkpoint
+from .arch import ARCH_KEYS, DEFAULT_STAGE_ATTENTION, resolve_arch
+from .classifier import SoftVisionTransformer
+from .official_layout import (
+    convert_official_state_dict,
+)
+from .settings import AUTHORS_SETTINGS
 
-# What users call; the building blocks below (key mapping, arch inference, ...) stay importable from this module.
-__all__ = [
-    'CHECKPOINT_KEYS',
-    'ConvertedCheckpoint',
-    'build_classifier_from_checkpoint',
-    # the authors' key map, beside the model in soft_mm.models.official_layout, importable from here as before
-    'checkpoint_filter_fn',
-    'convert_official_checkpoint',
-    'convert_official_state_dict',
-    'infer_arch',
-    'is_official_layout',
-    'load_converted_checkpoint',
-    'load_official_checkpoint',
-    'map_official_key',
-    'match_arch',
-    'migrate_official_keys',
-    'save_converted_checkpoint',
-]
+__all__ = ['CHECKPOINT_KEYS', 'ConvertedCheckpoint', 'build_classifier_from_checkpoint', 'convert_official_checkpoint',
+           'load_converted_checkpoint', 'load_official_checkpoint', 'save_converted_checkpoint']
 
 # Where a state dict may sit in a checkpoint file: timm (state_dict, state_dict_ema), DeiT (model, model_ema).
 CHECKPOINT_KEYS = ('state_dict', 'state_dict_ema', 'model', 'model_ema')
@@ -67,7 +44,7 @@ OFFICIAL_UNSAFE_HINT = ('only if you trust the file, pass allow_pickle=True '
                         '(tools/model_converters/convert_official_checkpoint.py: --allow-unsafe-load); full unpickling '
                         'can run code stored in it')
 CONVERTED_HINT = ('convert an official file with tools/model_converters/convert_official_checkpoint.py (or '
-                  'soft_mm.converters.convert_official_checkpoint) and pass the file it writes')
+                  'soft_mm.models.official_checkpoint.convert_official_checkpoint) and pass the file it writes')
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -170,7 +147,7 @@ def make_meta(arch: str | Mapping[str, Any], soft_norm: bool, source: str = '', 
         keys = [k for k in ARCH_KEYS if k != 'stage_attention' or settings[k] != DEFAULT_STAGE_ATTENTION]
         arch = {k: list(settings[k]) if isinstance(settings[k], tuple) else settings[k] for k in keys}
     return dict(arch=arch, soft_norm=bool(soft_norm), num_classes=int(num_classes), **AUTHORS_SETTINGS.as_dict(),
-                source=str(source), source_key=source_key, converter='soft_mm.converters.official')
+                source=str(source), source_key=source_key, converter='soft_mm.models.official_checkpoint')
 
 
 def save_converted_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor],

@@ -5,9 +5,10 @@ import numbers
 import torch
 from torch import Tensor
 
-from .capture import exporting
-from .compat import custom_op, eager_without_custom_ops
-from .precision import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
+from ..compat import eager_without_custom_ops
+from ..custom_ops import differentiable_op
+from ..graph_mode import exporting
+from ..precision import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
 
 __all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'alpha_floor', 'check_newton_arguments', 'exact_inverse', 'newton_inverse',
            'newton_inverse_macs', 'newton_schulz_start', 'newton_schulz_step']
@@ -94,21 +95,11 @@ def _implicit_backward(grad_v: Tensor, v: Tensor) -> Tensor:
 # The implicit-backward inverse as a custom op (soft_mm::newton_inverse, its backward soft_mm::newton_inverse_backward,
 # first order only): torch.compile records one node and runs this kernel, as eager does. The fake kernels give the
 # real layouts (contiguous outputs).
-_newton_backward_op = custom_op('soft_mm::newton_inverse_backward', _implicit_backward,
-                                '(Tensor grad_v, Tensor v) -> Tensor', lambda grad_v, v: v.new_empty(v.shape))
-
-
-def _setup_context(ctx, inputs: tuple, output: Tensor) -> None:
-    ctx.save_for_backward(output)
-
-
-def _backward(ctx, grad_v: Tensor) -> tuple[Tensor, None, None]:
-    return _newton_backward_op(grad_v, *ctx.saved_tensors), None, None
-
-
-_newton_op = custom_op('soft_mm::newton_inverse', _implicit_forward,
-                       '(Tensor mat, int num_iters, float ridge) -> Tensor',
-                       lambda mat, num_iters, ridge: mat.new_empty(mat.shape), _backward, _setup_context)
+_newton_op, _ = differentiable_op(
+    'newton_inverse', _implicit_forward, '(Tensor mat, int num_iters, float ridge) -> Tensor',
+    lambda mat, num_iters, ridge: mat.new_empty(mat.shape), backward=_implicit_backward,
+    backward_schema='(Tensor grad_v, Tensor v) -> Tensor', backward_fake=lambda grad_v, v: v.new_empty(v.shape),
+    save=lambda inputs, output: ((output,), ()))
 NEWTON_OP = _newton_op  # the op, for callers that look for it in a graph or a dispatch trace
 
 
@@ -168,7 +159,7 @@ def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backwar
     well-conditioned matrix they agree to ~1e-9 in float64, at 5 iterations they differ by O(1). It is the custom op
     ``soft_mm::newton_inverse`` (:data:`NEWTON_OP`; one node under ``torch.compile``), first order only (a double
     backward raises). ``'unrolled'`` is plain autograd through the iterations (including alpha), the exact derivative
-    of the truncated iteration. A graph being exported (:func:`~soft_mm.ops.capture.exporting`: ONNX, torch.export,
+    of the truncated iteration. A graph being exported (:func:`~soft_mm.ops.graph_mode.exporting`: ONNX, torch.export,
     jit trace) holds the iterations as plain matmuls whatever ``backward`` says, the same forward.
 
     Args:

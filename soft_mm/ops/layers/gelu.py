@@ -2,9 +2,8 @@
 
 The MLP of every transformer block applies its GELU to the ``4 C``-wide output of its first linear layer, the
 largest activation of the block. Written as two ops, the GELU is one more pass over that tensor (read and write);
-fused, it runs on the GEMM's float32 accumulator before the result is stored, which costs almost nothing. Measured
-side by side on the 2-core CPU, a 16800×128 → 512 layer (stage 2 of a 1333×800 detector): bfloat16 248 → 102 ms for
-ten calls (the linear alone 95 ms), float32 355 → 218 ms (the linear alone 213 ms).
+fused, it runs on the GEMM's float32 accumulator before the result is stored, which costs almost nothing
+(docs/benchmarks/layer_kernels.md).
 
 The fused kernel is oneDNN's (``torch.ops.mkldnn._linear_pointwise``, what inductor emits for this pattern on CPU),
 GELU's erf form or its tanh approximation. It has no backward and takes float32 and bfloat16 only, so it runs only
@@ -21,8 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from .capture import graph_mode
-from .precision import autocast_dtype
+from ..graph_mode import graph_mode
+from ..precision import autocast_dtype
 
 __all__ = ['FUSED_DTYPES', 'fused_dtypes', 'fused_linear_gelu_available', 'linear_gelu']
 

@@ -10,6 +10,8 @@ from collections.abc import Iterator
 
 from mmengine.config import Config
 
+from ..utils.config_tree import is_remote, pretrained_inits
+
 DATASET_HINT = ('put the dataset there in the layout the README describes, point the config at it with --cfg-options, '
                 'or train a demo config (configs/*_demo.py), which generates its own data')
 DEMO_DATA_HINT = 'tools/misc/make_demo_data.py writes the demo data ahead'
@@ -56,10 +58,6 @@ def _json_problem(path: str) -> str | None:
     return None
 
 
-def _is_remote(path: str) -> bool:
-    return '://' in path  # http(s)://, s3://, torchvision://, open-mmlab://, ...
-
-
 def _leaf_datasets(dataset_cfg, key: str) -> Iterator[tuple[str, dict]]:
     """``(config key, dataset config)`` of the datasets inside wrappers such as ConcatDataset / RepeatDataset /
     ClassBalancedDataset (``key`` is the wrapper's, e.g. ``train_dataloader.dataset``)."""
@@ -99,18 +97,6 @@ def _generates_missing_data(dataset_cfg: dict, scope: str | None) -> bool:
     return bool(getattr(dataset_cls, 'generates_missing_data', False))
 
 
-def _pretrained_checkpoints(node) -> Iterator[str]:
-    """Every ``init_cfg=dict(type='Pretrained', checkpoint=...)`` path in a model config."""
-    if isinstance(node, dict):
-        if node.get('type') == 'Pretrained' and isinstance(node.get('checkpoint'), str):
-            yield node['checkpoint']
-        for value in node.values():
-            yield from _pretrained_checkpoints(value)
-    elif isinstance(node, (list, tuple)):
-        for value in node:
-            yield from _pretrained_checkpoints(value)
-
-
 def _check_annotation_file(path: str, option: str) -> None:
     if not osp.isfile(path):
         raise (DataFileError(path, 'is a folder, not an annotation file', _dataset_hint(option))
@@ -139,21 +125,21 @@ def check_data_paths(cfg: Config, phases: tuple[str, ...]) -> None:
             continue
         for key, dataset in datasets:
             data_root = dataset.get('data_root') or ''
-            if data_root and not _is_remote(data_root) and not osp.isdir(data_root):
+            if data_root and not is_remote(data_root) and not osp.isdir(data_root):
                 raise MissingPathError(data_root, _dataset_hint(f'{key}.data_root=DIR'))
             ann_file = dataset.get('ann_file') or ''
-            if ann_file and not _is_remote(ann_file):
+            if ann_file and not is_remote(ann_file):
                 _check_annotation_file(ann_file if osp.isabs(ann_file) else osp.join(data_root, ann_file),
                                        f'{key}.ann_file=FILE')
             for name, folder in _prefix_folders(dataset.get('data_prefix')):
                 path = folder if osp.isabs(folder) else osp.join(data_root, folder)
-                if folder and not _is_remote(path) and not osp.isdir(path):
+                if folder and not is_remote(path) and not osp.isdir(path):
                     raise MissingPathError(path, _dataset_hint(f'{key}.data_prefix{name}=DIR'))
         evaluators = cfg.get(f'{phase}_evaluator') or []
         listed = isinstance(evaluators, (list, tuple))
         for i, evaluator in enumerate(evaluators if listed else [evaluators]):
             ann_file = evaluator.get('ann_file') if isinstance(evaluator, dict) else None
-            if ann_file and not _is_remote(ann_file):
+            if ann_file and not is_remote(ann_file):
                 _check_annotation_file(ann_file, f'{phase}_evaluator{f".{i}" if listed else ""}.ann_file=FILE')
 
 
@@ -164,11 +150,12 @@ def check_checkpoint_paths(cfg: Config, pretrained: bool = True) -> None:
     ``pretrained=False`` skips the model's ``init_cfg`` checkpoints (testing loads trained weights and does not
     initialise the model).
     """
-    for checkpoint in _pretrained_checkpoints(cfg.get('model')) if pretrained else ():
-        if not _is_remote(checkpoint):
+    for _, init_cfg in pretrained_inits(cfg.get('model')) if pretrained else ():
+        checkpoint = init_cfg['checkpoint']
+        if isinstance(checkpoint, str) and not is_remote(checkpoint):
             _check_checkpoint_file(checkpoint, PRETRAINED_HINT)
     load_from = cfg.get('load_from')
-    if load_from and not _is_remote(load_from):
+    if load_from and not is_remote(load_from):
         _check_checkpoint_file(load_from, LOAD_FROM_HINT)
 
 

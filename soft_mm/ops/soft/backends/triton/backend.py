@@ -1,18 +1,20 @@
-"""A fused Triton backend for the SOFT op's N×m products (CUDA; on CPU only under ``TRITON_INTERPRET=1``, for tests).
+"""The ``'triton'`` backend: fused Triton kernels for the SOFT op's N×m products (CUDA; on CPU only under
+``TRITON_INTERPRET=1``, for tests).
 
 Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head) and builds that block's Gaussian
 kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
 cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
 
-* ``kt_x``: the partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the backward): a split
-  reduction, each program summing every ``splits``-th block of its (sample, head) in registers and writing one
-  ``(m, d_v)`` tile, summed in torch afterwards (deterministic: the split depends on the sizes only; no atomics);
-* ``k_times``: ``out = K1 @ mixed`` for the block, written in the output's memory layout;
-* ``backward``: for the block, ``grad K1 = grad_out mixed^T + v grad_context^T``, ``grad v = K1 grad_context``,
-  ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the partial sums of the landmark
-  gradient, ``grad_s^T q`` and ``colsum(grad_s)``, split as in ``kt_x``. Every tensor is read and written through
-  its own strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout when those are
-  dense, contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
+* ``nystrom_fwd_kernel_context``: the partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the
+  backward): a split reduction, each program summing every ``splits``-th block of its (sample, head) in registers and
+  writing one ``(m, d_v)`` tile, summed in torch afterwards (deterministic: the split depends on the sizes only; no
+  atomics);
+* ``nystrom_fwd_kernel_o``: ``out = K1 @ middle_context`` for the block, written in the output's memory layout;
+* ``nystrom_bwd_kernel_dq_dv_dl``: for the block, ``grad K1 = grad_out middle_context^T + v grad_context^T``, ``grad v =
+  K1 grad_context``, ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the partial sums
+  of the landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``, split as in the context kernel. Every tensor is read
+  and written through its own strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout
+  when those are dense, contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
 
 The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
 the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
@@ -20,9 +22,9 @@ accumulation, or float16 ones likewise (the m×d factor scaled into float16's ra
 otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is wrong,
 the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
 bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m and head dims up to 64 (what fits an
-A100's shared memory: :mod:`.triton_config`); batch and heads are the second grid axis; inputs may be strided views.
+A100's shared memory: :mod:`.config`); batch and heads are the second grid axis; inputs may be strided views.
 
-The kernels (``_triton_kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
+The kernels (``kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
 since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
 triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.py`` does so where there is no GPU.
 """
@@ -36,12 +38,15 @@ import re
 import torch
 from torch import Tensor
 
-from .compat import custom_op
-from .kernel import augment_kernel_cols, augment_kernel_rows
-from .library import products_op
-from .newton import alpha_floor
-from .precision import ieee_float32_matmuls
-from .triton_config import (
+from ....custom_ops import differentiable_op
+from ....precision import ieee_float32_matmuls
+from ...dispatch import Backend, register_backend
+from ...kernel import augment_kernel_cols, augment_kernel_rows
+from ...middle import Middle
+from ...newton import alpha_floor
+from ...policy import Precision
+from ..products_op import products_op
+from .config import (
     BLOCK_N,
     BLOCK_N_BACKWARD,
     MAX_HEAD_DIM,
@@ -53,7 +58,7 @@ from .triton_config import (
     split_count,
 )
 
-__all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON_VERSION', 'triton_available',
+__all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'triton_available',
            'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
 
 # The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
@@ -105,7 +110,7 @@ def _kernels():
     interpret = _interpreting()
     module = _LOADED.get('module')
     if module is None or _LOADED.get('interpret') != interpret:
-        module = importlib.import_module('._triton_kernels', __package__)
+        module = importlib.import_module('.kernels', __package__)
         if 'interpret' in _LOADED:
             module = importlib.reload(module)
         _LOADED.update(module=module, interpret=interpret)
@@ -142,54 +147,54 @@ class _Launch:
     def sizes(self) -> tuple[int, ...]:
         return self.heads, self.n, self.m, self.d, self.dv
 
-    def meta(self, low: int) -> dict:
-        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, LOW=low, INTERPRET=self.interpret,
+    def meta(self, products: int) -> dict:
+        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, INTERPRET=self.interpret,
                     num_warps=NUM_WARPS)
 
-    def kt_x(self, q: Tensor, landmarks: Tensor, x: Tensor, low: int) -> Tensor:
+    def context(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
         """``K1^T x`` as ``(B, h, m, d_v)`` float32, contiguous: the kernel's per-program partial sums, summed here."""
         parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
-        self.kernels.kt_x[self.split_grid](q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x),
-                                           **self.meta(low))
+        self.kernels.nystrom_fwd_kernel_context[self.split_grid](
+            q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x), **self.meta(products))
         return parts[..., :self.m, :self.dv].sum(2)  # the padding dropped by the sum itself
 
 
-def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor]:
+def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel."""
     lm = landmarks.contiguous()
     launch = _Launch(q, lm, v)
-    context = launch.kt_x(q, lm, v, low)  # K1^T v
-    mixed = middle.float() @ context  # contiguous (B, h, m, d_v), as the kernels read it
+    context = launch.context(q, lm, v, products)  # K1^T v
+    middle_context = middle.float() @ context  # contiguous (B, h, m, d_v), as the kernels read it
     out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
-    launch.kernels.k_times[launch.grid](q, lm, mixed, out, *launch.sizes(), *_strides(q), *_strides(out),
-                                        **launch.meta(low))
-    return out.to(v.dtype), context, mixed
+    launch.kernels.nystrom_fwd_kernel_o[launch.grid](
+        q, lm, middle_context, out, *launch.sizes(), *_strides(q), *_strides(out), **launch.meta(products))
+    return out.to(v.dtype), context, middle_context
 
 
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              mixed: Tensor, low: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
     lm = landmarks.contiguous()
     grad_out = grad_out.to(v.dtype)
-    grad_mixed = _Launch(q, lm, v).kt_x(q, lm, grad_out, low)  # K1^T grad_out
+    grad_middle_context = _Launch(q, lm, v).context(q, lm, grad_out, products)  # K1^T grad_out
     launch = _Launch(q, lm, v, BLOCK_N_BACKWARD)
-    grad_middle = grad_mixed @ context.transpose(-2, -1)
-    grad_context = middle.float().transpose(-2, -1) @ grad_mixed  # contiguous (B, h, m, d_v)
+    grad_middle = grad_middle_context @ context.transpose(-2, -1)
+    grad_context = middle.float().transpose(-2, -1) @ grad_middle_context  # contiguous (B, h, m, d_v)
     grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.interpret))
     grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
     batch, heads, m, d = lm.shape
     lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
     lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
-    launch.kernels.backward[launch.split_grid](
-        q, lm, v, grad_out, mixed.contiguous(), grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
-        *_strides(q), *_strides(v), *_strides(grad_out), *_strides(grad_q), *_strides(grad_v), **launch.meta(low))
+    launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
+        q, lm, v, grad_out, middle_context.contiguous(), grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
+        *_strides(q), *_strides(v), *_strides(grad_out), *_strides(grad_q), *_strides(grad_v), **launch.meta(products))
     grad_landmarks = (lsum[..., :m, :d].sum(2) - lm * lcnt[..., :m, :].sum(2)).to(lm.dtype)
     return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle.to(middle.dtype)
 
 
 # one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
-# low: the products' dtype as the kernels' LOW constant (triton_config.PRODUCTS_CODES)
-_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'int low')
+# products: the products' dtype as the kernels' PRODUCTS constant (config.PRODUCTS_CODES)
+_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'int products')
 
 
 def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
@@ -218,12 +223,12 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
 
 
 def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
-    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of ``nystrom_middle``
-    (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
+    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of
+    ``nystrom_middle_fwd_kernel`` (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
     lm = landmarks.float().contiguous()
     batch, heads, m, d = lm.shape
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
-    _kernels().nystrom_middle[(batch * heads,)](
+    _kernels().nystrom_middle_fwd_kernel[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
         NORMALIZE=normalize, INTERPRET=_interpreting(), num_warps=middle_warps(m))
     return middle, inverse
@@ -232,7 +237,7 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, normalize: 
 def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, normalize: bool) -> Tensor:
     """The landmarks' gradient through the middle matrix (the real kernel of
     ``soft_mm::triton_nystrom_middle_backward``), in torch, IEEE float32: the inverse's gradient is the exact
-    inverse's at the final iterate, ``-V^T grad_V V^T``, as :func:`~soft_mm.ops.newton.newton_inverse`'s implicit
+    inverse's at the final iterate, ``-V^T grad_V V^T``, as :func:`~soft_mm.ops.soft.newton.newton_inverse`'s implicit
     backward (alpha is not differentiated); SOFT-Norm adds the row sums' share; ``A = exp(min(E, 0))`` passes it to
     the exponent where ``E <= 0``, and ``E_ij = l_i . l_j - |l_i|^2 / 2 - |l_j|^2 / 2`` to the landmarks."""
     with ieee_float32_matmuls():
@@ -259,34 +264,25 @@ def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, normalize: boo
     return landmarks.new_empty(shape, dtype=torch.float32), landmarks.new_empty(shape, dtype=torch.float32)
 
 
-_middle_backward_op = custom_op(
-    'soft_mm::triton_nystrom_middle_backward', _middle_backward,
-    '(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool normalize) -> Tensor',
-    lambda grad_middle, landmarks, inverse, normalize: torch.empty_like(landmarks))
-
-
-def _middle_setup_context(ctx, inputs: tuple, output: tuple[Tensor, Tensor]) -> None:
+def _middle_save(inputs: tuple, output: tuple[Tensor, Tensor]) -> tuple[tuple, tuple]:
     landmarks, _, _, normalize = inputs
-    ctx.save_for_backward(landmarks, output[1])
-    ctx.normalize = normalize
+    return (landmarks, output[1]), (normalize,)
 
 
-def _middle_backward_fn(ctx, grad_middle: Tensor, grad_inverse: Tensor | None) -> tuple:
-    # the inverse is returned for the backward only: nothing downstream reads it, its gradient is 0
-    landmarks, inverse = ctx.saved_tensors
-    return _middle_backward_op(grad_middle, landmarks, inverse, ctx.normalize), None, None, None
-
-
-_middle_op = custom_op('soft_mm::triton_nystrom_middle', _middle_forward,
-                       '(Tensor landmarks, int num_iters, float ridge, bool normalize) -> (Tensor, Tensor)',
-                       _middle_fake, _middle_backward_fn, _middle_setup_context)
+# soft_mm::triton_nystrom_middle and its backward; the inverse is returned for the backward only
+_middle_op, _ = differentiable_op(
+    'triton_nystrom_middle', _middle_forward,
+    '(Tensor landmarks, int num_iters, float ridge, bool normalize) -> (Tensor, Tensor)', _middle_fake,
+    backward=_middle_backward,
+    backward_schema='(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool normalize) -> Tensor',
+    backward_fake=lambda grad_middle, landmarks, inverse, normalize: torch.empty_like(landmarks), save=_middle_save)
 
 
 def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> Tensor:
     """The m×m middle matrix of the SOFT op in one kernel launch per call: ``A^+`` by ``num_iters`` Newton–Schulz
     iterations of ``A + ridge I``, or SOFT-Norm's ``D^-1/2 A^+ D^-1/2``, with ``A`` the landmarks' Gaussian kernel;
     one program per (sample, head), everything in registers, IEEE float32. The same iteration as
-    :func:`~soft_mm.ops.newton.newton_inverse` (same start, same alpha, same order of products) up to float32
+    :func:`~soft_mm.ops.soft.newton.newton_inverse` (same start, same alpha, same order of products) up to float32
     rounding; differentiable in the landmarks (the implicit backward of ``newton_inverse``).
 
     Args:
@@ -303,3 +299,18 @@ def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, norma
                          f'shared memory on an A100), got m={landmarks.shape[2]}, '
                          f'd={landmarks.shape[3]}')
     return _middle_op(landmarks, int(num_iters), float(ridge), bool(normalize))[0]
+
+
+def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:
+    """The backend's run function: :func:`triton_nystrom_products` (fused kernels, float32 exponent)."""
+    return triton_nystrom_products(q, landmarks.float(), v, middle.matrix().float(),
+                                   products=precision.products if precision.mixed else None)
+
+
+# CUDA (on CPU only when forced under TRITON_INTERPRET=1, for tests), eager and compiled (custom ops), needs triton;
+# m, d and d_v up to MAX_LANDMARKS and MAX_HEAD_DIM (a call above them gets the next backend)
+TRITON = register_backend(Backend(
+    name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
+    dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
+    compile=True, max_landmarks=MAX_LANDMARKS, max_head_dim=MAX_HEAD_DIM, check=unsupported_reason,
+    middle=triton_nystrom_middle))

@@ -4,19 +4,17 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .capture import graph_mode
-from .compat import dense_grad, eager_without_custom_ops
-from .dispatch import AUTO_TILING_MIN_TOKENS, Backend, register_backend, select
+from ..compat import dense_grad, eager_without_custom_ops
+from ..graph_mode import graph_mode
+from ..precision import autocast_dtype, ieee_float32_matmuls, no_autocast
+from . import backends  # noqa: F401  (registers the backends with the dispatcher)
+from .dispatch import select
 from .kernel import gaussian_kernel
+from .middle import Middle
 from .newton import check_newton_arguments, newton_inverse
-from .precision import Precision, autocast_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast, precision_policy
-from .tiled import DEFAULT_TILE_SIZE, tiled_nystrom_products
-from .triton_nystrom import MAX_HEAD_DIM as TRITON_MAX_HEAD_DIM
-from .triton_nystrom import MAX_LANDMARKS as TRITON_MAX_LANDMARKS
-from .triton_nystrom import triton_nystrom_middle, triton_nystrom_products
-from .triton_nystrom import unsupported_reason as triton_unsupported_reason
+from .policy import Precision, precision_policy
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'Middle', 'soft_attention']
+__all__ = ['soft_attention']
 
 
 def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
@@ -45,14 +43,14 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
                    precision: str | Precision | None = None, tile_size: int | None = None) -> Tensor:
     """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``S @ v`` with ``S = K(q, q)``.
 
-    ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and
-    ``A = K(landmarks, landmarks)`` is m×m; ``A^+`` is :func:`newton_inverse` of ``A`` (``num_iters``, ``ridge`` and
-    ``backward`` are passed on). The product order costs O(N m d + m^2 d) and never forms an N×N or N×m×m tensor.
-    The N×m products run in a backend of :mod:`soft_mm.ops.dispatch` (``'reference'``: the plain math, ``K1`` held
-    in full, what exported graphs get; ``'tiled'``: CPU, above :data:`AUTO_TILING_MIN_TOKENS` tokens, each
-    block of ``K1`` built, used and dropped in cache and rebuilt in the backward, so no N×m tensor is stored). All
-    backends give the same result up to rounding. With every token as a landmark (m = N, well-conditioned A,
-    converged inverse) the result is exactly ``S @ v``.
+    ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and ``A =
+    K(landmarks, landmarks)`` is m×m; ``A^+`` is :func:`newton_inverse` of ``A`` (``num_iters``, ``ridge`` and
+    ``backward`` are passed on). The product order costs O(N m d + m^2 d) and never forms an N×N or N×m×m tensor. The
+    N×m products run in a backend of :mod:`soft_mm.ops.soft.backends` (``'reference'``: the plain math, ``K1`` held in
+    full, what exported graphs get; ``'tiled'``: CPU, above ``AUTO_TILING_MIN_TOKENS`` tokens, each block of ``K1``
+    built, used and dropped in cache and rebuilt in the backward, so no N×m tensor is stored; ``'triton'``: fused GPU
+    kernels, the block of ``K1`` in registers). All backends give the same result up to rounding. With every token as a
+    landmark (m = N, well-conditioned A, converged inverse) the result is exactly ``S @ v``.
 
     The caller must already have scaled ``q`` and ``landmarks`` by ``d ** -0.25``, which turns the unit bandwidth into
     SOFT's ``exp(-||q_i - q_j||^2 / (2 sqrt(d)))``. There is no row normalisation of the kernel (no softmax).
@@ -60,12 +58,12 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     ``normalize=True`` is SOFT-Norm: ``A^+`` is replaced by ``D^-1/2 A^+ D^-1/2`` with ``D = diag(A 1)``, the row sums
     of the un-ridged ``A`` (applied to the m×d intermediate, so it costs O(m d)).
 
-    Precision (:func:`~soft_mm.ops.precision.precision_policy`): autocast is disabled inside, and the dtype of each
+    Precision (:func:`~soft_mm.ops.soft.policy.precision_policy`): autocast is disabled inside, and the dtype of each
     step follows the inputs' dtype and the autocast state. float32 inputs run wholly in float32 (float64 in float64);
     bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32 accumulation,
     and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32; float16 inputs, or inputs
     under float16 autocast, likewise in float16 on a backend that stores its sums in float32 (the Triton kernels),
-    else wholly in float32 (the module :mod:`soft_mm.ops.precision` gives the measurements behind each choice). The
+    else wholly in float32 (the module :mod:`soft_mm.ops.soft.policy` gives the reasons for each choice). The
     result is cast back to the promoted dtype of the inputs, or under autocast to the autocast dtype (as a matmul's
     output), so float16/bfloat16 inputs give finite float16/bfloat16 outputs. float32 means IEEE
     float32: the op's GEMMs, forward and backward, ignore a global ``allow_tf32`` / ``float32_matmul_precision``
@@ -80,11 +78,11 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         ridge: ``ridge * I`` added to ``A`` before inversion, a float >= 0 (see :func:`newton_inverse`; 1e-3 to 1e-2
             guards against nearly duplicated landmarks).
         backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
-        backend: None (automatic) or a backend name of :func:`soft_mm.ops.dispatch.backends` to force; a backend
-            that cannot take the call raises :class:`~soft_mm.ops.dispatch.DispatchError` with the reason.
+        backend: None (automatic) or a backend name of :func:`soft_mm.ops.soft.dispatch.backends` to force; a backend
+            that cannot take the call raises :class:`~soft_mm.ops.soft.dispatch.DispatchError` with the reason.
         precision: None (automatic), ``'highest'`` (float32 products even under autocast), ``'bfloat16'``
             (bfloat16 products), ``'float16'`` (float16 products, the Triton backend only) or a
-            :class:`~soft_mm.ops.precision.Precision`.
+            :class:`~soft_mm.ops.soft.policy.Precision`.
         tile_size: tokens per tile when the ``'tiled'`` backend runs (None: its default, ``DEFAULT_TILE_SIZE``).
 
     Returns:
@@ -125,67 +123,3 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
 def _inv_sqrt_row_sums(kernel_landmarks: Tensor) -> Tensor:
     """SOFT-Norm's ``D^-1/2`` as ``(B, h, m)``: D the row sums of the un-ridged landmark kernel."""
     return kernel_landmarks.sum(-1).rsqrt()
-
-
-class Middle:
-    """The m×m middle factor of the products ``K1 @ middle @ (K1^T @ v)``: ``A^+`` (``inverse``), with SOFT-Norm's
-    ``D^-1/2`` (``scale``, ``(B, h, m)``) kept apart, or (``scale`` None) the whole matrix, as a fused kernel
-    returns it."""
-
-    def __init__(self, inverse: Tensor, scale: Tensor | None = None) -> None:
-        self.inverse, self.scale = inverse, scale
-
-    def matrix(self) -> Tensor:
-        """The middle matrix formed explicitly: ``A^+``, or ``D^-1/2 A^+ D^-1/2``."""
-        if self.scale is None:
-            return self.inverse
-        return self.scale.unsqueeze(-1) * self.inverse * self.scale.unsqueeze(-2)
-
-    def apply(self, context: Tensor) -> Tensor:
-        """``middle @ context`` in the inverse's dtype, the scaling applied to the m×d factors (``D^-1/2 (A^+ (D^-1/2
-        context))``: O(m d) instead of forming the matrix)."""
-        context = context.to(self.inverse.dtype)
-        if self.scale is None:
-            return ieee_matmul(self.inverse, context)
-        scale = self.scale.unsqueeze(-1).to(self.inverse.dtype)  # D^-1/2 as (B, h, m, 1)
-        return scale * ieee_matmul(self.inverse, scale * context)
-
-
-def _tiled_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision,
-                     tile_size: int = DEFAULT_TILE_SIZE) -> Tensor:
-    """The ``'tiled'`` backend: :func:`tiled_nystrom_products` (output in the memory layout of v)."""
-    return tiled_nystrom_products(q, landmarks, v, middle.matrix().to(landmarks.dtype), tile_size,
-                                  products=precision.products)
-
-
-def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:
-    """The ``'triton'`` backend: :func:`triton_nystrom_products` (fused kernels, float32 exponent)."""
-    return triton_nystrom_products(q, landmarks.float(), v, middle.matrix().float(),
-                                   products=precision.products if precision.mixed else None)
-
-
-def _reference_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:
-    """The ``'reference'`` backend: ``K1`` held in full, products in the order ``K1 (middle (K1^T v))``, autograd.
-
-    Mixed precision: ``K1`` in the work dtype (the exponent's terms cancel), then ``K1^T v`` and ``K1 (middle c)``
-    with operands in the products dtype and ``c`` accumulated in the work dtype."""
-    k1 = gaussian_kernel(q.to(landmarks.dtype), landmarks)  # (B, h, N, m)
-    if precision.mixed:
-        k1 = k1.to(precision.products)
-        context = (k1.transpose(-2, -1) @ v.to(k1.dtype)).to(precision.accumulate)  # (B, h, m, d_v)
-    else:
-        context = ieee_matmul(k1.transpose(-2, -1), v)  # (B, h, m, d_v)
-    return ieee_matmul(k1, middle.apply(context).to(k1.dtype))  # (B, h, N, d_v)
-
-
-REFERENCE = register_backend(Backend(
-    name='reference', priority=0, run=_reference_attention, devices=('cpu', 'cuda', 'mps', 'xpu', 'meta'),
-    compile=True, export=True))
-TRITON = register_backend(Backend(
-    name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
-    dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
-    compile=True, max_landmarks=TRITON_MAX_LANDMARKS, max_head_dim=TRITON_MAX_HEAD_DIM, check=triton_unsupported_reason,
-    middle=triton_nystrom_middle))
-TILED = register_backend(Backend(
-    name='tiled', priority=10, run=_tiled_attention, devices=('cpu',), min_tokens=AUTO_TILING_MIN_TOKENS,
-    compile=True, options=(('tile_size', DEFAULT_TILE_SIZE),)))

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from .compat import matmul
+from ..compat import matmul
+from ..precision import no_autocast
 from .kernel import gaussian_kernel
 from .newton import newton_inverse
-from .precision import no_autocast
 
 __all__ = ['naive_soft_attention']
 

@@ -4,28 +4,16 @@
 inverse, SOFT-Norm scaling) itself in torch, unless the backend has a kernel for that too (``middle``: the Triton
 backend's one launch per call). Each :class:`Backend` declares the device types, input dtypes and precisions it runs,
 whether it has a backward, whether it runs under ``torch.compile`` (a ``torch.library`` custom
-op with a fake kernel, :mod:`soft_mm.ops.library`, so compiled and eager runs take the same kernels) and under export
+op with a fake kernel, :mod:`soft_mm.ops.custom_ops`, so compiled and eager runs take the same kernels) and under export
 (plain ATen operators valid at every input size: ``torch.export``, ONNX, ``torch.jit.trace``; the mode comes from
-:func:`soft_mm.ops.capture.graph_mode`), and the token count from which automatic selection prefers it. With
+:func:`soft_mm.ops.graph_mode.graph_mode`), and the token count from which automatic selection prefers it. With
 ``backend=None`` the highest-priority backend that fits is taken; a named backend is used if it fits and otherwise
 refused with every reason, and when nothing fits the error lists every reason of every backend. A backend also
 declares its size limits (m, d, d_v): a call above them goes to the next backend. A new backend (a fused GPU kernel)
 is one :func:`register_backend` call.
 
-Built in:
-
-* ``'reference'`` — the plain PyTorch math, ``K1`` held in full and autograd's backward: every device and dtype,
-  compile and export (a double backward with ``backward='unrolled'``; the implicit inverse is first order only).
-  The float64 reference of the tests, and what exported graphs hold.
-* ``'triton'`` — :func:`~soft_mm.ops.triton_nystrom.triton_nystrom_products`: fused kernels that build each block
-  of the kernel in registers (no N×m tensor in memory), forward and backward; CUDA (on CPU only when forced under
-  ``TRITON_INTERPRET=1``, for tests), eager and compiled (custom ops), needs ``triton``; m, d and d_v up to
-  :data:`~soft_mm.ops.triton_config.MAX_LANDMARKS` and ``MAX_HEAD_DIM`` (64: what fits an A100's shared memory; a
-  call above them, e.g. ``landmark_grid=14``, m = 196, gets the next backend).
-* ``'tiled'`` — :func:`~soft_mm.ops.tiled.tiled_nystrom_products`: the kernel built per tile of tokens in cache and
-  rebuilt in its own backward, nothing N×m stored; CPU only (a Python loop of small kernels per tile and sample is
-  what a GPU must not run), eager and compiled (custom ops; not exported: the loop is no ATen graph), preferred above
-  :data:`AUTO_TILING_MIN_TOKENS` tokens, where its smaller working set pays; its option is ``tile_size``.
+The backends live in :mod:`soft_mm.ops.soft.backends`, one module each (``reference``, ``tiled``, ``triton``), each
+declaring its own support beside its code; that package's list names them, and this module knows none of them.
 """
 from __future__ import annotations
 
@@ -35,16 +23,12 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from .capture import GRAPH_MODES
-from .precision import Precision
-from .tiled import DEFAULT_TILE_SIZE
+from ..graph_mode import GRAPH_MODES
+from .policy import Precision
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'Backend', 'Call', 'DispatchError', 'backends', 'register_backend', 'select',
+__all__ = ['Backend', 'Call', 'DispatchError', 'backends', 'register_backend', 'select',
            'select_backend']
 
-# The tiled backend's automatic threshold: below it the reference's N×m temporaries still fit in cache and the
-# reference is as fast with less Python overhead.
-AUTO_TILING_MIN_TOKENS = 2 * DEFAULT_TILE_SIZE
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
@@ -62,7 +46,7 @@ class Call:
         precision: the :class:`Precision` policy of the call.
         num_tokens: N.
         needs_grad: whether a backward will be asked for.
-        mode: :func:`~soft_mm.ops.capture.graph_mode`'s ``'eager'``, ``'compile'`` or ``'export'``.
+        mode: :func:`~soft_mm.ops.graph_mode.graph_mode`'s ``'eager'``, ``'compile'`` or ``'export'``.
         num_landmarks: m (None: not known, not checked).
         head_dim: d of q and the landmarks (None: not checked).
         value_dim: d_v of v (None: not checked).
@@ -88,7 +72,7 @@ class Backend:
         priority: automatic selection tries higher priorities first.
         run: ``run(q, landmarks, v, middle, precision, **options) -> out``; q and v in the input dtype (or the work
             dtype without mixed precision), the landmarks in the work dtype, ``middle`` the m×m factor
-            (:class:`~soft_mm.ops.attention.Middle`: ``A^+`` and SOFT-Norm's scaling, or the whole matrix).
+            (:class:`~soft_mm.ops.soft.middle.Middle`: ``A^+`` and SOFT-Norm's scaling, or the whole matrix).
         devices: device types it runs on (``torch.device.type``).
         dtypes: input dtypes it accepts.
         mixed_precision: whether it runs the lower-dtype products of a mixed :class:`Precision`.
@@ -201,7 +185,7 @@ def select(device_type: str, dtype: torch.dtype, precision: Precision, num_token
     priority; each policy of ``precision.chain()`` in turn (e.g. float16 products, else float32 where no backend that
     fits stores its sums in float32).
 
-    ``mode`` is :func:`~soft_mm.ops.capture.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``. The sizes m,
+    ``mode`` is :func:`~soft_mm.ops.graph_mode.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``. The sizes m,
     d and d_v are checked against each backend's limits when given (a backend above its limits is passed over).
 
     Raises:

@@ -4,8 +4,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .capture import exporting
-from .precision import ieee_float32_matmuls, ieee_matmul
+from ..graph_mode import exporting
+from ..precision import ieee_float32_matmuls, ieee_matmul
 
 __all__ = ['augment_kernel_cols', 'augment_kernel_rows', 'gaussian_kernel']
 

@@ -1,0 +1,333 @@
+"""The Triton kernels of :mod:`soft_mm.ops.soft.backends.triton.backend` (imported on first use:
+``TRITON_INTERPRET`` is read when a kernel is decorated, so this module is re-imported when that setting changes).
+
+Kernels, named by op, direction and output:
+
+* :func:`nystrom_fwd_kernel_context` — partial sums of ``K1^T x`` (the forward's ``context = K1^T v``; the backward
+  launches it for ``K1^T grad_out``);
+* :func:`nystrom_fwd_kernel_o` — ``o = K1 @ middle_context``;
+* :func:`nystrom_bwd_kernel_dq_dv_dl` — grad q, grad v and partial sums of grad landmarks;
+* :func:`nystrom_middle_fwd_kernel` — the m×m middle matrix and the inverse (Newton–Schulz) in one program.
+
+``K1`` is the Gaussian kernel of the tokens against the m landmarks; every kernel rebuilds its block of ``K1`` in
+registers from q and the landmarks (:func:`kernel_block`), so no N×m tensor is ever written to memory. A group ``g =
+sample * H + head`` is one (sample, head); strides are named ``stride_<tensor>_<dim>`` over the dims ``(b, h, n, d)``
+of ``(B, H, N, D)`` tensors, and the landmarks and the m×d factors are contiguous ``(B*H, M, D)``. Padded tile sizes
+(powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
+
+``PRODUCTS`` (a constexpr) is the dtype of the products with v or grad_out: :data:`PRODUCTS_FLOAT32` (IEEE float32,
+no TF32), :data:`PRODUCTS_BFLOAT16` or :data:`PRODUCTS_FLOAT16`; every product accumulates in float32, and the kernel
+block and its exponent are float32 in every case. ``INTERPRET`` (a constexpr, True only under the interpreter) picks
+the interpreter's forms: bfloat16 rounding emulated in float32, and the loops with a bound known only at run time
+written as ``while`` loops. triton 3.6's interpreter turns such a bound into a Python int with ``int()`` of a
+one-element numpy array, which numpy >= 2.4 refuses, while its ``while`` condition takes ``bool()`` of it; a GPU
+compiles the ``for`` loops (which triton can pipeline)."""
+import triton
+import triton.language as tl
+
+__all__ = ['PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block', 'kernel_block',
+           'load_f32', 'newton_schulz_step', 'nystrom_bwd_kernel_dq_dv_dl', 'nystrom_fwd_kernel_context',
+           'nystrom_fwd_kernel_o', 'nystrom_middle_fwd_kernel', 'pdot', 'pdot_scaled', 'pow2_above', 'round_bf16']
+
+# the values of PRODUCTS (the launches pass config.PRODUCTS_CODES[name])
+PRODUCTS_FLOAT32 = tl.constexpr(0)
+PRODUCTS_BFLOAT16 = tl.constexpr(1)
+PRODUCTS_FLOAT16 = tl.constexpr(2)
+
+
+@triton.jit
+def round_bf16(x):
+    """float32 -> the nearest bfloat16 value (ties to even), kept in float32: the interpreter's own cast to bfloat16
+    is wrong (numpy has no bfloat16), so interpreted kernels emulate the operands' rounding this way."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+    return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_f32(ptrs, mask):
+    """A masked load as float32 with zeros outside the mask (no ``other=``: the interpreter converts it to the tensor's
+    dtype wrongly for bfloat16)."""
+    return tl.where(mask, tl.load(ptrs, mask=mask).to(tl.float32), 0.0)
+
+
+@triton.jit
+def pow2_above(x):
+    """The smallest power of two >= max |x| over the tile (1 for a zero tile): ``x / it`` lies in [-1, 1]."""
+    top = tl.max(tl.max(tl.abs(x), axis=1), axis=0)
+    return tl.where(top > 0.0, tl.exp2(tl.ceil(tl.log2(top))), 1.0)
+
+
+@triton.jit
+def pdot(a, b, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """``a @ b`` of float32 tiles with float32 accumulation, the operands rounded to the ``PRODUCTS`` dtype first (on a
+    GPU tensor-core products; under the interpreter the same rounded values multiplied in float32). For float16,
+    ``b`` (an m×d factor, which the inverse can make large) is scaled into [-1, 1] by a power of two and the product
+    scaled back, so it stays in float16's range; ``a`` must be representable (the kernel block, in [0, 1], or float16
+    values)."""
+    return pdot_scaled(a, b, pow2_above(b) if PRODUCTS == PRODUCTS_FLOAT16 else 1.0, PRODUCTS, INTERPRET)
+
+
+@triton.jit
+def pdot_scaled(a, b, scale, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """:func:`pdot` with float16's power-of-two ``scale`` of ``b`` given (``pow2_above`` of ``b`` or of a tile with
+    the same largest magnitude, e.g. its transpose): computed once before a loop whose ``b`` does not change."""
+    if PRODUCTS == PRODUCTS_BFLOAT16:
+        if INTERPRET:
+            return tl.dot(round_bf16(a), round_bf16(b), input_precision='ieee')
+        return tl.dot(a.to(tl.bfloat16), b.to(tl.bfloat16))
+    if PRODUCTS == PRODUCTS_FLOAT16:
+        a16 = a.to(tl.float16)
+        b16 = (b / scale).to(tl.float16)
+        if INTERPRET:
+            return tl.dot(a16.to(tl.float32), b16.to(tl.float32), input_precision='ieee') * scale
+        return tl.dot(a16, b16) * scale
+    return tl.dot(a, b, input_precision='ieee')
+
+
+@triton.jit
+def kernel_block(q_ptr, l_ptr, blk, H, N, M, D, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                 BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
+    """Block ``blk`` of this program's group (``tl.program_id(1)``): ``(q (BLOCK, DP) float32, landmarks (MP, DP),
+    K block (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token rows, row mask, group, sample,
+    head)``. The block is ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` with an IEEE float32 dot: the norm terms
+    cancel against the dot product, so the exponent never runs in a lower dtype."""
+    g = tl.program_id(1)
+    b = g // H
+    hh = g % H
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    dims = tl.arange(0, DP)
+    marks = tl.arange(0, MP)
+    row_ok = rows < N
+    q = load_f32(q_ptr + b * stride_q_b + hh * stride_q_h + rows[:, None] * stride_q_n + dims[None, :] * stride_q_d,
+                 row_ok[:, None] & (dims[None, :] < D))
+    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], (marks[:, None] < M) & (dims[None, :] < D))
+    dot = tl.dot(q, tl.trans(lm), input_precision='ieee')
+    exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
+    k = tl.exp(tl.minimum(exponent, 0.0))
+    k = tl.where(row_ok[:, None] & (marks[None, :] < M), k, 0.0)
+    return q, lm, k, rows, row_ok, g, b, hh
+
+
+@triton.jit
+def context_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                  stride_x_b, stride_x_h, stride_x_n, stride_x_d, BLOCK: tl.constexpr, MP: tl.constexpr,
+                  DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """``acc + K_blk^T x_blk`` for block ``blk`` of this program's group: the body of
+    :func:`nystrom_fwd_kernel_context`'s loop."""
+    cols = tl.arange(0, DVP)
+    _, _, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, stride_q_b, stride_q_h, stride_q_n,
+                                                   stride_q_d, BLOCK, MP, DP)
+    x = load_f32(x_ptr + b * stride_x_b + hh * stride_x_h + rows[:, None] * stride_x_n + cols[None, :] * stride_x_d,
+                 row_ok[:, None] & (cols[None, :] < DV))
+    return acc + pdot(tl.trans(k), x, PRODUCTS, INTERPRET)
+
+
+@triton.jit
+def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV,
+                               stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                               stride_x_b, stride_x_h, stride_x_n, stride_x_d,
+                               BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+                               PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Partial sums of ``K1^T x``: ``x`` is v in the forward (the context), grad_out in the backward.
+
+    Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split,
+    split + splits, ...`` of ``BLOCK`` tokens of group ``g``, each block's kernel rebuilt in registers, into one
+    ``(MP, DVP)`` float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers); torch
+    sums the ``splits`` partials afterwards (deterministic: the split depends on the sizes only; no atomics).
+
+    Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)`` through their strides, in any float dtype; the landmarks
+    contiguous ``(B*H, M, D)`` float32. The products with x in the ``PRODUCTS`` dtype, accumulated in float32."""
+    split = tl.program_id(0)
+    splits = tl.num_programs(0)
+    g = tl.program_id(1)
+    marks = tl.arange(0, MP)
+    cols = tl.arange(0, DVP)
+    acc = tl.zeros((MP, DVP), dtype=tl.float32)
+    num_blocks = tl.cdiv(N, BLOCK)
+    if INTERPRET:
+        blk = split
+        while blk < num_blocks:
+            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n,
+                                stride_q_d, stride_x_b, stride_x_h, stride_x_n, stride_x_d, BLOCK, MP, DP, DVP,
+                                PRODUCTS, INTERPRET)
+            blk += splits
+    else:
+        for blk in range(split, num_blocks, splits):
+            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n,
+                                stride_q_d, stride_x_b, stride_x_h, stride_x_n, stride_x_d, BLOCK, MP, DP, DVP,
+                                PRODUCTS, INTERPRET)
+    tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + cols[None, :], acc)
+
+
+@triton.jit
+def nystrom_fwd_kernel_o(q_ptr, l_ptr, mc_ptr, o_ptr, H, N, M, D, DV,
+                         stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                         stride_o_b, stride_o_h, stride_o_n, stride_o_d,
+                         BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+                         PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """The output ``o = K1 @ middle_context``.
+
+    Grid ``(cdiv(N, BLOCK), B * H)``: program ``(blk, g)`` rebuilds the ``(BLOCK, MP)`` kernel block in registers and
+    multiplies it by its group's ``middle_context = middle @ K1^T v`` (``mc_ptr``: contiguous ``(B*H, M, DV)``
+    float32), operands in the ``PRODUCTS`` dtype, float32 accumulation; o is written through its strides in its own
+    dtype."""
+    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, tl.program_id(0), H, N, M, D, stride_q_b,
+                                                   stride_q_h, stride_q_n, stride_q_d, BLOCK, MP, DP)
+    marks = tl.arange(0, MP)
+    cols = tl.arange(0, DVP)
+    mc = load_f32(mc_ptr + (g * M + marks[:, None]) * DV + cols[None, :], (marks[:, None] < M) & (cols[None, :] < DV))
+    o = pdot(k, mc, PRODUCTS, INTERPRET)
+    tl.store(o_ptr + b * stride_o_b + hh * stride_o_h + rows[:, None] * stride_o_n + cols[None, :] * stride_o_d,
+             o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < DV))
+
+
+@triton.jit
+def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
+              blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+              stride_v_b, stride_v_h, stride_v_n, stride_v_d, stride_do_b, stride_do_h, stride_do_n, stride_do_d,
+              stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d, stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
+              BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
+              INTERPRET: tl.constexpr):
+    """Block ``blk`` of this program's group: stores its grad q and grad v, returns the landmark gradient's partial
+    sums ``(dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s
+    loop. ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context and middle-context tiles
+    (the same for every block)."""
+    g = tl.program_id(1)
+    marks = tl.arange(0, MP)
+    cols = tl.arange(0, DVP)
+    dims = tl.arange(0, DP)
+    q, lm, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, stride_q_b, stride_q_h,
+                                                    stride_q_n, stride_q_d, BLOCK, MP, DP)
+    value_mask = row_ok[:, None] & (cols[None, :] < DV)
+    # the order keeps few tiles alive at once (0 spills): grad v first, then grad K1 one product at a time
+    small_mask = (marks[:, None] < M) & (cols[None, :] < DV)
+    dctx = load_f32(dctx_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask)
+    dv = pdot_scaled(k, dctx, dctx_scale, PRODUCTS, INTERPRET)
+    tl.store(dv_ptr + b * stride_dv_b + hh * stride_dv_h + rows[:, None] * stride_dv_n + cols[None, :] * stride_dv_d,
+             dv.to(dv_ptr.dtype.element_ty), mask=value_mask)
+    v = load_f32(v_ptr + b * stride_v_b + hh * stride_v_h + rows[:, None] * stride_v_n + cols[None, :] * stride_v_d,
+                 value_mask)
+    grad_k = pdot_scaled(v, tl.trans(dctx), dctx_scale, PRODUCTS, INTERPRET)
+    do = load_f32(do_ptr + b * stride_do_b + hh * stride_do_h + rows[:, None] * stride_do_n
+                  + cols[None, :] * stride_do_d, value_mask)
+    mc = load_f32(mc_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask)
+    grad_k += pdot_scaled(do, tl.trans(mc), mc_scale, PRODUCTS, INTERPRET)
+    grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
+    dq = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
+    tl.store(dq_ptr + b * stride_dq_b + hh * stride_dq_h + rows[:, None] * stride_dq_n + dims[None, :] * stride_dq_d,
+             dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
+    dl_sum += tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+    dl_colsum += tl.sum(grad_s, axis=0)
+    return dl_sum, dl_colsum
+
+
+@triton.jit
+def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr, dl_sum_ptr,
+                                dl_colsum_ptr, H, N, M, D, DV,
+                                stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                                stride_v_b, stride_v_h, stride_v_n, stride_v_d,
+                                stride_do_b, stride_do_h, stride_do_n, stride_do_d,
+                                stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d,
+                                stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
+                                BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
+                                PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """The products' backward: grad q, grad v, and partial sums of grad landmarks.
+
+    Grid ``(splits, B * H)`` as :func:`nystrom_fwd_kernel_context`: program ``(split, g)`` takes every ``splits``-th
+    block of ``BLOCK`` tokens of its group and, per block, rebuilds the kernel block, forms ``grad K1 = do
+    middle_context^T + v dctx^T`` and ``grad_s = grad K1 * K1`` in float32, writes the block's ``dv = K1 dctx`` and
+    ``dq = grad_s l - q rowsum(grad_s)`` through their strides, and adds the block's share of the landmark gradient,
+    ``grad_s^T q`` (``(MP, DP)``) and ``colsum(grad_s)`` (``(MP,)``), to float32 sums in registers, written once per
+    program to ``dl_sum_ptr`` and ``dl_colsum_ptr`` (torch forms ``dl = sum - l * colsum`` from them).
+
+    Inputs: q, v and do (grad_out) through their strides; ``mc_ptr`` (middle_context) and ``dctx_ptr`` (the grad of
+    the context, ``middle^T K1^T do``) contiguous ``(B*H, M, DV)`` float32; the landmarks contiguous ``(B*H, M, D)``
+    float32. The products with v, do and their m×d partners in the ``PRODUCTS`` dtype, float32 accumulation; the
+    products with q and the landmarks (the exponent's gradient) in IEEE float32."""
+    split = tl.program_id(0)
+    splits = tl.num_programs(0)
+    g = tl.program_id(1)
+    marks = tl.arange(0, MP)
+    dims = tl.arange(0, DP)
+    dl_sum = tl.zeros((MP, DP), dtype=tl.float32)
+    dl_colsum = tl.zeros((MP,), dtype=tl.float32)
+    # float16's scales of the m×d tiles, which every block multiplies by: once per program (fewer registers)
+    dctx_scale = 1.0
+    mc_scale = 1.0
+    if PRODUCTS == PRODUCTS_FLOAT16:
+        cols = tl.arange(0, DVP)
+        small_mask = (marks[:, None] < M) & (cols[None, :] < DV)
+        dctx_scale = pow2_above(load_f32(dctx_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask))
+        mc_scale = pow2_above(load_f32(mc_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask))
+    num_blocks = tl.cdiv(N, BLOCK)
+    if INTERPRET:
+        blk = split
+        while blk < num_blocks:
+            dl_sum, dl_colsum = bwd_block(
+                dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
+                blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                stride_v_b, stride_v_h, stride_v_n, stride_v_d, stride_do_b, stride_do_h, stride_do_n, stride_do_d,
+                stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d, stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
+                BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+            blk += splits
+    else:
+        for blk in range(split, num_blocks, splits):
+            dl_sum, dl_colsum = bwd_block(
+                dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
+                blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
+                stride_v_b, stride_v_h, stride_v_n, stride_v_d, stride_do_b, stride_do_h, stride_do_n, stride_do_d,
+                stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d, stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
+                BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+    slot = g * splits + split  # one partial sum per program
+    tl.store(dl_sum_ptr + (slot * MP + marks[:, None]) * DP + dims[None, :], dl_sum)
+    tl.store(dl_colsum_ptr + slot * MP + marks, dl_colsum)
+
+
+@triton.jit
+def newton_schulz_step(v, p):
+    """One Newton–Schulz iteration ``2 V - (V P) V`` of float32 tiles, IEEE float32 dots."""
+    return 2.0 * v - tl.dot(tl.dot(v, p, input_precision='ieee'), v, input_precision='ieee')
+
+
+@triton.jit
+def nystrom_middle_fwd_kernel(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr,
+                              DP: tl.constexpr, NORMALIZE: tl.constexpr, INTERPRET: tl.constexpr):
+    """The m×m middle matrix and the inverse it holds, one (sample, head) group per program.
+
+    Grid ``(B * H,)``; everything in registers, IEEE float32: the landmark kernel ``A = exp(min(l . l' - |l|^2 / 2 -
+    |l'|^2 / 2, 0))``, ``P = A + ridge I``, the Newton–Schulz start ``V = alpha P^T`` with ``alpha = 1.8 /
+    max(||A||_1 ||A||_inf, floor)``, ``num_iters`` iterations ``V = 2 V - (V P) V``, and the middle matrix ``V``, or
+    ``D^-1/2 V D^-1/2`` with ``D = A 1`` (SOFT-Norm, ``NORMALIZE``). Input: the landmarks, contiguous ``(B*H, M, D)``
+    float32. Writes the inverse ``V`` (``inv_ptr``) and the middle matrix (``mid_ptr``), contiguous ``(M, M)`` per
+    group; the padding (rows and columns past M) is zero in every tile, so the iteration on the padded tiles is the
+    iteration on the M×M matrices."""
+    g = tl.program_id(0)
+    marks = tl.arange(0, MP)
+    dims = tl.arange(0, DP)
+    ok = marks < M
+    valid = ok[:, None] & ok[None, :]
+    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], ok[:, None] & (dims[None, :] < D))
+    half_sq = 0.5 * tl.sum(lm * lm, axis=1)
+    exponent = tl.dot(lm, tl.trans(lm), input_precision='ieee') - half_sq[:, None] - half_sq[None, :]
+    a = tl.where(valid, tl.exp(tl.minimum(exponent, 0.0)), 0.0)
+    row_sums = tl.sum(a, axis=1)  # A >= 0: the row sums are those of |A|, and A is symmetric
+    norm_inf = tl.max(row_sums, axis=0)
+    norm_1 = tl.max(tl.sum(a, axis=0), axis=0)
+    alpha = 1.8 / tl.maximum(norm_1 * norm_inf, floor)
+    p = tl.where(valid & (marks[:, None] == marks[None, :]), a + ridge, a)
+    v = alpha * tl.trans(p)
+    if INTERPRET:
+        step = 0
+        while step < num_iters:
+            v = newton_schulz_step(v, p)
+            step += 1
+    else:
+        for _ in range(num_iters):
+            v = newton_schulz_step(v, p)
+    offsets = g * M * M + marks[:, None] * M + marks[None, :]
+    tl.store(inv_ptr + offsets, v, mask=valid)
+    if NORMALIZE:
+        scale = tl.where(ok, 1.0 / tl.sqrt(tl.where(ok, row_sums, 1.0)), 0.0)
+        v = scale[:, None] * v * scale[None, :]
+    tl.store(mid_ptr + offsets, v, mask=valid)
