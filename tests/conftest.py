@@ -70,14 +70,17 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Under pytest-xdist the long end-to-end runs (marked slow) are handed out first, so the two workers finish
-    together instead of one running the last demo alone (a stable sort: the order within each kind is kept).
+    """Under pytest-xdist the longest work is handed out first, so the two workers finish together instead of one
+    running the last demo alone: the groups of tests that share one run (``xdist_group``, e.g. the README's main job
+    and the tests of its checkpoint), then the other long end-to-end runs (marked slow), then the rest (a stable
+    sort: the order within each kind is kept).
 
     Tests of what the installed stack does not have (:data:`ABSENT`: the Triton kernels under a triton older than
     they need, float16 on CPU before torch 2.3) do not apply: deselected and counted in the summary, not skipped
     (tests/ops/test_dispatch.py holds the Triton backend's refusal with its reason there)."""
     if os.environ.get('PYTEST_XDIST_WORKER'):
-        items.sort(key=lambda item: item.get_closest_marker('slow') is None)
+        items.sort(key=lambda item: (item.get_closest_marker('xdist_group') is None,
+                                     item.get_closest_marker('slow') is None))
     if not ABSENT:
         return
     kept, deselected = [], []
