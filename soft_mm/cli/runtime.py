@@ -63,7 +63,7 @@ def enable_test_amp(cfg: Config, dtype: str | None = None) -> str:
     step, which is float16 on a GPU (``dtype='bfloat16'``: bfloat16) and bfloat16 on CPU; returns the dtype."""
     amp_dtype = _amp_dtype(dtype)
     if not torch.cuda.is_available():
-        from .cpu_bf16 import enable_cpu_bf16_ops
+        from ..utils.cpu_bf16 import enable_cpu_bf16_ops
         enable_cpu_bf16_ops()
     elif amp_dtype == 'bfloat16':
         # mmengine's loops pass no dtype to autocast: make CUDA autocast's default bfloat16 for this process
