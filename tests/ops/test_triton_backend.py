@@ -173,3 +173,13 @@ def test_split_count_follows_the_sizes_only():
     assert split_count(66816, 64, 4) == SPLIT_PROGRAMS // 4 == 128  # 1044 blocks: about 8 per program
     assert split_count(100, 64, 4) == 2  # never more programs than blocks
     assert split_count(10 ** 6, 64, 10 ** 4) == 1  # at least one per group
+
+
+def test_the_kernels_products_constants_are_the_launch_codes():
+    # the kernels name their PRODUCTS values; the launches pass config.PRODUCTS_CODES (config.py imports nothing, so
+    # it cannot read them from kernels.py): the two must agree
+    from soft_mm.ops.soft.backends.triton import backend, config
+
+    kernels = backend._kernels()
+    assert {name: getattr(kernels, f'PRODUCTS_{name.upper()}').value for name in config.PRODUCTS_CODES} \
+        == config.PRODUCTS_CODES == {'float32': 0, 'bfloat16': 1, 'float16': 2}
