@@ -73,7 +73,7 @@ FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_
             batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5)
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
              image=(64, 96), repeats=1)
-SETTINGS = dict(normalize=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
+SETTINGS = dict(soft_norm=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 BACKBONES = ('soft_norm_small', 'swin_t', 'convnext_t')
 
 

@@ -26,7 +26,7 @@ from soft_mm.ops import gaussian_kernel, naive_soft_attention, newton_inverse, s
 from soft_mm.ops.soft.dispatch import DispatchError
 from soft_mm.utils.precision_rule import outputs_and_grads, relative_error, rule_inputs
 
-SETTINGS = dict(normalize=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
+SETTINGS = dict(soft_norm=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 
 
 def rejected(q, landmarks, v, low_products: bool):

@@ -42,7 +42,7 @@ KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_ke
 # cast to the products' dtype
 LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
                  *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
-# the m×m kernel's rows: (its name in the table, NORMALIZE); its tensors are float32 whatever the inputs' dtype
+# the m×m kernel's rows: (its name in the table, SOFT_NORM); its tensors are float32 whatever the inputs' dtype
 MIDDLE_VARIANTS = (('nystrom_middle_fwd_kernel', False), ('nystrom_middle_fwd_kernel_norm', True))
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
@@ -88,9 +88,9 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     return signature, constants
 
 
-def _middle_signature(fn, normalize: bool, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
+def _middle_signature(fn, soft_norm: bool, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
     """``ASTSource``'s signature and constants of a launch of ``nystrom_middle_fwd_kernel``."""
-    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), NORMALIZE=normalize,
+    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), SOFT_NORM=soft_norm,
                      INTERPRET=False)
     floats = ('ridge', 'floor')
     signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')
@@ -132,9 +132,9 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
         for q, v, products in LAUNCH_DTYPES:
             launches.append((name, fn, q, v, products,
                              *_signature(fn, q, v, products, num_landmarks, head_dim), _CONFIG.NUM_WARPS))
-    for label, normalize in MIDDLE_VARIANTS:
+    for label, soft_norm in MIDDLE_VARIANTS:
         fn = kernels.nystrom_middle_fwd_kernel
-        launches.append((label, fn, 'fp32', '-', 'fp32', *_middle_signature(fn, normalize, num_landmarks, head_dim),
+        launches.append((label, fn, 'fp32', '-', 'fp32', *_middle_signature(fn, soft_norm, num_landmarks, head_dim),
                          _CONFIG.middle_warps(num_landmarks)))
     rows = []
     with tempfile.TemporaryDirectory() as folder:

@@ -17,7 +17,7 @@ import torch
 
 CASES = ((torch.float16, False, torch.float16), (torch.float32, True, torch.float16),
          (torch.bfloat16, False, torch.bfloat16), (torch.float32, True, torch.bfloat16))
-SETTINGS = dict(normalize=True, ridge=0.01)
+SETTINGS = dict(soft_norm=True, ridge=0.01)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -178,6 +178,15 @@ class SoftAttention(nn.Module):
         landmarks = F.gelu(self.landmark_norm(landmarks))
         return landmarks.reshape(b, h, -1, d)
 
+    def queries(self, x: torch.Tensor) -> torch.Tensor:
+        """``x (B, N, C) -> q (B, h, N, d)``, the shared query/key projection scaled by ``d^-1/4``: a head-split view
+        of the token-major projection. The scale is folded into the projection's C x C weight and bias rather than
+        applied as a pass over the N x C queries."""
+        b, n, _ = x.shape
+        scale = self.head_dim ** -0.25
+        bias = None if self.qk.bias is None else self.qk.bias * scale
+        return F.linear(x, self.qk.weight * scale, bias).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``."""
         h, w = _check_hw(x, hw_shape)  # (unpacked: a traced call's result is one node, its items two more)
@@ -186,11 +195,11 @@ class SoftAttention(nn.Module):
         # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d))). q and v are
         # head-split views of the token-major projections (no copy); the tiled attention keeps that layout, so its
         # output, the value conv (a channels-last map) and the output projection all read each other in place.
-        q = self.qk(x).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2) * self.head_dim ** -0.25
+        q = self.queries(x)
         v_tokens = self.v(x)
         v = v_tokens.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
         landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
-        out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, normalize=self.soft_norm,
+        out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, soft_norm=self.soft_norm,
                              ridge=self.settings.newton_ridge, backward=self.settings.newton_backward)
         out = out.transpose(1, 2).reshape(b, n, c)  # token-major (a view where the backend kept v's layout)
         if self.v_conv is not None:

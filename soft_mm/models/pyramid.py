@@ -46,13 +46,35 @@ STEM_CHANNELS = 32
 
 
 class ConvBNAct(nn.Sequential):
-    """``conv(k, stride, bias) -> BatchNorm -> ReLU``."""
+    """``conv(k, stride, bias) -> BatchNorm -> ReLU``.
+
+    While the BatchNorm normalises with its running statistics (eval mode, e.g. inference or ``norm_eval=True``
+    training) it is an affine map per channel, and the forward folds it into the conv's weight and bias
+    (``W * s``, ``(b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)``): one pass over the output map instead
+    of two. The same function of the same parameters, so gradients reach the conv and the BatchNorm's affine
+    parameters as unfolded. In training mode, or once something replaced ``bn`` (e.g. mmcv's ``fuse_conv_bn``), the
+    three modules run one after the other.
+    """
 
     def __init__(self, in_channels: int, out_channels: int, stride: int, kernel_size: int = 3) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2)
         self.bn = nn.BatchNorm2d(out_channels)
         self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv, bn = self.conv, self.bn
+        if (not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.training or bn.running_var is None
+                or type(conv) is not nn.Conv2d):
+            return self.act(bn(conv(x)))
+        scale = torch.rsqrt(bn.running_var + bn.eps)
+        if bn.weight is not None:
+            scale = scale * bn.weight
+        bias = -bn.running_mean if conv.bias is None else conv.bias - bn.running_mean
+        bias = bias * scale
+        if bn.bias is not None:
+            bias = bias + bn.bias
+        return self.act(conv._conv_forward(x, conv.weight * scale.reshape(-1, 1, 1, 1), bias))
 
 
 def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:

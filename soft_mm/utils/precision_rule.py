@@ -56,7 +56,7 @@ def rule_errors(fast: Callable[..., Tensor], inputs: Sequence[Tensor], low_dtype
     """``(fast errors, plain errors)``: the relative errors of the output and of the gradients of q, landmarks and v
     against :func:`~soft_mm.ops.naive_soft_attention` in float64 on the inputs as given; ``fast(*inputs)`` runs on the
     inputs as given, the plain math on them rounded to ``low_dtype`` (``kwargs`` go to the naive reference: the
-    settings ``fast`` uses, e.g. ``normalize=True, ridge=0.01``). The rule holds when :func:`within_rule`."""
+    settings ``fast`` uses, e.g. ``soft_norm=True, ridge=0.01``). The rule holds when :func:`within_rule`."""
     def naive(*tensors: Tensor) -> Tensor:
         return naive_soft_attention(*tensors, **kwargs)
 

@@ -1,13 +1,12 @@
 """Tests of benchmarks/attention.py: its baselines compute what they claim (the plain math is the library's naive
 reference, tested in tests/ops/test_soft_attention.py), and a tiny run writes its outputs."""
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 import torch.nn.functional as F
 from repo import ROOT
+from tool_process import run_python
 
 TOOL = ROOT / 'benchmarks' / 'attention.py'
 
@@ -39,9 +38,8 @@ def test_flop_formula(tool):
 def test_tiny_run_writes_table_plot_and_json(tmp_path):
     # two methods at two sizes (each case is a fresh process of a few seconds); every method's case is built and run
     # in this process by the test below
-    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '8', '16x12', '--methods', 'soft_op', 'sdpa',
-                           '--repeats', '1', '--max-case-s', '0', '--out', str(tmp_path)],
-                          capture_output=True, text=True, timeout=600)
+    proc = run_python(TOOL, '--sizes', '8', '16x12', '--methods', 'soft_op', 'sdpa', '--repeats', '1',
+                      '--max-case-s', '0', '--out', str(tmp_path), timeout=600)
     assert proc.returncode == 0, proc.stderr
     data = json.loads((tmp_path / 'attention_benchmark.json').read_text())
     rows = {(r['method'], r['tokens']): r for r in data['rows']}
@@ -71,6 +69,6 @@ def test_every_case_builds_and_runs_forward_and_backward(tool, method):
 
 
 def test_rejects_bad_sizes():
-    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '0'], capture_output=True, text=True, timeout=120)
+    proc = run_python(TOOL, '--sizes', '0', timeout=120)
     assert proc.returncode == 2
     assert "argument --sizes: '0' is not a size H or HxW of positive integers" in proc.stderr

@@ -1,13 +1,12 @@
 """Tests of benchmarks/backbones.py: tiny runs of SOFT and of timm's backbones, the rounds merged, the targets table
 (the backbones themselves: tests/benchmarks/test_harness.py)."""
 import json
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 from repo import ROOT
+from tool_process import run_python
 
 from soft_mm.models import SOFT
 
@@ -15,9 +14,7 @@ TOOL = ROOT / 'benchmarks' / 'backbones.py'
 
 
 def run_tool(tmp_path, *args):
-    proc = subprocess.run([sys.executable, str(TOOL), '--repeats', '1', '--gemm-size', '256', '--out', str(tmp_path),
-                           *args],
-                          capture_output=True, text=True, timeout=900)
+    proc = run_python(TOOL, '--repeats', '1', '--gemm-size', '256', '--out', str(tmp_path), *args)
     assert proc.returncode == 0, proc.stderr
     return proc, json.loads((tmp_path / 'backbone_benchmark.json').read_text())
 
@@ -70,7 +67,7 @@ def test_merge_rounds_takes_medians_and_the_largest_peak(tool):
 
 
 def test_rejects_bad_sizes():
-    proc = subprocess.run([sys.executable, str(TOOL), '--sizes', '12y5'], capture_output=True, text=True, timeout=120)
+    proc = run_python(TOOL, '--sizes', '12y5', timeout=120)
     assert proc.returncode == 2 and "argument --sizes: '12y5' is not a size H or HxW" in proc.stderr
 
 
@@ -115,9 +112,8 @@ def test_both_dtypes_in_one_run(tmp_path):
 
 def test_modes_time_every_model_in_one_process(tmp_path):
     pytest.importorskip('timm')
-    proc = subprocess.run([sys.executable, str(TOOL), '--modes', 'float32', '--models', 'soft_tiny',
-                           'efficientvit_b2', '--sizes', '64x96', '--rounds', '2', '--repeats', '1', '--gemm-size',
-                           '256', '--out', str(tmp_path)], capture_output=True, text=True, timeout=900)
+    proc = run_python(TOOL, '--modes', 'float32', '--models', 'soft_tiny', 'efficientvit_b2', '--sizes', '64x96',
+                      '--rounds', '2', '--repeats', '1', '--gemm-size', '256', '--out', str(tmp_path))
     assert proc.returncode == 0, proc.stderr
     results = json.loads((tmp_path / 'backbone_modes.json').read_text())['results']
     assert [r['mode'] for r in results] == ['float32']
@@ -142,8 +138,7 @@ def test_bfloat16_mode_needs_hardware_bfloat16_gemms(tmp_path, load_benchmark, m
 
 
 def test_modes_need_the_cpu():
-    proc = subprocess.run([sys.executable, str(TOOL), '--modes', 'float32', '--device', 'cuda:0'], capture_output=True,
-                          text=True, timeout=120)
+    proc = run_python(TOOL, '--modes', 'float32', '--device', 'cuda:0', timeout=120)
     assert proc.returncode == 2 and '--modes measures the CPU modes; --device must be cpu, got cuda:0' in proc.stderr
 
 

@@ -3,12 +3,11 @@ through main()."""
 from __future__ import annotations
 
 import argparse
-import subprocess
-import sys
 
 import pytest
 import torch
 from repo import ROOT
+from tool_process import run_python
 
 from soft_mm.models.official_checkpoint import build_classifier_from_checkpoint, load_converted_checkpoint
 from soft_mm.utils.checkpoint_files import CheckpointFileError
@@ -25,8 +24,7 @@ def test_cli_end_to_end(tmp_path, official_tiny):
     src = tmp_path / 'soft_tiny_norm.pth'
     torch.save({'state_dict': official_tiny, 'epoch': 299, 'args': argparse.Namespace(model='soft_tiny_norm')}, src)
     dst = tmp_path / 'out' / 'soft_norm_tiny_converted.pth'
-    result = subprocess.run([sys.executable, str(TOOL), str(src), str(dst), '--soft-norm'], cwd=tmp_path,
-                            capture_output=True, text=True, timeout=300, check=False)
+    result = run_python(TOOL, str(src), str(dst), '--soft-norm', cwd=tmp_path, timeout=300)
     assert result.returncode == 0, result.stderr
     assert "arch    'tiny' (the table entry)" in result.stdout
     assert 'verified strict load into SoftVisionTransformer: 13,069,056 parameters' in result.stdout

@@ -269,6 +269,58 @@ def test_norm_eval_keeps_batchnorm_in_eval(norm_eval):
     assert not any(m.training for m in model.modules())
 
 
+@pytest.mark.parametrize('conv_bias', [True, False])
+def test_conv_bn_act_folds_eval_batchnorm_exactly(conv_bias):
+    """In eval mode the BatchNorm is folded into the conv: the same outputs and the same gradients (conv weight and
+    bias, BatchNorm scale and shift, input) as conv -> BatchNorm -> ReLU run one after the other, in float64."""
+    torch.manual_seed(0)
+    block = pyramid_module.ConvBNAct(5, 7, stride=2).double()
+    if not conv_bias:
+        block.conv.bias = None
+    with torch.no_grad():
+        block.bn.running_mean.normal_()
+        block.bn.running_var.uniform_(0.2, 3.0)
+        block.bn.weight.normal_()
+        block.bn.bias.normal_()
+    block.eval()
+    x = torch.randn(2, 5, 13, 10, dtype=torch.float64, requires_grad=True)
+    params = [p for p in block.parameters()]
+    bn_calls = []
+    hook = block.bn.register_forward_hook(lambda *_: bn_calls.append(1))
+    folded = block(x)
+    assert not bn_calls, 'the eval-mode BatchNorm is folded into the conv, not run as a pass of its own'
+    hook.remove()
+    reference = torch.relu(block.bn(block.conv(x)))
+    assert torch.equal(folded > 0, reference > 0) and bool((folded > 0).any())
+    torch.testing.assert_close(folded, reference, rtol=1e-13, atol=1e-13)
+    grad = torch.randn_like(folded)
+    got = torch.autograd.grad(folded, [x, *params], grad)
+    want = torch.autograd.grad(reference, [x, *params], grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-12, atol=1e-12)
+    # training mode normalises with the batch statistics and updates the running ones, as plain BatchNorm does
+    block.train()
+    before = block.bn.running_mean.clone()
+    torch.testing.assert_close(block(x), torch.relu(nn.functional.batch_norm(
+        block.conv(x), None, None, block.bn.weight, block.bn.bias, training=True, eps=block.bn.eps)))
+    assert not torch.equal(before, block.bn.running_mean)
+
+
+def test_conv_bn_act_after_fusing_outside():
+    """A block whose BatchNorm something replaced (mmcv's ``fuse_conv_bn`` puts an Identity there) runs its
+    modules as they are."""
+    torch.manual_seed(0)
+    block = pyramid_module.ConvBNAct(3, 4, stride=1).double().eval()
+    x = torch.randn(1, 3, 6, 6, dtype=torch.float64)
+    expected = block(x)
+    with torch.no_grad():
+        scale = block.bn.weight / torch.sqrt(block.bn.running_var + block.bn.eps)
+        block.conv.weight.mul_(scale.reshape(-1, 1, 1, 1))
+        block.conv.bias.copy_((block.conv.bias - block.bn.running_mean) * scale + block.bn.bias)
+    block.bn = nn.Identity()
+    torch.testing.assert_close(block(x), expected, rtol=1e-13, atol=1e-13)
+
+
 def test_with_cp_same_outputs_and_gradients():
     x = torch.randn(2, 3, 64, 64, dtype=torch.float64)
     results = []

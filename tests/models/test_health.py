@@ -60,9 +60,7 @@ def test_recorded_landmarks_are_the_layers_own():
         model(x)
     handle.remove()
     with torch.no_grad():  # the layer's own sampling of its own queries
-        b, n, _ = seen['x'].shape
-        q = layer.qk(seen['x']).reshape(b, n, layer.num_heads, layer.head_dim).transpose(1, 2) * layer.head_dim ** -0.25
-        expected = layer.sample_landmarks(q, seen['hw'])
+        expected = layer.sample_landmarks(layer.queries(seen['x']), seen['hw'])
     (recorded,) = recorder.landmarks['stages.0.blocks.0.attn']
     assert torch.equal(recorded, expected)
     assert [tokens for tokens, _, _ in recorder.outputs['stages.0.blocks.0.attn']] == [16 * 24]

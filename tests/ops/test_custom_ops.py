@@ -85,7 +85,7 @@ def test_compiled_soft_attention_runs_the_tiled_op_as_one_node_with_the_eager_re
     grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(1), dtype=v.dtype)
 
     def attention(q, landmarks, v):
-        return soft_attention(q, landmarks, v, normalize=True, ridge=0.01)
+        return soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01)
 
     recorder = RecordingBackend()
     compiled = torch.compile(attention, backend=recorder, fullgraph=HAS_CUSTOM_OP)
@@ -116,7 +116,7 @@ def test_export_keeps_plain_aten_operators():
 
     class Attention(torch.nn.Module):
         def forward(self, q, landmarks, v):
-            return soft_attention(q, landmarks, v, normalize=True, ridge=0.01)
+            return soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01)
 
     # torch.export where torch tells it from torch.compile (>= 2.7), else torch.jit.trace (the legacy ONNX exporter's)
     export = torch.export.export if HAS_IS_EXPORTING else torch.jit.trace

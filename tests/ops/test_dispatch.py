@@ -223,9 +223,9 @@ def test_low_precision_error_within_the_flash_attention_rule(backend, num_tokens
 
     def fast(*tensors):
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
-            return soft_attention(*tensors, normalize=True, ridge=0.01, backend=backend, tile_size=37)
+            return soft_attention(*tensors, soft_norm=True, ridge=0.01, backend=backend, tile_size=37)
 
-    fast_errors, plain_errors = rule_errors(fast, inputs, low_dtype, grad_out, normalize=True, ridge=0.01)
+    fast_errors, plain_errors = rule_errors(fast, inputs, low_dtype, grad_out, soft_norm=True, ridge=0.01)
     # Output, grad q, grad landmarks, grad v against float64, each at most half the error of the plain math in the
     # same low precision (observed: bfloat16 products 0.11-0.32 of it, float16 inputs 0.06-0.19).
     for fast_error, plain_error in zip(fast_errors, plain_errors):

@@ -1,6 +1,9 @@
 """soft_mm.ops.layers.gelu.linear_gelu: the same function as ``F.gelu(F.linear(...))``, fused into one oneDNN GEMM in
-CPU inference, and the blocks' GeluMlp that uses it."""
+CPU inference (float32 tanh-GELU: the GEMM, then gelu_tanh_'s in-place sigmoid form), and the blocks' GeluMlp that uses
+it."""
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ from timm.layers import Mlp
 
 from soft_mm.models.blocks import GeluMlp, TanhGELU
 from soft_mm.ops.layers import gelu
-from soft_mm.ops.layers.gelu import fused_dtypes, fused_linear_gelu_available, linear_gelu
+from soft_mm.ops.layers.gelu import fused_dtypes, fused_linear_gelu_available, gelu_tanh_, linear_gelu
 
 needs_onednn = pytest.mark.skipif(not fused_linear_gelu_available(), reason='this PyTorch build has no oneDNN')
 
@@ -40,15 +43,25 @@ def test_float64_is_exactly_the_unfused_function(approximate, fused_calls):
     assert fused_calls == [None]  # oneDNN takes no float64: the plain ops ran
 
 
+@pytest.fixture
+def sigmoid_form_calls(monkeypatch):
+    calls = []
+    original = gelu.gelu_tanh_
+    monkeypatch.setattr(gelu, 'gelu_tanh_', lambda t: calls.append(t.shape) or original(t))
+    return calls
+
+
 @needs_onednn
 @pytest.mark.parametrize('approximate', ['tanh', 'none'])
 @pytest.mark.parametrize('with_bias', [True, False])
-def test_float32_inference_is_fused_and_equal_to_float32_rounding(approximate, with_bias, fused_calls):
+def test_float32_inference_is_equal_to_float32_rounding(approximate, with_bias, fused_calls, sigmoid_form_calls):
+    """erf GELU: fused into oneDNN's GEMM; tanh GELU: the BLAS GEMM, then the sigmoid form in place."""
     x, weight, bias = layer(torch.float32)
     bias = bias if with_bias else None
     with torch.no_grad():
         out = linear_gelu(x, weight, bias, approximate)
-    assert fused_calls == [torch.float32]
+    assert fused_calls == [torch.float32 if approximate == 'none' else None]
+    assert sigmoid_form_calls == ([(37, 2, 96)] if approximate == 'tanh' else [])
     reference = F.gelu(F.linear(x.double(), weight.double(), None if bias is None else bias.double()),
                        approximate=approximate)
     unfused = F.gelu(F.linear(x, weight, bias), approximate=approximate)
@@ -56,6 +69,19 @@ def test_float32_inference_is_fused_and_equal_to_float32_rounding(approximate, w
     scale = reference.abs().max()
     assert (out - reference).abs().max() / scale < 1e-6  # observed 1.5e-7
     assert (out - reference).abs().max() <= 2 * (unfused - reference).abs().max() + 1e-7 * scale
+
+
+@needs_onednn
+def test_float32_layers_wider_than_the_bound_run_unfused_and_bfloat16_ones_fused(fused_calls):
+    wide = gelu.FUSED_FLOAT32_MAX_IN_FEATURES + 1
+    gen = torch.Generator().manual_seed(0)
+    x, weight, bias = torch.randn(5, wide, generator=gen), torch.randn(8, wide, generator=gen), torch.randn(8)
+    with torch.no_grad():
+        out = linear_gelu(x, weight, bias)
+        with torch.autocast('cpu', dtype=torch.bfloat16):
+            linear_gelu(x, weight, bias)
+    assert fused_calls == [None, torch.bfloat16 if torch.bfloat16 in fused_dtypes() else None]
+    assert torch.equal(out, F.gelu(F.linear(x, weight, bias)))  # the plain ops ran
 
 
 @needs_onednn
@@ -99,3 +125,44 @@ def test_gelu_mlp_is_timms_mlp(act_layer):
     with torch.no_grad():
         torch.testing.assert_close(ours(x), timms(x), rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(ours.double()(x.double()), timms.double()(x.double()), rtol=0, atol=1e-15)
+
+
+@needs_onednn
+@pytest.mark.parametrize('choice', gelu.FLOAT32_TANH_GELU_CHOICES)
+def test_float32_tanh_choice_is_taken(choice, monkeypatch, fused_calls, sigmoid_form_calls):
+    monkeypatch.setattr(gelu, 'FLOAT32_TANH_GELU', choice)
+    x, weight, bias = layer(torch.float32)
+    with torch.no_grad():
+        out = linear_gelu(x, weight, bias, 'tanh')
+    assert fused_calls == [torch.float32 if choice == 'fused' else None]
+    assert len(sigmoid_form_calls) == (choice == 'sigmoid')
+    torch.testing.assert_close(out, F.gelu(F.linear(x, weight, bias), approximate='tanh'), rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
+def test_gelu_tanh_in_place_is_the_tanh_gelu(dtype):
+    """Values from -1e4 to 1e4, chunks that do not divide the tensor: against the function in float64, no further off
+    than F.gelu in the same dtype (plus 16 eps relative to each value, and the smallest normal number; observed at most
+    8 eps). The float64 reference is F.gelu for x >= 0 and, for x < 0, where ``1 + tanh(u)`` cancels (float64's
+    F.gelu gives 0 below x = -10), its exact rewriting ``x e^{2u} / (1 + e^{2u})``, whose exponentials cannot
+    overflow there."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.cat([torch.linspace(-12, 12, 4001, dtype=torch.float64), 3 * torch.randn(3000, generator=gen,
+                   dtype=torch.float64), torch.tensor([0.0, -0.0, 1e4, -1e4, 1e-30, -1e-30], dtype=torch.float64)])
+    e_2u = torch.exp(2 * math.sqrt(2 / math.pi) * (x + 0.044715 * x ** 3))
+    reference = torch.where(x < 0, x * e_2u / (1 + e_2u), F.gelu(x, approximate='tanh'))
+    plain = F.gelu(x.to(dtype), approximate='tanh').double()
+    got = x.to(dtype)
+    assert gelu_tanh_(got, chunk=1000) is got and got.dtype == dtype
+    tiny = torch.finfo(dtype).tiny
+    bound = (plain - reference).abs() + 16 * torch.finfo(dtype).eps * reference.abs() + tiny
+    assert bool(((got.double() - reference).abs() <= bound).all())
+    # every chunk is computed (the vectorised and the scalar remainder of a chunk may round differently)
+    torch.testing.assert_close(gelu_tanh_(x.to(dtype)), got, rtol=4 * torch.finfo(dtype).eps, atol=tiny)
+
+
+def test_gelu_tanh_in_place_refuses_bad_input():
+    with pytest.raises(ValueError, match=r'gelu_tanh_: x must be contiguous, got shape \(3, 2\)'):
+        gelu_tanh_(torch.zeros(2, 3).t())
+    with pytest.raises(ValueError, match=r'gelu_tanh_: chunk must be an int >= 1, got 0'):
+        gelu_tanh_(torch.zeros(3), chunk=0)

@@ -68,7 +68,7 @@ def test_the_op_runs_every_float32_gemm_in_ieee_and_restores_the_callers_setting
     recorder = GemmSettings()
     with recorder:
         plain = q[0, 0] @ v[0, 0].T  # the caller's own GEMM: TF32 as set
-        out = soft_attention(q, landmarks, v, normalize=True, ridge=0.01, backend=backend, tile_size=16)
+        out = soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01, backend=backend, tile_size=16)
         assert float32_matmul_settings() == before  # between the forward and the backward: the caller's setting
         torch.autograd.backward(out, torch.randn(out.shape, generator=gen))
     del plain

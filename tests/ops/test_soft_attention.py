@@ -18,14 +18,14 @@ def random_inputs(batch=2, heads=3, num_tokens=32, num_landmarks=6, head_dim=4, 
     return q.to(dtype), landmarks.to(dtype), v.to(dtype)
 
 
-def reference_attention(q, landmarks, v, normalize=False, ridge=0.0):
+def reference_attention(q, landmarks, v, soft_norm=False, ridge=0.0):
     """``K1 (D^-1/2) pinv(A + ridge I) (D^-1/2) K1^T v`` in float64 with an explicit m×m pinv."""
     q, landmarks, v = q.double(), landmarks.double(), v.double()
     k1 = gaussian_kernel(q, landmarks)
     kernel_landmarks = gaussian_kernel(landmarks, landmarks)
     eye = torch.eye(landmarks.shape[-2], dtype=torch.float64)
     middle = torch.linalg.pinv(kernel_landmarks + ridge * eye)
-    if normalize:
+    if soft_norm:
         d_inv_sqrt = torch.diag_embed(kernel_landmarks.sum(-1).rsqrt())
         middle = d_inv_sqrt @ middle @ d_inv_sqrt
     return k1 @ middle @ k1.transpose(-2, -1) @ v
@@ -41,28 +41,28 @@ def test_every_token_as_landmark_reproduces_full_attention():
     assert (out - full).abs().max() < 1e-6  # observed 2e-15
 
 
-@pytest.mark.parametrize('normalize', [False, True])
+@pytest.mark.parametrize('soft_norm', [False, True])
 @pytest.mark.parametrize('ridge', [0.0, 0.02])
-def test_matches_float64_pinv_reference(normalize, ridge):
+def test_matches_float64_pinv_reference(soft_norm, ridge):
     q, landmarks, v = random_inputs()
-    out = soft_attention(q, landmarks, v, num_iters=30, normalize=normalize, ridge=ridge)
-    reference = reference_attention(q, landmarks, v, normalize=normalize, ridge=ridge)
+    out = soft_attention(q, landmarks, v, num_iters=30, soft_norm=soft_norm, ridge=ridge)
+    reference = reference_attention(q, landmarks, v, soft_norm=soft_norm, ridge=ridge)
     assert out.shape == (2, 3, 32, 5)
     assert relative_error(out, reference) < 1e-10
-    # The setting is applied: the other value of `normalize` is far from this reference.
-    other = soft_attention(q, landmarks, v, num_iters=30, normalize=not normalize, ridge=ridge)
+    # The setting is applied: the other value of `soft_norm` is far from this reference.
+    other = soft_attention(q, landmarks, v, num_iters=30, soft_norm=not soft_norm, ridge=ridge)
     assert relative_error(other, reference) > 1e-2
 
 
-@pytest.mark.parametrize('normalize', [False, True])
-def test_naive_reference_is_soft_attention(normalize):
+@pytest.mark.parametrize('soft_norm', [False, True])
+def test_naive_reference_is_soft_attention(soft_norm):
     # the plain math (the FlashAttention rule's baseline, the benchmarks' plain-PyTorch SOFT) computes the op's function
     gen = torch.Generator().manual_seed(0)
     q = torch.randn(1, 2, 50, 4, generator=gen, dtype=torch.float64)
     landmarks = 2 * torch.randn(1, 2, 6, 4, generator=gen, dtype=torch.float64)
     v = torch.randn(1, 2, 50, 3, generator=gen, dtype=torch.float64)
-    expected = soft_attention(q, landmarks, v, normalize=normalize, ridge=0.01)
-    torch.testing.assert_close(naive_soft_attention(q, landmarks, v, normalize=normalize, ridge=0.01), expected,
+    expected = soft_attention(q, landmarks, v, soft_norm=soft_norm, ridge=0.01)
+    torch.testing.assert_close(naive_soft_attention(q, landmarks, v, soft_norm=soft_norm, ridge=0.01), expected,
                                rtol=1e-12, atol=1e-12)
     with torch.autocast('cpu', dtype=torch.bfloat16):  # autocast off inside: the inputs' dtype throughout
         assert naive_soft_attention(q.float(), landmarks.float(), v.float()).dtype == torch.float32
@@ -121,11 +121,11 @@ def test_product_order_never_forms_n_by_m_by_m_products():
     assert not any(left[0] == 40 and right[1] == 40 for left, right in calls)
 
 
-@pytest.mark.parametrize('normalize', [False, True])
-def test_gradcheck_through_attention(normalize):
+@pytest.mark.parametrize('soft_norm', [False, True])
+def test_gradcheck_through_attention(soft_norm):
     q, landmarks, v = random_inputs(batch=1, heads=2, num_tokens=5, num_landmarks=3, head_dim=2, value_dim=2)
     inputs = tuple(t.clone().requires_grad_() for t in (q, landmarks, v))
-    assert torch.autograd.gradcheck(lambda *t: soft_attention(*t, num_iters=40, normalize=normalize), inputs)
+    assert torch.autograd.gradcheck(lambda *t: soft_attention(*t, num_iters=40, soft_norm=soft_norm), inputs)
 
 
 def test_value_dim_may_differ_from_head_dim():
@@ -138,14 +138,14 @@ def low_precision_check(q, landmarks, v, dtype, autocast: bool, grad_scale: floa
     grad_out = grad_scale * torch.randn(v.shape, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
     leaves = tuple(t.clone().requires_grad_() for t in (q, landmarks, v))
     with torch.autocast(device_type='cpu', dtype=torch.bfloat16, enabled=autocast):
-        out = soft_attention(*leaves, normalize=True)
+        out = soft_attention(*leaves, soft_norm=True)
     assert out.dtype == dtype and torch.isfinite(out).all()
     out.backward(grad_out.to(dtype))
     # float16: everything inside ran in float32, only the rounding of inputs, output and gradients is left (observed
     # 0.0002, <= 0.0003). bfloat16: the two products with v ran in bfloat16, the exponent and inverse in float32
     # (observed well below bfloat16's eps; tests/ops/test_dispatch.py holds it to the FlashAttention rule).
     ref_leaves = tuple(t.detach().double().requires_grad_() for t in (q, landmarks, v))
-    reference = soft_attention(*ref_leaves, normalize=True)
+    reference = soft_attention(*ref_leaves, soft_norm=True)
     reference.backward(grad_out)
     assert relative_error(out, reference) < torch.finfo(dtype).eps
     for leaf, ref_leaf in zip(leaves, ref_leaves):
@@ -230,9 +230,18 @@ def test_landmarks_made_by_a_gelu_get_their_exact_gradient(backend):
 
     def grad_of_pre(dtype):
         leaf = pre.to(dtype).detach().requires_grad_()
-        out = soft_attention(q.to(dtype), F.gelu(leaf), v.to(dtype), normalize=True, ridge=0.01, backend=backend,
+        out = soft_attention(q.to(dtype), F.gelu(leaf), v.to(dtype), soft_norm=True, ridge=0.01, backend=backend,
                              tile_size=16)
         return torch.autograd.grad(out, leaf, grad_out.to(dtype))[0]
 
     exact = grad_of_pre(torch.float64)
     assert relative_error(grad_of_pre(torch.float32), exact) < 1e-5
+
+
+def test_normalize_is_the_earlier_name_of_soft_norm():
+    q, landmarks, v = random_inputs()
+    for function in (soft_attention, naive_soft_attention):
+        with pytest.warns(FutureWarning, match=rf'^{function.__name__}\(normalize=\.\.\.\) is now'):
+            renamed = function(q, landmarks, v, normalize=True, ridge=0.01)
+        assert torch.equal(renamed, function(q, landmarks, v, soft_norm=True, ridge=0.01))
+        assert not torch.allclose(renamed, function(q, landmarks, v, ridge=0.01))

@@ -91,15 +91,15 @@ def attention_inputs(batch=2, heads=2, num_tokens=45, num_landmarks=6, head_dim=
     return tuple(t.to(dtype) for t in (q, landmarks, v))
 
 
-@pytest.mark.parametrize('normalize', [False, True])
+@pytest.mark.parametrize('soft_norm', [False, True])
 @pytest.mark.parametrize('backward', ['implicit', 'unrolled'])
 @pytest.mark.parametrize('tile_size', [1, 8, 45, 100])
-def test_soft_attention_tiled_equals_untiled(normalize, backward, tile_size):
+def test_soft_attention_tiled_equals_untiled(soft_norm, backward, tile_size):
     inputs = attention_inputs()
     grad_out = torch.randn(2, 2, 45, 5, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
 
     def run(backend, tile=None):
-        return outputs_and_grads(lambda *t: soft_attention(*t, num_iters=30, normalize=normalize, ridge=0.01,
+        return outputs_and_grads(lambda *t: soft_attention(*t, num_iters=30, soft_norm=soft_norm, ridge=0.01,
                                                            backward=backward, backend=backend, tile_size=tile),
                                  inputs, grad_out)
 
@@ -109,7 +109,7 @@ def test_soft_attention_tiled_equals_untiled(normalize, backward, tile_size):
 def test_soft_attention_gradcheck_tiled():
     q, landmarks, v = (t.requires_grad_() for t in attention_inputs(batch=1, num_tokens=7, num_landmarks=3,
                                                                      head_dim=2, value_dim=2))
-    assert torch.autograd.gradcheck(lambda *t: soft_attention(*t, num_iters=40, normalize=True, backend='tiled',
+    assert torch.autograd.gradcheck(lambda *t: soft_attention(*t, num_iters=40, soft_norm=True, backend='tiled',
                                                                  tile_size=3),
                                     (q, landmarks, v))
 
@@ -117,11 +117,11 @@ def test_soft_attention_gradcheck_tiled():
 @pytest.mark.parametrize('dtype', [torch.float16, torch.bfloat16])
 def test_low_precision_inputs_tiled(dtype):
     q, landmarks, v = (t.requires_grad_() for t in attention_inputs(dtype=dtype))
-    out = soft_attention(q, landmarks, v, normalize=True, backend='tiled', tile_size=8)
+    out = soft_attention(q, landmarks, v, soft_norm=True, backend='tiled', tile_size=8)
     assert out.dtype == dtype and torch.isfinite(out).all()
     out.float().square().sum().backward()
     assert all(t.grad.dtype == dtype and torch.isfinite(t.grad).all() for t in (q, landmarks, v))
-    reference = soft_attention(*(t.detach().double() for t in (q, landmarks, v)), normalize=True,
+    reference = soft_attention(*(t.detach().double() for t in (q, landmarks, v)), soft_norm=True,
                                backend='reference')
     assert ((out.double() - reference).norm() / reference.norm()).item() < torch.finfo(dtype).eps
 

@@ -30,12 +30,12 @@ def outputs_and_grads(tensors, grad_out, dtype, **kwargs):
     return [out.detach(), *torch.autograd.grad(out, leaves, grad_out.to(out.dtype))]
 
 
-@pytest.mark.parametrize('normalize', [True, False])
+@pytest.mark.parametrize('soft_norm', [True, False])
 @pytest.mark.parametrize('num_tokens, num_landmarks', [(1, 1), (63, 49), (300, 1), (300, 49)])
-def test_float32_outputs_and_gradients_match_the_float64_reference(num_tokens, num_landmarks, normalize):
+def test_float32_outputs_and_gradients_match_the_float64_reference(num_tokens, num_landmarks, soft_norm):
     tensors, grad_out = inputs(num_tokens, num_landmarks)
-    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=normalize, backend='reference')
-    fused = outputs_and_grads(tensors, grad_out, torch.float32, normalize=normalize, backend='triton')
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=soft_norm, backend='reference')
+    fused = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=soft_norm, backend='triton')
     errors = [relative_error(a, b) for a, b in zip(fused, reference)]
     # observed <= 6.5e-6 (the float32 reference backend: ~5e-7; the kernels sum in another order)
     assert max(errors) < 3e-5, errors
@@ -48,8 +48,8 @@ def test_value_dim_and_head_dim_may_differ_and_strided_views_are_read_in_place()
     q = 0.4 * torch.randn(2, 97, 3, 16, generator=gen).transpose(1, 2)
     v = torch.randn(2, 97, 3, 24, generator=gen).transpose(1, 2)
     landmarks = q[:, :, :7].clone() + 0.05
-    out = soft_attention(q, landmarks, v, normalize=True, ridge=0.01, backend='triton')
-    reference = soft_attention(q.double(), landmarks.double(), v.double(), normalize=True, ridge=0.01,
+    out = soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01, backend='triton')
+    reference = soft_attention(q.double(), landmarks.double(), v.double(), soft_norm=True, ridge=0.01,
                                backend='reference')
     assert out.shape == (2, 3, 97, 24) and out.stride() == v.stride()
     assert relative_error(out, reference) < 3e-5
@@ -60,12 +60,12 @@ def test_gradients_of_non_dense_views_are_written_in_their_own_layout():
     # gradients are contiguous); writing them through q's and v's strides would go out of bounds
     tensors, grad_out = inputs(70, 9)
     wide = [torch.cat([t, torch.randn(*t.shape[:3], 16, dtype=t.dtype)], -1) for t in (tensors[0], tensors[2])]
-    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=True, backend='reference')
     leaves = [w.float().requires_grad_() for w in wide]
     landmarks = tensors[1].float().requires_grad_()
     q, v = leaves[0][..., :32], leaves[1][..., :32]
     assert not q.is_contiguous() and q.stride() == (2 * 70 * 48, 70 * 48, 48, 1)
-    out = soft_attention(q, landmarks, v, ridge=0.01, normalize=True, backend='triton')
+    out = soft_attention(q, landmarks, v, ridge=0.01, soft_norm=True, backend='triton')
     grad_q, grad_landmarks, grad_v = torch.autograd.grad(out, (q, landmarks, v), grad_out.float())
     errors = [relative_error(a, b) for a, b in zip((out, grad_q, grad_landmarks, grad_v), reference)]
     assert max(errors) < 3e-5, errors
@@ -87,9 +87,9 @@ def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_lan
 
     def fused(*leaves):
         with torch.autocast('cpu', dtype=low_dtype, enabled=autocast):
-            return soft_attention(*leaves, normalize=True, ridge=0.01, backend='triton')
+            return soft_attention(*leaves, soft_norm=True, ridge=0.01, backend='triton')
 
-    fast_errors, plain_errors = rule_errors(fused, tensors, low_dtype, grad_out.float(), normalize=True, ridge=0.01)
+    fast_errors, plain_errors = rule_errors(fused, tensors, low_dtype, grad_out.float(), soft_norm=True, ridge=0.01)
     for fast_error, plain_error in zip(fast_errors, plain_errors):
         assert fast_error <= RULE_FRACTION * plain_error, (fast_errors, plain_errors)
     # and the products really ran in the low dtype: well above float32's error (no silent float32 path)
@@ -160,11 +160,11 @@ def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, 
     monkeypatch.setattr(config, 'SPLIT_PROGRAMS', programs)
     assert config.split_count(300, 64, 4) == splits and config.split_count(300, 32, 4) == splits
     tensors, grad_out = inputs(300, 49)
-    reference = outputs_and_grads(tensors, grad_out, torch.float64, normalize=True, backend='reference')
-    fused = outputs_and_grads(tensors, grad_out, torch.float32, normalize=True, backend='triton')
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=True, backend='reference')
+    fused = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True, backend='triton')
     errors = [relative_error(a, b) for a, b in zip(fused, reference)]
     assert max(errors) < 3e-5, errors
-    again = outputs_and_grads(tensors, grad_out, torch.float32, normalize=True, backend='triton')
+    again = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True, backend='triton')
     assert all(torch.equal(a, b) for a, b in zip(fused, again))
 
 

@@ -37,13 +37,19 @@ DECLARED_HEAD_DIMS = (16, 32, MAX_HEAD_DIM)
 
 
 @pytest.mark.slow  # 276 compilations (6 padded sizes × 23 launches × 2 targets): minutes when triton's cache is cold
-def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_shared_memory():
-    rows = resource_usage(archs=(80, 90), num_landmarks=DECLARED_LANDMARKS, head_dim=DECLARED_HEAD_DIMS)
-    assert len(rows) == 46 * len(DECLARED_LANDMARKS) * len(DECLARED_HEAD_DIMS)
+@pytest.mark.parametrize('head_dim', DECLARED_HEAD_DIMS)  # a third each: xdist's workers compile them side by side
+def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_shared_memory(head_dim):
+    rows = resource_usage(archs=(80, 90), num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
+    assert len(rows) == 46 * len(DECLARED_LANDMARKS)
     for row in rows:  # what a launch asks for (the compiled metadata), within each target's opt-in limit per block
         assert row['dynamic_shared_bytes'] <= SHARED_MEMORY_PER_BLOCK[int(row['arch'][3:])], row
-    # the largest declared tiles nearly fill an A100 (observed 163,840 of 166,912 B at m = d = 64)
-    assert max(r['dynamic_shared_bytes'] for r in rows if r['arch'] == 'sm_80') > 0.9 * SHARED_MEMORY_PER_BLOCK[80]
+    corners = format_shared_memory(rows).splitlines()
+    assert len(corners) == 1 + len(DECLARED_LANDMARKS) and all(line.count('fits') == 2 for line in corners[1:])
+    if head_dim == MAX_HEAD_DIM:
+        # the largest declared tiles nearly fill an A100 (observed 163,840 of 166,912 B at m = d = 64)
+        assert max(r['dynamic_shared_bytes'] for r in rows if r['arch'] == 'sm_80') > 0.9 * SHARED_MEMORY_PER_BLOCK[80]
+    if head_dim != PUBLISHED[1]:
+        return
     published = [r for r in rows if (r['num_landmarks'], r['head_dim']) == PUBLISHED]
     archs = ('sm_80', 'sm_90')
     expected = {(kernel, *dtypes, arch) for kernel in KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
@@ -76,8 +82,6 @@ def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_sha
             assert any(i.startswith('wgmma') for i in instructions) == (row['arch'] == 'sm_90' and not backward), row
     table = format_table(published).splitlines()
     assert len(table) == 1 + 23 and 'sm_80 regs / spill B / smem B' in table[0] and 'sm_90' in table[0]
-    corners = format_shared_memory(rows).splitlines()
-    assert len(corners) == 1 + 9 and all(line.count('fits') == 2 for line in corners[1:])
 
 
 @pytest.mark.slow  # 46 compilations for sm_80

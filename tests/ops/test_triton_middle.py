@@ -29,11 +29,11 @@ def landmarks_of(num_landmarks, head_dim=32, seed=0, spread=0.4):
     return spread * torch.randn(2, 3, num_landmarks, head_dim, generator=gen, dtype=torch.float64)
 
 
-def torch_middle(landmarks, num_iters, ridge, normalize):
+def torch_middle(landmarks, num_iters, ridge, soft_norm):
     """The middle matrix as the op computes it without the fused kernel (differentiable)."""
     kernel = gaussian_kernel(landmarks, landmarks)
     inverse = newton_inverse(kernel, num_iters, ridge)
-    if not normalize:
+    if not soft_norm:
         return inverse
     scale = kernel.sum(-1).rsqrt()
     return scale.unsqueeze(-1) * inverse * scale.unsqueeze(-2)
@@ -43,15 +43,15 @@ def relative(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
 
-@pytest.mark.parametrize('normalize', [True, False])
+@pytest.mark.parametrize('soft_norm', [True, False])
 @pytest.mark.parametrize('num_landmarks, head_dim, ridge, num_iters', [
     (49, 32, 0.01, 20), (1, 32, 0.01, 20), (7, 5, 0.0, 20), (64, 64, 0.01, 20), (49, 32, 1.0, 20), (20, 16, 0.01, 0)])
-def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridge, num_iters, normalize):
+def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridge, num_iters, soft_norm):
     # m = d = 64: the largest tiles; ridge 1.0: beyond 0.05, where alpha's floor takes over; 0 iterations: the start
     landmarks = landmarks_of(num_landmarks, head_dim)
-    exact = torch_middle(landmarks, num_iters, ridge, normalize)
-    pytorch = torch_middle(landmarks.float(), num_iters, ridge, normalize)
-    fused = triton_nystrom_middle(landmarks.float(), num_iters, ridge, normalize)
+    exact = torch_middle(landmarks, num_iters, ridge, soft_norm)
+    pytorch = torch_middle(landmarks.float(), num_iters, ridge, soft_norm)
+    fused = triton_nystrom_middle(landmarks.float(), num_iters, ridge, soft_norm)
     assert fused.dtype == torch.float32 and fused.shape == (2, 3, num_landmarks, num_landmarks)
     # observed: the fused error 0.6-1.1 of the PyTorch float32 iteration's (7e-7 at m = 49); the two differ by their
     # summation order only
@@ -61,23 +61,23 @@ def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridg
     assert relative(fused, pytorch.double()) < max(3e-6, relative(pytorch, exact))
 
 
-@pytest.mark.parametrize('normalize', [True, False])
+@pytest.mark.parametrize('soft_norm', [True, False])
 @pytest.mark.parametrize('num_landmarks', [2, 49])
-def test_landmark_gradient_is_the_implicit_backward_of_the_pytorch_path(num_landmarks, normalize):
+def test_landmark_gradient_is_the_implicit_backward_of_the_pytorch_path(num_landmarks, soft_norm):
     landmarks = landmarks_of(num_landmarks, seed=1)
     grad_out = torch.randn(2, 3, num_landmarks, num_landmarks, generator=torch.Generator().manual_seed(2),
                            dtype=torch.float64)
     exact_leaf = landmarks.clone().requires_grad_()
-    exact, = torch.autograd.grad(torch_middle(exact_leaf, 20, 0.01, normalize), exact_leaf, grad_out)
+    exact, = torch.autograd.grad(torch_middle(exact_leaf, 20, 0.01, soft_norm), exact_leaf, grad_out)
     fused_leaf = landmarks.float().requires_grad_()
-    fused, = torch.autograd.grad(triton_nystrom_middle(fused_leaf, 20, 0.01, normalize), fused_leaf, grad_out.float())
+    fused, = torch.autograd.grad(triton_nystrom_middle(fused_leaf, 20, 0.01, soft_norm), fused_leaf, grad_out.float())
     assert relative(fused, exact) < 3e-5  # observed 1.4e-6..1.7e-6
 
 
 def test_passes_opcheck():
     landmarks = landmarks_of(9, head_dim=8).float().requires_grad_()
-    for normalize in (True, False):
-        check_custom_op(_middle_op, (landmarks, 20, 0.01, normalize))
+    for soft_norm in (True, False):
+        check_custom_op(_middle_op, (landmarks, 20, 0.01, soft_norm))
 
 
 def test_refuses_sizes_above_its_tiles():
@@ -103,7 +103,7 @@ def test_one_cuda_path_forward_launches_at_most_twelve_kernels(monkeypatch, dtyp
     q, landmarks, v = (t.to(dtype) for t in op_inputs())
     with counted_launches(monkeypatch) as record, torch.autocast('cpu', dtype=autocast or torch.bfloat16,
                                                                  enabled=autocast is not None):
-        soft_attention(q, landmarks, v, normalize=True, ridge=0.01, backend='triton')
+        soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01, backend='triton')
     counts = summary(record)
     assert len(record) <= MAX_FORWARD_LAUNCHES, counts
     assert [r for r in record if r.startswith('triton.')] == ['triton.nystrom_middle_fwd_kernel',
@@ -141,7 +141,7 @@ def test_compiles_to_one_node_each_and_gives_the_eager_results():
     grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(5))
 
     def attention(q, landmarks, v):
-        return soft_attention(q, landmarks, v, normalize=True, ridge=0.01, backend='triton')
+        return soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01, backend='triton')
 
     def outputs_and_grads(fn):
         leaves = [t.clone().requires_grad_() for t in (q, landmarks, v)]

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import pickle
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import cv2
@@ -17,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 from repo import ROOT
-from tool_process import tool_output
+from tool_process import run_python, tool_output
 
 from soft_mm.utils.checkpoint import safe_load
 
@@ -171,8 +169,7 @@ def test_infer_overlays_a_segmentation(tmp_path):
 
 
 def test_train_without_imagenet_stops_with_one_sentence(tmp_path):
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools/train.py'), str(CONFIGS / 'soft_norm_tiny_in1k.py')],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    proc = run_python(ROOT / 'tools/train.py', str(CONFIGS / 'soft_norm_tiny_in1k.py'), cwd=tmp_path, timeout=300)
     assert proc.returncode == 1
     assert proc.stderr.strip().splitlines()[-1].startswith('data/imagenet not found: ')
 
@@ -182,8 +179,7 @@ def test_infer_refuses_an_unknown_scope(tmp_path):
     config.write_text("default_scope = 'mmaction'\n")
     image = tmp_path / 'x.png'
     cv2.imwrite(str(image), np.zeros((8, 8, 3), np.uint8))
-    proc = subprocess.run([sys.executable, str(ROOT / 'tools/infer.py'), str(image), str(config), str(image)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False)
+    proc = run_python(ROOT / 'tools/infer.py', str(image), str(config), str(image), cwd=tmp_path, timeout=300)
     assert proc.returncode == 1
     assert "default_scope='mmaction'" in proc.stderr and 'mmdet, mmseg, mmpretrain' in proc.stderr
 

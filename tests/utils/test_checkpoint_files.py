@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 from repo import ROOT
+from tool_process import run_python
 
 from soft_mm.models.official_checkpoint import (
     convert_official_checkpoint,
@@ -218,8 +219,7 @@ CONVERTER = 'model_converters/convert_official_checkpoint.py'
 
 
 def _run(tool: str, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(ROOT / 'tools' / tool), *args], cwd=cwd, capture_output=True,
-                          text=True, timeout=300, check=False)
+    return run_python(ROOT / 'tools' / tool, *args, cwd=cwd, timeout=300)
 
 
 def test_converter_process_exit_status_one_line_and_debug(bad_files):

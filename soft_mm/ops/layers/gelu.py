@@ -6,15 +6,22 @@ fused, it runs on the GEMM's float32 accumulator before the result is stored, wh
 (docs/benchmarks/layer_kernels.md).
 
 The fused kernel is oneDNN's (``torch.ops.mkldnn._linear_pointwise``, what inductor emits for this pattern on CPU),
-GELU's erf form or its tanh approximation. It has no backward and takes float32 and bfloat16 only, so it runs only
-in eager CPU inference (no gradient needed, not under ``torch.compile`` or export, which build their own graphs) in
-those dtypes; every other call is ``F.gelu(F.linear(x, weight, bias), approximate)`` itself. Fused and unfused agree
-to float32 rounding; in bfloat16 the fused result is rounded once (from the float32 accumulator) where the unfused
-one is rounded twice, so they may differ by one bfloat16 step.
+GELU's erf form or its tanh approximation. It has no backward and takes float32 and bfloat16 only, so it runs only in
+eager CPU inference (no gradient needed, not under ``torch.compile`` or export, which build their own graphs): in
+bfloat16 always, in float32 for erf-GELU layers of at most :data:`FUSED_FLOAT32_MAX_IN_FEATURES` inputs (there the GEMM
+is bound by writing its wide output and the saved pass pays, while for wider inputs oneDNN's float32 GEMM can be slower
+than the BLAS one that ``F.linear`` calls). The tanh approximation in float32 inference (SOFT's stages 1-3) takes
+neither: its tanh is the costliest part of the layer after the GEMM, in ``F.gelu`` as in oneDNN's epilogue, so the BLAS
+GEMM is followed by :func:`gelu_tanh_`, the same function written as ``x * sigmoid(2 u)`` and computed in place, chunk
+by chunk in cache (:data:`FLOAT32_TANH_GELU`; docs/benchmarks/layer_kernels.md). Every other call is
+``F.gelu(F.linear(x, weight, bias), approximate)`` itself. All agree to float32 rounding; in bfloat16 the fused result
+is rounded once (from the float32 accumulator) where the unfused one is rounded twice, so they may differ by one
+bfloat16 step.
 """
 from __future__ import annotations
 
 import functools
+import math
 
 import torch
 import torch.nn.functional as F
@@ -23,10 +30,22 @@ from torch import Tensor
 from ..graph_mode import graph_mode
 from ..precision import autocast_dtype
 
-__all__ = ['FUSED_DTYPES', 'fused_dtypes', 'fused_linear_gelu_available', 'linear_gelu']
+__all__ = ['FLOAT32_TANH_GELU', 'FUSED_DTYPES', 'FUSED_FLOAT32_MAX_IN_FEATURES', 'fused_dtypes',
+           'fused_linear_gelu_available', 'gelu_tanh_', 'linear_gelu']
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
+# float32 erf-GELU layers with more inputs run unfused (BLAS GEMM, then GELU); bfloat16 ones are fused at any width
+# (oneDNN is the CPU's bfloat16 GEMM either way)
+FUSED_FLOAT32_MAX_IN_FEATURES = 128
+# float32 tanh-GELU in CPU inference: 'sigmoid' (the BLAS GEMM, then gelu_tanh_ in place), 'fused' (oneDNN's epilogue,
+# within FUSED_FLOAT32_MAX_IN_FEATURES) or 'plain' (F.gelu); benchmarks/linear_gelu.py measures the three
+FLOAT32_TANH_GELU = 'sigmoid'
+FLOAT32_TANH_GELU_CHOICES = ('sigmoid', 'fused', 'plain')
 GELU_APPROXIMATIONS = ('none', 'tanh')
+# gelu_tanh_'s elements per chunk: 4 MB of float32 scratch, held in cache across the chunk's passes (and below glibc's
+# mmap threshold, so the scratch is reused heap memory, not page-faulted in afresh)
+GELU_CHUNK = 1 << 20
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
 @functools.cache
@@ -61,17 +80,51 @@ def _compute_dtype(x: Tensor) -> torch.dtype | None:
     return x.dtype if x.dtype in fused_dtypes() else None
 
 
-def _fusable(x: Tensor, weight: Tensor, bias: Tensor | None) -> torch.dtype | None:
+def _eager_cpu_inference(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
     tensors = (x, weight) if bias is None else (x, weight, bias)
-    if x.device.type != 'cpu' or graph_mode() != 'eager' or not fused_linear_gelu_available():
+    if x.device.type != 'cpu' or graph_mode() != 'eager':
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
+
+
+def _fusable(x: Tensor, weight: Tensor, approximate: str, inference: bool) -> torch.dtype | None:
+    """The dtype of oneDNN's fused kernel for the call, or None where the rule runs it unfused (``inference``: an eager
+    CPU call without gradients, :func:`_eager_cpu_inference`)."""
+    if not inference or not fused_linear_gelu_available():
         return None
-    if torch.is_grad_enabled() and any(t.requires_grad for t in tensors):
+    dtype = _compute_dtype(x)
+    if dtype == torch.float32 and (weight.shape[1] > FUSED_FLOAT32_MAX_IN_FEATURES
+                                   or (approximate == 'tanh' and FLOAT32_TANH_GELU != 'fused')):
         return None
-    return _compute_dtype(x)
+    return dtype
+
+
+def gelu_tanh_(x: Tensor, chunk: int = GELU_CHUNK) -> Tensor:
+    """``F.gelu(x, approximate='tanh')`` written into ``x`` (a contiguous tensor without autograd history).
+
+    ``0.5 x (1 + tanh(u)) = x * sigmoid(2 u)`` with ``u = sqrt(2 / pi) (x + 0.044715 x^3)``: the same function, whose
+    exponential costs less than the tanh, and without the cancellation of ``1 + tanh(u)`` for negative ``x``. It runs
+    as six element-wise passes over chunks of ``chunk`` elements held in cache, into one scratch buffer of a chunk
+    (nothing of ``x``'s size is allocated). Within float32 rounding of ``F.gelu``: against float64, the same error.
+    """
+    if not x.is_contiguous():
+        raise ValueError(f'gelu_tanh_: x must be contiguous, got shape {tuple(x.shape)} with strides {x.stride()}')
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ValueError(f'gelu_tanh_: chunk must be an int >= 1, got {chunk!r}')
+    flat = x.view(-1)
+    scratch = torch.empty(min(chunk, flat.numel()), dtype=x.dtype, device=x.device)
+    for start in range(0, flat.numel(), chunk):
+        part = flat[start:start + chunk]
+        two_u = scratch[:part.numel()]
+        # 2u = x (2 sqrt(2/pi) + 2 sqrt(2/pi) 0.044715 x^2)
+        torch.mul(part, part, out=two_u).mul_(2 * _SQRT_2_OVER_PI * 0.044715).add_(2 * _SQRT_2_OVER_PI)
+        part.mul_(two_u.mul_(part).sigmoid_())
+    return x
 
 
 def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approximate: str = 'none') -> Tensor:
-    """``F.gelu(F.linear(x, weight, bias), approximate=approximate)``, one fused oneDNN GEMM in CPU inference.
+    """``F.gelu(F.linear(x, weight, bias), approximate=approximate)``, one fused oneDNN GEMM in CPU inference (float32
+    tanh-GELU: the GEMM, then :func:`gelu_tanh_` in place; see the module's docstring for the rule).
 
     Args:
         x: ``(..., in_features)``.
@@ -81,9 +134,15 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approxima
     """
     if approximate not in GELU_APPROXIMATIONS:
         raise ValueError(f"linear_gelu: approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
-    dtype = _fusable(x, weight, bias)
+    # (the eager check first: under torch.compile nothing else here may be traced)
+    inference = _eager_cpu_inference(x, weight, bias)
+    dtype = _fusable(x, weight, approximate, inference)
     if dtype is None:
-        return F.gelu(F.linear(x, weight, bias), approximate=approximate)
+        out = F.linear(x, weight, bias)
+        if (inference and approximate == 'tanh' and FLOAT32_TANH_GELU == 'sigmoid' and out.dtype == torch.float32
+                and out.is_contiguous()):
+            return gelu_tanh_(out)
+        return F.gelu(out, approximate=approximate)
     if bias is not None:
         bias = bias.to(dtype)
     return torch.ops.mkldnn._linear_pointwise(x.to(dtype), weight.to(dtype), bias, 'gelu', [], approximate)

@@ -10,7 +10,7 @@ from ..precision import autocast_dtype, ieee_float32_matmuls, no_autocast
 from . import backends  # noqa: F401  (registers the backends with the dispatcher)
 from .dispatch import select
 from .kernel import gaussian_kernel
-from .middle import Middle
+from .middle import Middle, renamed_soft_norm
 from .newton import check_newton_arguments, newton_inverse
 from .policy import Precision, precision_policy
 
@@ -38,9 +38,10 @@ def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
 
 
 @eager_without_custom_ops
-def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20, normalize: bool = False,
+def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20, soft_norm: bool = False,
                    ridge: float = 0.0, backward: str = 'implicit', *, backend: str | None = None,
-                   precision: str | Precision | None = None, tile_size: int | None = None) -> Tensor:
+                   precision: str | Precision | None = None, tile_size: int | None = None,
+                   normalize: bool | None = None) -> Tensor:
     """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``S @ v`` with ``S = K(q, q)``.
 
     ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and ``A =
@@ -55,7 +56,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     The caller must already have scaled ``q`` and ``landmarks`` by ``d ** -0.25``, which turns the unit bandwidth into
     SOFT's ``exp(-||q_i - q_j||^2 / (2 sqrt(d)))``. There is no row normalisation of the kernel (no softmax).
 
-    ``normalize=True`` is SOFT-Norm: ``A^+`` is replaced by ``D^-1/2 A^+ D^-1/2`` with ``D = diag(A 1)``, the row sums
+    ``soft_norm=True`` is SOFT-Norm: ``A^+`` is replaced by ``D^-1/2 A^+ D^-1/2`` with ``D = diag(A 1)``, the row sums
     of the un-ridged ``A`` (applied to the m×d intermediate, so it costs O(m d)).
 
     Precision (:func:`~soft_mm.ops.soft.policy.precision_policy`): autocast is disabled inside, and the dtype of each
@@ -74,7 +75,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         landmarks: ``(B, h, m, d)`` scaled landmark (bottleneck) tokens, usually pooled from ``q``; m >= 1.
         v: ``(B, h, N, d_v)`` values (``d_v`` is usually ``d``).
         num_iters: Newton–Schulz iterations for ``A^+``, an int >= 0.
-        normalize: apply SOFT-Norm.
+        soft_norm: apply SOFT-Norm (``normalize=``, its earlier name, still works with a FutureWarning).
         ridge: ``ridge * I`` added to ``A`` before inversion, a float >= 0 (see :func:`newton_inverse`; 1e-3 to 1e-2
             guards against nearly duplicated landmarks).
         backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
@@ -88,6 +89,8 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     Returns:
         ``(B, h, N, d_v)`` attention output.
     """
+    if normalize is not None:
+        soft_norm = renamed_soft_norm('soft_attention', normalize)
     _check_attention_inputs(q, landmarks, v)
     landmarks = dense_grad(landmarks)  # its gradient comes back transposed; a GELU usually made it (torch 2.1)
     ridge = check_newton_arguments(num_iters, ridge, backward, 'soft_attention')
@@ -110,12 +113,12 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
         if not policy.mixed:
             q, v = q.to(work_dtype), v.to(work_dtype)
         if chosen.middle is not None and backward == 'implicit' and policy.inverse == torch.float32:
-            middle = Middle(chosen.middle(landmarks, num_iters, ridge, normalize))
+            middle = Middle(chosen.middle(landmarks, num_iters, ridge, soft_norm))
         else:
             kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
             kernel_inv = newton_inverse(kernel_landmarks.to(policy.inverse), num_iters=num_iters, ridge=ridge,
                                         backward=backward)
-            middle = Middle(kernel_inv, _inv_sqrt_row_sums(kernel_landmarks) if normalize else None)
+            middle = Middle(kernel_inv, _inv_sqrt_row_sums(kernel_landmarks) if soft_norm else None)
         out = chosen.run(q, landmarks, v, middle, policy, **options)
     return out.to(out_dtype)
 

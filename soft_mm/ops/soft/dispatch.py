@@ -85,7 +85,7 @@ class Backend:
         max_head_dim: the largest head dim d and value dim d_v it takes (None: any).
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
         check: ``check(device_type, forced) -> reason | None``, what the fields cannot say (e.g. a missing package).
-        middle: ``middle(landmarks, num_iters, ridge, normalize) -> (B, h, m, m)`` float32, the whole m×m middle
+        middle: ``middle(landmarks, num_iters, ridge, soft_norm) -> (B, h, m, m)`` float32, the whole m×m middle
             matrix in one kernel with the implicit backward (None: the op computes it in torch). Taken for the
             default ``backward='implicit'`` with a float32 inverse; within the backend's m and d limits.
     """

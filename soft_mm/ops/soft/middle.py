@@ -1,11 +1,21 @@
 """The m×m middle factor of the SOFT op's products ``K1 @ middle @ (K1^T @ v)``, as the backends receive it."""
 from __future__ import annotations
 
+import warnings
+
 from torch import Tensor
 
 from ..precision import ieee_matmul
 
-__all__ = ['Middle']
+__all__ = ['Middle', 'renamed_soft_norm']
+
+
+def renamed_soft_norm(function: str, normalize: bool) -> bool:
+    """The value of the op's SOFT-Norm switch given by its earlier name, ``normalize=``, with a FutureWarning: SOFT-Norm
+    is ``soft_norm`` everywhere (the op, the layers, the backbone and the configs)."""
+    warnings.warn(f'{function}(normalize=...) is now {function}(soft_norm=...), the name SOFT-Norm has everywhere in '
+                  'soft_mm; normalize= will be removed', FutureWarning, stacklevel=3)
+    return bool(normalize)
 
 
 class Middle:

@@ -222,7 +222,7 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
     return _triton_products(q, landmarks, v, middle, PRODUCTS_CODES[name])
 
 
-def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
+def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
     """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of
     ``nystrom_middle_fwd_kernel`` (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
     lm = landmarks.float().contiguous()
@@ -230,11 +230,11 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, normalize: 
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
     _kernels().nystrom_middle_fwd_kernel[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
-        NORMALIZE=normalize, INTERPRET=_interpreting(), num_warps=middle_warps(m))
+        SOFT_NORM=soft_norm, INTERPRET=_interpreting(), num_warps=middle_warps(m))
     return middle, inverse
 
 
-def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, normalize: bool) -> Tensor:
+def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool) -> Tensor:
     """The landmarks' gradient through the middle matrix (the real kernel of
     ``soft_mm::triton_nystrom_middle_backward``), in torch, IEEE float32: the inverse's gradient is the exact
     inverse's at the final iterate, ``-V^T grad_V V^T``, as :func:`~soft_mm.ops.soft.newton.newton_inverse`'s implicit
@@ -246,7 +246,7 @@ def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, no
         kernel = exponent.clamp_max(0.0).exp()
         grad_middle = grad_middle.float()
         grad_kernel = torch.zeros_like(kernel)
-        if normalize:
+        if soft_norm:
             scale = kernel.sum(-1, keepdim=True).rsqrt()  # D^-1/2, (B, h, m, 1)
             weighted = grad_middle * inverse
             grad_scale = weighted @ scale + weighted.transpose(-2, -1) @ scale
@@ -259,26 +259,26 @@ def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, no
         return (both @ lm - both.sum(-1, keepdim=True) * lm).to(landmarks.dtype)
 
 
-def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> tuple[Tensor, Tensor]:
+def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
     shape = (*landmarks.shape[:-1], landmarks.shape[-2])
     return landmarks.new_empty(shape, dtype=torch.float32), landmarks.new_empty(shape, dtype=torch.float32)
 
 
 def _middle_save(inputs: tuple, output: tuple[Tensor, Tensor]) -> tuple[tuple, tuple]:
-    landmarks, _, _, normalize = inputs
-    return (landmarks, output[1]), (normalize,)
+    landmarks, _, _, soft_norm = inputs
+    return (landmarks, output[1]), (soft_norm,)
 
 
 # soft_mm::triton_nystrom_middle and its backward; the inverse is returned for the backward only
 _middle_op, _ = differentiable_op(
     'triton_nystrom_middle', _middle_forward,
-    '(Tensor landmarks, int num_iters, float ridge, bool normalize) -> (Tensor, Tensor)', _middle_fake,
+    '(Tensor landmarks, int num_iters, float ridge, bool soft_norm) -> (Tensor, Tensor)', _middle_fake,
     backward=_middle_backward,
-    backward_schema='(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool normalize) -> Tensor',
-    backward_fake=lambda grad_middle, landmarks, inverse, normalize: torch.empty_like(landmarks), save=_middle_save)
+    backward_schema='(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool soft_norm) -> Tensor',
+    backward_fake=lambda grad_middle, landmarks, inverse, soft_norm: torch.empty_like(landmarks), save=_middle_save)
 
 
-def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, normalize: bool) -> Tensor:
+def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> Tensor:
     """The m×m middle matrix of the SOFT op in one kernel launch per call: ``A^+`` by ``num_iters`` Newton–Schulz
     iterations of ``A + ridge I``, or SOFT-Norm's ``D^-1/2 A^+ D^-1/2``, with ``A`` the landmarks' Gaussian kernel;
     one program per (sample, head), everything in registers, IEEE float32. The same iteration as
@@ -289,7 +289,7 @@ def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, norma
         landmarks: ``(B, h, m, d)`` scaled landmarks, m up to :data:`MAX_LANDMARKS`, d up to :data:`MAX_HEAD_DIM`.
         num_iters: Newton–Schulz iterations, an int >= 0.
         ridge: a float >= 0.
-        normalize: SOFT-Norm's scaling.
+        soft_norm: SOFT-Norm's scaling.
 
     Returns:
         ``(B, h, m, m)`` float32.
@@ -298,7 +298,7 @@ def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, norma
         raise ValueError(f'triton_nystrom_middle: m must be <= {MAX_LANDMARKS} and d <= {MAX_HEAD_DIM} (the kernel\'s '
                          f'shared memory on an A100), got m={landmarks.shape[2]}, '
                          f'd={landmarks.shape[3]}')
-    return _middle_op(landmarks, int(num_iters), float(ridge), bool(normalize))[0]
+    return _middle_op(landmarks, int(num_iters), float(ridge), bool(soft_norm))[0]
 
 
 def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:

@@ -11,9 +11,10 @@ Kernels, named by op, direction and output:
 
 ``K1`` is the Gaussian kernel of the tokens against the m landmarks; every kernel rebuilds its block of ``K1`` in
 registers from q and the landmarks (:func:`kernel_block`), so no N×m tensor is ever written to memory. A group ``g =
-sample * H + head`` is one (sample, head); strides are named ``stride_<tensor>_<dim>`` over the dims ``(b, h, n, d)``
-of ``(B, H, N, D)`` tensors, and the landmarks and the m×d factors are contiguous ``(B*H, M, D)``. Padded tile sizes
-(powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
+sample * H + head`` is one (sample, head); strides are named ``stride_<tensor>_<dim>`` over the dims ``(b, h, n, d)`` of
+``(B, H, N, D)`` tensors, and the landmarks and the m×d factors are contiguous ``(B*H, M, D)``. Each kernel moves its
+pointers to its group once (:func:`group_base`); the block helpers below index tokens and dims within it. Padded tile
+sizes (powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
 
 ``PRODUCTS`` (a constexpr) is the dtype of the products with v or grad_out: :data:`PRODUCTS_FLOAT32` (IEEE float32,
 no TF32), :data:`PRODUCTS_BFLOAT16` or :data:`PRODUCTS_FLOAT16`; every product accumulates in float32, and the kernel
@@ -25,9 +26,10 @@ compiles the ``for`` loops (which triton can pipeline)."""
 import triton
 import triton.language as tl
 
-__all__ = ['PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block', 'kernel_block',
-           'load_f32', 'newton_schulz_step', 'nystrom_bwd_kernel_dq_dv_dl', 'nystrom_fwd_kernel_context',
-           'nystrom_fwd_kernel_o', 'nystrom_middle_fwd_kernel', 'pdot', 'pdot_scaled', 'pow2_above', 'round_bf16']
+__all__ = ['PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block', 'group_base',
+           'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
+           'nystrom_bwd_kernel_dq_dv_dl', 'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o',
+           'nystrom_middle_fwd_kernel', 'pdot', 'pdot_scaled', 'pow2_above', 'round_bf16', 'store_tokens']
 
 # the values of PRODUCTS (the launches pass config.PRODUCTS_CODES[name])
 PRODUCTS_FLOAT32 = tl.constexpr(0)
@@ -86,40 +88,64 @@ def pdot_scaled(a, b, scale, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def kernel_block(q_ptr, l_ptr, blk, H, N, M, D, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                 BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
-    """Block ``blk`` of this program's group (``tl.program_id(1)``): ``(q (BLOCK, DP) float32, landmarks (MP, DP),
-    K block (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token rows, row mask, group, sample,
-    head)``. The block is ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` with an IEEE float32 dot: the norm terms
-    cancel against the dot product, so the exponent never runs in a lower dtype."""
+def group_base(ptr, H, stride_b, stride_h):
+    """``ptr`` moved to this program's group (``tl.program_id(1)``) of a ``(B, H, N, D)`` tensor with those strides:
+    the kernels offset every token tensor once per program, and the block helpers index tokens and dims only."""
     g = tl.program_id(1)
-    b = g // H
-    hh = g % H
-    rows = blk * BLOCK + tl.arange(0, BLOCK)
-    dims = tl.arange(0, DP)
-    marks = tl.arange(0, MP)
-    row_ok = rows < N
-    q = load_f32(q_ptr + b * stride_q_b + hh * stride_q_h + rows[:, None] * stride_q_n + dims[None, :] * stride_q_d,
-                 row_ok[:, None] & (dims[None, :] < D))
-    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], (marks[:, None] < M) & (dims[None, :] < D))
-    dot = tl.dot(q, tl.trans(lm), input_precision='ieee')
-    exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
-    k = tl.exp(tl.minimum(exponent, 0.0))
-    k = tl.where(row_ok[:, None] & (marks[None, :] < M), k, 0.0)
-    return q, lm, k, rows, row_ok, g, b, hh
+    return ptr + (g // H) * stride_b + (g % H) * stride_h
 
 
 @triton.jit
-def context_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                  stride_x_b, stride_x_h, stride_x_n, stride_x_d, BLOCK: tl.constexpr, MP: tl.constexpr,
-                  DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
-    """``acc + K_blk^T x_blk`` for block ``blk`` of this program's group: the body of
-    :func:`nystrom_fwd_kernel_context`'s loop."""
-    cols = tl.arange(0, DVP)
-    _, _, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, stride_q_b, stride_q_h, stride_q_n,
-                                                   stride_q_d, BLOCK, MP, DP)
-    x = load_f32(x_ptr + b * stride_x_b + hh * stride_x_h + rows[:, None] * stride_x_n + cols[None, :] * stride_x_d,
-                 row_ok[:, None] & (cols[None, :] < DV))
+def load_tokens(ptr, rows, row_ok, width, stride_n, stride_d, WP: tl.constexpr):
+    """The ``(BLOCK, WP)`` float32 tile of token rows ``rows`` (masked by ``row_ok``) and the first ``width`` columns
+    of a group's ``(N, width)`` slice."""
+    cols = tl.arange(0, WP)
+    mask = row_ok[:, None] & (cols[None, :] < width)
+    return load_f32(ptr + rows[:, None] * stride_n + cols[None, :] * stride_d, mask)
+
+
+@triton.jit
+def store_tokens(ptr, tile, rows, row_ok, width, stride_n, stride_d, WP: tl.constexpr):
+    """:func:`load_tokens`' counterpart: ``tile`` written in the tensor's own dtype."""
+    cols = tl.arange(0, WP)
+    tl.store(ptr + rows[:, None] * stride_n + cols[None, :] * stride_d, tile.to(ptr.dtype.element_ty),
+             mask=row_ok[:, None] & (cols[None, :] < width))
+
+
+@triton.jit
+def load_group_tile(ptr, rows, cols, RP: tl.constexpr, CP: tl.constexpr):
+    """The ``(RP, CP)`` float32 tile of a group's contiguous ``(rows, cols)`` matrix (the landmarks, an m×d factor),
+    zero in the padding; ``ptr`` is already at the group."""
+    r = tl.arange(0, RP)
+    c = tl.arange(0, CP)
+    return load_f32(ptr + r[:, None] * cols + c[None, :], (r[:, None] < rows) & (c[None, :] < cols))
+
+
+@triton.jit
+def kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK: tl.constexpr, MP: tl.constexpr,
+                 DP: tl.constexpr):
+    """Block ``blk`` of the group's tokens against its landmarks (``q_ptr`` and ``l_ptr`` at the group): ``(q (BLOCK,
+    DP) float32, landmarks (MP, DP), K block (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token
+    rows, row mask)``. The block is ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` with an IEEE float32 dot: the norm
+    terms cancel against the dot product, so the exponent never runs in a lower dtype."""
+    rows = blk * BLOCK + tl.arange(0, BLOCK)
+    row_ok = rows < N
+    q = load_tokens(q_ptr, rows, row_ok, D, stride_q_n, stride_q_d, DP)
+    lm = load_group_tile(l_ptr, M, D, MP, DP)
+    dot = tl.dot(q, tl.trans(lm), input_precision='ieee')
+    exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
+    k = tl.where(row_ok[:, None] & (tl.arange(0, MP)[None, :] < M), tl.exp(tl.minimum(exponent, 0.0)), 0.0)
+    return q, lm, k, rows, row_ok
+
+
+@triton.jit
+def context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, stride_q_n, stride_q_d, stride_x_n, stride_x_d,
+                  BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
+                  INTERPRET: tl.constexpr):
+    """``acc + K_blk^T x_blk`` for block ``blk`` of the group: the body of :func:`nystrom_fwd_kernel_context`'s
+    loop."""
+    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK, MP, DP)
+    x = load_tokens(x_ptr, rows, row_ok, DV, stride_x_n, stride_x_d, DVP)
     return acc + pdot(tl.trans(k), x, PRODUCTS, INTERPRET)
 
 
@@ -141,23 +167,23 @@ def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV,
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
-    marks = tl.arange(0, MP)
-    cols = tl.arange(0, DVP)
+    q_ptr = group_base(q_ptr, H, stride_q_b, stride_q_h)
+    x_ptr = group_base(x_ptr, H, stride_x_b, stride_x_h)
+    l_ptr += g * M * D
     acc = tl.zeros((MP, DVP), dtype=tl.float32)
     num_blocks = tl.cdiv(N, BLOCK)
     if INTERPRET:
         blk = split
         while blk < num_blocks:
-            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n,
-                                stride_q_d, stride_x_b, stride_x_h, stride_x_n, stride_x_d, BLOCK, MP, DP, DVP,
-                                PRODUCTS, INTERPRET)
+            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, stride_q_n, stride_q_d, stride_x_n,
+                                stride_x_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
             blk += splits
     else:
         for blk in range(split, num_blocks, splits):
-            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n,
-                                stride_q_d, stride_x_b, stride_x_h, stride_x_n, stride_x_d, BLOCK, MP, DP, DVP,
-                                PRODUCTS, INTERPRET)
-    tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + cols[None, :], acc)
+            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, stride_q_n, stride_q_d, stride_x_n,
+                                stride_x_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+    marks = tl.arange(0, MP)
+    tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + tl.arange(0, DVP)[None, :], acc)
 
 
 @triton.jit
@@ -172,51 +198,38 @@ def nystrom_fwd_kernel_o(q_ptr, l_ptr, mc_ptr, o_ptr, H, N, M, D, DV,
     multiplies it by its group's ``middle_context = middle @ K1^T v`` (``mc_ptr``: contiguous ``(B*H, M, DV)``
     float32), operands in the ``PRODUCTS`` dtype, float32 accumulation; o is written through its strides in its own
     dtype."""
-    _, _, k, rows, row_ok, g, b, hh = kernel_block(q_ptr, l_ptr, tl.program_id(0), H, N, M, D, stride_q_b,
-                                                   stride_q_h, stride_q_n, stride_q_d, BLOCK, MP, DP)
-    marks = tl.arange(0, MP)
-    cols = tl.arange(0, DVP)
-    mc = load_f32(mc_ptr + (g * M + marks[:, None]) * DV + cols[None, :], (marks[:, None] < M) & (cols[None, :] < DV))
+    g = tl.program_id(1)
+    q_ptr = group_base(q_ptr, H, stride_q_b, stride_q_h)
+    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr + g * M * D, tl.program_id(0), N, M, D, stride_q_n, stride_q_d,
+                                         BLOCK, MP, DP)
+    mc = load_group_tile(mc_ptr + g * M * DV, M, DV, MP, DVP)
     o = pdot(k, mc, PRODUCTS, INTERPRET)
-    tl.store(o_ptr + b * stride_o_b + hh * stride_o_h + rows[:, None] * stride_o_n + cols[None, :] * stride_o_d,
-             o.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & (cols[None, :] < DV))
+    store_tokens(group_base(o_ptr, H, stride_o_b, stride_o_h), o, rows, row_ok, DV, stride_o_n, stride_o_d, DVP)
 
 
 @triton.jit
 def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-              blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-              stride_v_b, stride_v_h, stride_v_n, stride_v_d, stride_do_b, stride_do_h, stride_do_n, stride_do_d,
-              stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d, stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
-              BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
-              INTERPRET: tl.constexpr):
-    """Block ``blk`` of this program's group: stores its grad q and grad v, returns the landmark gradient's partial
-    sums ``(dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s
-    loop. ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context and middle-context tiles
-    (the same for every block)."""
-    g = tl.program_id(1)
-    marks = tl.arange(0, MP)
-    cols = tl.arange(0, DVP)
-    dims = tl.arange(0, DP)
-    q, lm, k, rows, row_ok, _, b, hh = kernel_block(q_ptr, l_ptr, blk, H, N, M, D, stride_q_b, stride_q_h,
-                                                    stride_q_n, stride_q_d, BLOCK, MP, DP)
-    value_mask = row_ok[:, None] & (cols[None, :] < DV)
-    # the order keeps few tiles alive at once (0 spills): grad v first, then grad K1 one product at a time
-    small_mask = (marks[:, None] < M) & (cols[None, :] < DV)
-    dctx = load_f32(dctx_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask)
+              blk, N, M, D, DV, stride_q_n, stride_q_d, stride_v_n, stride_v_d, stride_do_n, stride_do_d, stride_dq_n,
+              stride_dq_d, stride_dv_n, stride_dv_d, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
+              DVP: tl.constexpr, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+    """Block ``blk`` of the group: stores its grad q and grad v, returns the landmark gradient's partial sums
+    ``(dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s loop.
+    Every pointer is at the group; ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context
+    and middle-context tiles (the same for every block)."""
+    q, lm, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK, MP, DP)
+    # the order keeps few tiles alive at once (0 spills): the m×d tiles loaded where they are used, grad v first,
+    # then grad K1 one product at a time
+    dctx = load_group_tile(dctx_ptr, M, DV, MP, DVP)
     dv = pdot_scaled(k, dctx, dctx_scale, PRODUCTS, INTERPRET)
-    tl.store(dv_ptr + b * stride_dv_b + hh * stride_dv_h + rows[:, None] * stride_dv_n + cols[None, :] * stride_dv_d,
-             dv.to(dv_ptr.dtype.element_ty), mask=value_mask)
-    v = load_f32(v_ptr + b * stride_v_b + hh * stride_v_h + rows[:, None] * stride_v_n + cols[None, :] * stride_v_d,
-                 value_mask)
+    store_tokens(dv_ptr, dv, rows, row_ok, DV, stride_dv_n, stride_dv_d, DVP)
+    v = load_tokens(v_ptr, rows, row_ok, DV, stride_v_n, stride_v_d, DVP)
     grad_k = pdot_scaled(v, tl.trans(dctx), dctx_scale, PRODUCTS, INTERPRET)
-    do = load_f32(do_ptr + b * stride_do_b + hh * stride_do_h + rows[:, None] * stride_do_n
-                  + cols[None, :] * stride_do_d, value_mask)
-    mc = load_f32(mc_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask)
+    do = load_tokens(do_ptr, rows, row_ok, DV, stride_do_n, stride_do_d, DVP)
+    mc = load_group_tile(mc_ptr, M, DV, MP, DVP)
     grad_k += pdot_scaled(do, tl.trans(mc), mc_scale, PRODUCTS, INTERPRET)
     grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
     dq = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
-    tl.store(dq_ptr + b * stride_dq_b + hh * stride_dq_h + rows[:, None] * stride_dq_n + dims[None, :] * stride_dq_d,
-             dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None] & (dims[None, :] < D))
+    store_tokens(dq_ptr, dq, rows, row_ok, D, stride_dq_n, stride_dq_d, DP)
     dl_sum += tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
     dl_colsum += tl.sum(grad_s, axis=0)
     return dl_sum, dl_colsum
@@ -248,39 +261,40 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
-    marks = tl.arange(0, MP)
-    dims = tl.arange(0, DP)
-    dl_sum = tl.zeros((MP, DP), dtype=tl.float32)
-    dl_colsum = tl.zeros((MP,), dtype=tl.float32)
+    q_ptr = group_base(q_ptr, H, stride_q_b, stride_q_h)
+    v_ptr = group_base(v_ptr, H, stride_v_b, stride_v_h)
+    do_ptr = group_base(do_ptr, H, stride_do_b, stride_do_h)
+    dq_ptr = group_base(dq_ptr, H, stride_dq_b, stride_dq_h)
+    dv_ptr = group_base(dv_ptr, H, stride_dv_b, stride_dv_h)
+    l_ptr += g * M * D
+    mc_ptr += g * M * DV
+    dctx_ptr += g * M * DV
     # float16's scales of the m×d tiles, which every block multiplies by: once per program (fewer registers)
     dctx_scale = 1.0
     mc_scale = 1.0
     if PRODUCTS == PRODUCTS_FLOAT16:
-        cols = tl.arange(0, DVP)
-        small_mask = (marks[:, None] < M) & (cols[None, :] < DV)
-        dctx_scale = pow2_above(load_f32(dctx_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask))
-        mc_scale = pow2_above(load_f32(mc_ptr + (g * M + marks[:, None]) * DV + cols[None, :], small_mask))
+        dctx_scale = pow2_above(load_group_tile(dctx_ptr, M, DV, MP, DVP))
+        mc_scale = pow2_above(load_group_tile(mc_ptr, M, DV, MP, DVP))
+    dl_sum = tl.zeros((MP, DP), dtype=tl.float32)
+    dl_colsum = tl.zeros((MP,), dtype=tl.float32)
     num_blocks = tl.cdiv(N, BLOCK)
     if INTERPRET:
         blk = split
         while blk < num_blocks:
             dl_sum, dl_colsum = bwd_block(
                 dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-                blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                stride_v_b, stride_v_h, stride_v_n, stride_v_d, stride_do_b, stride_do_h, stride_do_n, stride_do_d,
-                stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d, stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
-                BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+                blk, N, M, D, DV, stride_q_n, stride_q_d, stride_v_n, stride_v_d, stride_do_n, stride_do_d, stride_dq_n,
+                stride_dq_d, stride_dv_n, stride_dv_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
             blk += splits
     else:
         for blk in range(split, num_blocks, splits):
             dl_sum, dl_colsum = bwd_block(
                 dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-                blk, H, N, M, D, DV, stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                stride_v_b, stride_v_h, stride_v_n, stride_v_d, stride_do_b, stride_do_h, stride_do_n, stride_do_d,
-                stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d, stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
-                BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+                blk, N, M, D, DV, stride_q_n, stride_q_d, stride_v_n, stride_v_d, stride_do_n, stride_do_d, stride_dq_n,
+                stride_dq_d, stride_dv_n, stride_dv_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+    marks = tl.arange(0, MP)
     slot = g * splits + split  # one partial sum per program
-    tl.store(dl_sum_ptr + (slot * MP + marks[:, None]) * DP + dims[None, :], dl_sum)
+    tl.store(dl_sum_ptr + (slot * MP + marks[:, None]) * DP + tl.arange(0, DP)[None, :], dl_sum)
     tl.store(dl_colsum_ptr + slot * MP + marks, dl_colsum)
 
 
@@ -292,22 +306,21 @@ def newton_schulz_step(v, p):
 
 @triton.jit
 def nystrom_middle_fwd_kernel(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr,
-                              DP: tl.constexpr, NORMALIZE: tl.constexpr, INTERPRET: tl.constexpr):
+                              DP: tl.constexpr, SOFT_NORM: tl.constexpr, INTERPRET: tl.constexpr):
     """The m×m middle matrix and the inverse it holds, one (sample, head) group per program.
 
     Grid ``(B * H,)``; everything in registers, IEEE float32: the landmark kernel ``A = exp(min(l . l' - |l|^2 / 2 -
     |l'|^2 / 2, 0))``, ``P = A + ridge I``, the Newton–Schulz start ``V = alpha P^T`` with ``alpha = 1.8 /
     max(||A||_1 ||A||_inf, floor)``, ``num_iters`` iterations ``V = 2 V - (V P) V``, and the middle matrix ``V``, or
-    ``D^-1/2 V D^-1/2`` with ``D = A 1`` (SOFT-Norm, ``NORMALIZE``). Input: the landmarks, contiguous ``(B*H, M, D)``
+    ``D^-1/2 V D^-1/2`` with ``D = A 1`` (SOFT-Norm, ``SOFT_NORM``). Input: the landmarks, contiguous ``(B*H, M, D)``
     float32. Writes the inverse ``V`` (``inv_ptr``) and the middle matrix (``mid_ptr``), contiguous ``(M, M)`` per
     group; the padding (rows and columns past M) is zero in every tile, so the iteration on the padded tiles is the
     iteration on the M×M matrices."""
     g = tl.program_id(0)
     marks = tl.arange(0, MP)
-    dims = tl.arange(0, DP)
     ok = marks < M
     valid = ok[:, None] & ok[None, :]
-    lm = load_f32(l_ptr + g * M * D + marks[:, None] * D + dims[None, :], ok[:, None] & (dims[None, :] < D))
+    lm = load_group_tile(l_ptr + g * M * D, M, D, MP, DP)
     half_sq = 0.5 * tl.sum(lm * lm, axis=1)
     exponent = tl.dot(lm, tl.trans(lm), input_precision='ieee') - half_sq[:, None] - half_sq[None, :]
     a = tl.where(valid, tl.exp(tl.minimum(exponent, 0.0)), 0.0)
@@ -327,7 +340,7 @@ def nystrom_middle_fwd_kernel(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, f
             v = newton_schulz_step(v, p)
     offsets = g * M * M + marks[:, None] * M + marks[None, :]
     tl.store(inv_ptr + offsets, v, mask=valid)
-    if NORMALIZE:
+    if SOFT_NORM:
         scale = tl.where(ok, 1.0 / tl.sqrt(tl.where(ok, row_sums, 1.0)), 0.0)
         v = scale[:, None] * v * scale[None, :]
     tl.store(mid_ptr + offsets, v, mask=valid)

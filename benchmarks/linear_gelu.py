@@ -1,0 +1,170 @@
+"""The MLP's first layer in CPU float32 inference: oneDNN's fused linear + GELU, ``F.linear`` then ``F.gelu``, and for
+the tanh approximation ``F.linear`` then ``gelu_tanh_`` (the sigmoid form in place), per layer shape of a SOFT backbone
+at a detection size and for the whole backbone, side by side in one process.
+
+    python benchmarks/linear_gelu.py                       # SOFT-Norm-Small at 800x1344, 5 interleaved rounds
+    python benchmarks/linear_gelu.py --arch tiny --sizes 512x512 --rounds 3
+
+``soft_mm.ops.layers.gelu.linear_gelu`` runs float32 tanh-GELU layers as the GEMM then ``gelu_tanh_``
+(``FLOAT32_TANH_GELU = 'sigmoid'``) and fuses erf-GELU layers of at most ``FUSED_FLOAT32_MAX_IN_FEATURES`` inputs;
+this script measures those choices on the machine it runs on: each distinct fc1 shape of the backbone's MLPs (with
+its own GELU) fused, unfused and, for tanh, in the sigmoid form, and the backbone's forward under the rule (``rule``)
+against fusing every layer within the bound, tanh ones included (``fused_bound``), fusing every layer (``fused``) and
+fusing none, with ``F.gelu`` (``unfused``), the four interleaved per round. Run it under the allocator setting the
+other benchmarks use (``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736``,
+benchmarks/harness.py); the table's header says which one it ran under.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from harness import add_sizes_argument, gemm_gflops, glibc_malloc_note, median_time, write_results
+
+from soft_mm.models import SOFT
+from soft_mm.models.blocks import GeluMlp
+from soft_mm.ops.layers import gelu
+
+CPU = torch.device('cpu')
+# (FUSED_FLOAT32_MAX_IN_FEATURES, FLOAT32_TANH_GELU) of each backbone setting
+# ('fused_bound': oneDNN's epilogue for every layer within the bound, tanh included, F.gelu above it)
+SETTINGS = {'rule': (gelu.FUSED_FLOAT32_MAX_IN_FEATURES, gelu.FLOAT32_TANH_GELU),
+            'fused_bound': (gelu.FUSED_FLOAT32_MAX_IN_FEATURES, 'fused'), 'fused': (sys.maxsize, 'fused'),
+            'unfused': (-1, 'plain')}
+
+
+def cpu_model() -> str:
+    """The CPU's model name, family and model (``/proc/cpuinfo``), or the machine type where there is none."""
+    try:
+        text = Path('/proc/cpuinfo').read_text()
+    except OSError:
+        return platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
+    if 'model name' not in fields:
+        return platform.machine()
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    parser.add_argument('--arch', default='small', help='SOFT arch (default: small)')
+    add_sizes_argument(parser, ['800x1344'], 'input size of the backbone')
+    parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds (default: 5)')
+    parser.add_argument('--repeats', type=int, default=2, help='timed calls per case and round (default: 2)')
+    parser.add_argument('--out', default='work_dirs/linear_gelu', help='folder of the .md and .json results')
+    args = parser.parse_args(argv)
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error(f'--rounds and --repeats must be >= 1, got {args.rounds} and {args.repeats}')
+    return args
+
+
+def mlp_shapes(model: torch.nn.Module, image: torch.Tensor) -> list[tuple[int, int, int, str, int]]:
+    """``(tokens, in, out, approximate, count)`` of the fc1 layers the forward of ``image`` runs, in order of first
+    use (``approximate``: the layer's GELU, ``'tanh'`` or ``'none'``)."""
+    seen: dict[tuple[int, int, int, str], int] = {}
+
+    def record(module, inputs, _):
+        key = (inputs[0].shape[:-1].numel(), module.fc1.in_features, module.fc1.out_features, module.act.approximate)
+        seen[key] = seen.get(key, 0) + 1
+
+    hooks = [m.register_forward_hook(record) for m in model.modules() if isinstance(m, GeluMlp)]
+    model(image)
+    for hook in hooks:
+        hook.remove()
+    return [(*key, count) for key, count in seen.items()]
+
+
+def interleaved(cases: dict, rounds: int, repeats: int) -> dict[str, float]:
+    """Median seconds of each case (``{name: (setup, fn)}``, ``setup()`` run before each of its rounds), the cases
+    interleaved round by round."""
+    times = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, (setup, fn) in cases.items():
+            setup()
+            times[name].append(median_time(fn, CPU, repeats))
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def time_layer(tokens: int, d_in: int, d_out: int, approximate: str, rounds: int, repeats: int,
+               ) -> dict[str, float | None]:
+    """Milliseconds of one fc1 layer with its GELU: fused, unfused and (tanh) in the sigmoid form (None for erf)."""
+    x, weight, bias = torch.randn(tokens, d_in), 0.05 * torch.randn(d_out, d_in), torch.randn(d_out)
+    cases = {'fused': (lambda: None, lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, 'gelu', [],
+                                                                                approximate)),
+             'unfused': (lambda: None, lambda: F.gelu(F.linear(x, weight, bias), approximate=approximate))}
+    if approximate == 'tanh':
+        cases['sigmoid'] = (lambda: None, lambda: gelu.gelu_tanh_(F.linear(x, weight, bias)))
+    times = {name: 1000 * t for name, t in interleaved(cases, rounds, repeats).items()}
+    return {'sigmoid': None, **times}
+
+
+def time_backbone(model: torch.nn.Module, image: torch.Tensor, rounds: int, repeats: int) -> dict[str, float]:
+    """Seconds of the backbone's forward under each setting of :data:`SETTINGS`."""
+
+    def setting(bound: int, tanh: str):
+        def apply():
+            gelu.FUSED_FLOAT32_MAX_IN_FEATURES, gelu.FLOAT32_TANH_GELU = bound, tanh
+        return apply
+
+    try:
+        return interleaved({name: (setting(*values), lambda: model(image)) for name, values in SETTINGS.items()},
+                           rounds, repeats)
+    finally:
+        setting(*SETTINGS['rule'])()
+
+
+def layer_row(r: dict) -> str:
+    sigmoid = '–' if r['sigmoid'] is None else f"{r['sigmoid']:.1f} ({r['unfused'] / r['sigmoid']:.2f}x)"
+    return (f"| {r['tokens']} | {r['d_in']} → {r['d_out']} | {r['approximate']} | {r['count']} | {r['fused']:.1f} | "
+            f"{r['unfused']:.1f} | {r['unfused'] / r['fused']:.2f}x | {sigmoid} | {r['rule']} |")
+
+
+def rule_for(d_in: int, approximate: str) -> str:
+    """What the rule (``linear_gelu``'s defaults) runs for a float32 layer."""
+    if approximate == 'tanh' and SETTINGS['rule'][1] != 'fused':
+        return 'sigmoid' if SETTINGS['rule'][1] == 'sigmoid' else 'unfused'
+    return 'fused' if d_in <= SETTINGS['rule'][0] else 'unfused'
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    model = SOFT(arch=args.arch, soft_norm=True).eval()
+    allocator = 'tuned' if os.environ.get('MALLOC_MMAP_THRESHOLD_') else 'default'
+    header = (f'CPU float32 inference, {torch.get_num_threads()} threads, {cpu_model()}, '
+              f'{glibc_malloc_note(allocator)}; median of {args.repeats} calls per round, median of {args.rounds} '
+              f'interleaved rounds; GEMM rate {gemm_gflops(CPU, repeats=3):.0f} GFLOP/s')
+    data, lines = {'header': header, 'layers': [], 'backbone': []}, []
+    with torch.no_grad():
+        for h, w in args.sizes:
+            image = torch.randn(1, 3, h, w)
+            layers = [dict(hw=[h, w], tokens=tokens, d_in=d_in, d_out=d_out, approximate=approximate, count=count,
+                           rule=rule_for(d_in, approximate),
+                           **time_layer(tokens, d_in, d_out, approximate, args.rounds, args.repeats))
+                      for tokens, d_in, d_out, approximate, count in mlp_shapes(model, image)]
+            backbone = time_backbone(model, image, args.rounds, args.repeats)
+            data['layers'] += layers
+            data['backbone'].append(dict(hw=[h, w], **backbone))
+            lines += [f'SOFT-Norm-{args.arch.capitalize()} at {h}x{w}: the fc1 layers', '',
+                      '| tokens | in → out | GELU | layers | fused ms | unfused ms | unfused / fused | '
+                      'sigmoid form ms (unfused / it) | the rule runs |',
+                      '|---|---|---|---|---|---|---|---|---|', *map(layer_row, layers), '',
+                      f'backbone forward (rule: tanh layers {SETTINGS["rule"][1]}, erf layers fused up to '
+                      f'{SETTINGS["rule"][0]} inputs): '
+                      + ', '.join(f'{name} {t:.3f} s' for name, t in backbone.items())
+                      + '; ' + ', '.join(f'{name} / rule {backbone[name] / backbone["rule"]:.3f}x'
+                                         for name in SETTINGS if name != 'rule'), '']
+    write_results(args.out, 'linear_gelu', '\n'.join([header, '', *lines]), args, **data)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
