@@ -22,16 +22,22 @@ measured; a case or a part that raises is recorded with its error and the check 
 Parts:
 
 1. correctness on the device: the Triton backend's outputs and gradients against the float64 reference at
-   (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32 (float32 within 3e-5, also with TF32 switched
-   on globally as training scripts do; bfloat16 and float16 within half the error of the plain math in that dtype,
-   the FlashAttention rule of :mod:`soft_mm.utils.precision_rule`); the exit status is 1 if any case fails;
+   (N, m) = (1, 1), (63, 49), (300, 1), (300, 49), (4097, 49), d = 32, and at the backend's declared corners
+   (m = MAX_LANDMARKS with d = MAX_HEAD_DIM, m = 1 with d = 16: the largest and the smallest tiles, launched on the
+   device's real shared memory) (float32 within 3e-5, also with TF32 switched on globally as training scripts do;
+   bfloat16 and float16 within half the error of the plain math in that dtype, the FlashAttention rule of
+   :mod:`soft_mm.utils.precision_rule`); the exit status is 1 if any case fails;
 2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16, float16 and float32,
    forward and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same
    q, v (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to
    move q, v and the output once through memory at the device's measured copy bandwidth;
 3. backbones at batch 2 x 800x1344 under bfloat16 autocast, forward and forward+backward, peak memory
    (:func:`harness.build_backbone`: SOFT-Norm-Small, timm's Swin-T and ConvNeXt-T);
-4. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
+4. SOFT-Norm-Small's backbone under ``torch.compile(fullgraph=True)`` (inductor; the SOFT op's Triton custom ops
+   inside the one graph), bfloat16 autocast, forward: the compile time, the compiled and the eager time, and the
+   largest difference of the compiled maps from the eager ones (relative to each map's largest value); ``--smoke``
+   traces with the ``eager`` backend (the one graph, without inductor's code generation);
+5. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
    and spilled bytes per kernel and dtypes (:mod:`triton_cubins`, the table its test holds at 0 spills).
 """
 from __future__ import annotations
@@ -40,6 +46,7 @@ import argparse
 import json
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from pathlib import Path
@@ -59,7 +66,12 @@ from triton_cubins import format_table, resource_usage  # noqa: E402
 import soft_mm  # noqa: E402
 from soft_mm.ops import naive_soft_attention, soft_attention  # noqa: E402
 from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
-from soft_mm.ops.soft.backends.triton.backend import triton_available, unsupported_reason  # noqa: E402
+from soft_mm.ops.soft.backends.triton.backend import (  # noqa: E402
+    MAX_HEAD_DIM,
+    MAX_LANDMARKS,
+    triton_available,
+    unsupported_reason,
+)
 from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
 from soft_mm.utils.precision_rule import (  # noqa: E402
     outputs_and_grads,
@@ -73,18 +85,23 @@ FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_
             batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5)
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
              image=(64, 96), repeats=1)
+# (N, m, d) at the Triton backend's declared limits: the largest tiles (every kernel's shared memory at its most) and
+# the smallest; run after the check cases, in both modes
+CORNER_CASES = ((300, MAX_LANDMARKS, MAX_HEAD_DIM), (300, 1, 16))
 SETTINGS = dict(soft_norm=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 BACKBONES = ('soft_norm_small', 'swin_t', 'convnext_t')
 
 
-def op_inputs(tokens: int, landmarks: int, cfg: dict, device: torch.device, dtype: torch.dtype, seed: int = 0):
-    """``[q, landmarks, v, grad_out]`` of the FlashAttention rule (a trained layer's magnitudes), drawn in float64."""
-    (q, lm, v), grad = rule_inputs(tokens, landmarks, cfg['head_dim'], cfg['batch'], cfg['heads'], seed=seed,
-                                   dtype=torch.float64)
+def op_inputs(tokens: int, landmarks: int, cfg: dict, device: torch.device, dtype: torch.dtype, seed: int = 0,
+              head_dim: int | None = None):
+    """``[q, landmarks, v, grad_out]`` of the FlashAttention rule (a trained layer's magnitudes), drawn in float64;
+    ``head_dim`` defaults to the configuration's."""
+    (q, lm, v), grad = rule_inputs(tokens, landmarks, head_dim or cfg['head_dim'], cfg['batch'], cfg['heads'],
+                                   seed=seed, dtype=torch.float64)
     return [t.to(device=device, dtype=dtype) for t in (q, lm, v, grad)]
 
 
-def check_case(tokens: int, landmarks: int, cfg: dict, device: torch.device) -> dict:
+def check_case(tokens: int, landmarks: int, head_dim: int, cfg: dict, device: torch.device) -> dict:
     """One correctness case (see :func:`check_correctness`)."""
     def fused(*t):
         return soft_attention(*t, backend='triton', **SETTINGS)
@@ -92,7 +109,7 @@ def check_case(tokens: int, landmarks: int, cfg: dict, device: torch.device) -> 
     def reference32(*t):
         return soft_attention(*t, backend='reference', **SETTINGS)
 
-    *tensors, grad = op_inputs(tokens, landmarks, cfg, device, torch.float64)
+    *tensors, grad = op_inputs(tokens, landmarks, cfg, device, torch.float64, head_dim=head_dim)
     exact = outputs_and_grads(lambda *t: naive_soft_attention(*t, **SETTINGS), tensors, grad)
 
     def float32_error(fn: Callable) -> float:
@@ -112,7 +129,7 @@ def check_case(tokens: int, landmarks: int, cfg: dict, device: torch.device) -> 
         row.update({f'{name}_errors': errors, f'plain_{name}_errors': plain})
         ratio = max(e / p for e, p in zip(errors, plain))
         line += f'; {str(dtype).replace("torch.", "")} {max(errors):.1e}, at most {ratio:.2f}x the plain math\'s'
-    print(f"  N={tokens:>5} m={landmarks:>2}: {line} {'ok' if ok else 'FAIL'}", flush=True)
+    print(f"  N={tokens:>5} m={landmarks:>2} d={head_dim:>3}: {line} {'ok' if ok else 'FAIL'}", flush=True)
     return dict(row, ok=ok)
 
 
@@ -122,13 +139,14 @@ def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[d
     both measured against float64 on the same rounded inputs (the FlashAttention rule). A case that raises is recorded
     (``ok`` False, its error) and the next one runs; the report is saved after each case."""
     rows = report.part('correctness')
-    for tokens, landmarks in cfg['check_cases']:
-        row = dict(tokens=tokens, landmarks=landmarks)
+    cases = [(tokens, landmarks, cfg['head_dim']) for tokens, landmarks in cfg['check_cases']] + list(CORNER_CASES)
+    for tokens, landmarks, head_dim in cases:
+        row = dict(tokens=tokens, landmarks=landmarks, head_dim=head_dim)
         try:
-            row.update(check_case(tokens, landmarks, cfg, device))
+            row.update(check_case(tokens, landmarks, head_dim, cfg, device))
         except Exception as err:  # recorded, and the check goes on
             row.update(ok=False, error=error_line(err))
-            print(f'  N={tokens:>5} m={landmarks:>2}: FAIL, {row["error"]}', flush=True)
+            print(f'  N={tokens:>5} m={landmarks:>2} d={head_dim:>3}: FAIL, {row["error"]}', flush=True)
         rows.append(row)
         report.save()
     return rows
@@ -203,6 +221,29 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+def compiled_backbone(cfg: dict, device: torch.device, backend: str) -> list[dict]:
+    """Part 4: SOFT-Norm-Small's backbone in one graph (``fullgraph=True``), ``backend`` (inductor on the device),
+    bfloat16 autocast, against the same model eager."""
+    image = cfg['image']
+    x = torch.randn(cfg['batch'], 3, *image, device=device)
+    model = build_backbone('soft_norm_small', image).to(device).eval()
+    compiled = torch.compile(model, backend=backend, fullgraph=True)
+    row = dict(model='soft_norm_small', input=f"{cfg['batch']}x{image[0]}x{image[1]}", backend=backend)
+    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+        start = time.perf_counter()
+        maps = compiled(x)
+        if device.type == 'cuda':
+            torch.cuda.synchronize(device)
+        row['compile_s'] = time.perf_counter() - start
+        eager = model(x)
+        row['max_rel_diff'] = max(float((a.float() - b.float()).abs().max() / b.float().abs().max())
+                                  for a, b in zip(maps, eager))
+        row['compiled_fwd_ms'] = 1e3 * median_time(lambda: compiled(x), device, cfg['repeats'])
+        row['eager_fwd_ms'] = 1e3 * median_time(lambda: model(x), device, cfg['repeats'])
+    print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()), flush=True)
+    return [row]
+
+
 def compiled_kernels(device: torch.device) -> list[dict]:
     """Registers and spills of every kernel compiled for sm_80, sm_90 and the device's architecture; prints the
     table."""
@@ -267,7 +308,9 @@ def main(argv: list[str] | None = None) -> int:
     report.run_part('op', lambda: bench_op(cfg, device))
     print('3. backbones, bfloat16 autocast', flush=True)
     report.run_part('backbones', lambda: bench_backbones(cfg, device))
-    print('4. the Triton kernels compiled (registers / spilled bytes per thread)', flush=True)
+    print('4. SOFT-Norm-Small in one compiled graph, bfloat16 autocast', flush=True)
+    report.run_part('compile', lambda: compiled_backbone(cfg, device, 'eager' if args.smoke else 'inductor'))
+    print('5. the Triton kernels compiled (registers / spilled bytes per thread)', flush=True)
     report.run_part('cubins', lambda: compiled_kernels(device))
     print(f'wrote {args.out}')
     correctness = report.data.get('correctness', [])

@@ -9,7 +9,7 @@ import pytest
 from repo import ROOT
 from tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
-from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
+from soft_mm.ops.soft.backends.triton.backend import MAX_HEAD_DIM, MAX_LANDMARKS, TRITON_VERSION
 
 
 def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
@@ -36,11 +36,15 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     assert not [key for key in report if key.endswith('_error')], report
     assert report['correctness'] and all(row['ok'] for row in report['correctness'])
     assert all(row['float32_error'] < 3e-5 for row in report['correctness'])
+    assert {(row['landmarks'], row['head_dim']) for row in report['correctness']} >= {(MAX_LANDMARKS, MAX_HEAD_DIM),
+                                                                                       (1, 16)}
     methods = {(row['dtype'], row['method']) for row in report['op'] if 'fwd_bwd_ms' in row}
     assert methods == {(dtype, method) for dtype in ('bfloat16', 'float16', 'float32')
                        for method in ('triton', 'reference', 'sdpa')}
     assert {row['model'] for row in report['backbones'] if 'fwd_bwd_ms' in row} == {'soft_norm_small', 'swin_t',
                                                                                      'convnext_t'}
+    (compiled,) = report['compile']  # one graph (fullgraph=True), the eager backend in the smoke run
+    assert compiled['backend'] == 'eager' and compiled['max_rel_diff'] < 5e-2 and compiled['compiled_fwd_ms'] > 0
     # the table tests/ops/test_triton_cubins.py holds: 23 kernels (the m×m one, triton_nystrom_middle, among them) × 2
     assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 46
     assert 'sm_80 regs / spill B' in proc.stdout
@@ -50,8 +54,8 @@ def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_pa
     tool = load_benchmark('device_check')
     calls = []
 
-    def check_case(tokens, landmarks, cfg, device):
-        calls.append(tokens)
+    def check_case(tokens, landmarks, head_dim, cfg, device):
+        calls.append((tokens, landmarks, head_dim))
         if tokens == 63:
             raise RuntimeError('CUDA error: an illegal memory access was encountered\nmore lines')
         return dict(ok=True, float32_error=1e-6)
@@ -60,8 +64,10 @@ def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_pa
     report = tool.Report(str(tmp_path / 'report.json'), device='cpu')
     report.run_part('correctness', lambda: tool.check_correctness(tool.SMOKE, 'cpu', report))
     rows = json.loads((tmp_path / 'report.json').read_text())['correctness']
-    assert calls == [1, 63, 130]
-    assert [row['ok'] for row in rows] == [True, False, True]
+    # the smoke cases at d = 32, then the declared corners: the largest tiles and the smallest
+    assert calls == [(1, 1, 32), (63, 9, 32), (130, 1, 32), (300, MAX_LANDMARKS, MAX_HEAD_DIM), (300, 1, 16)]
+    assert [row['ok'] for row in rows] == [True, False, True, True, True]
+    assert [row['head_dim'] for row in rows] == [32, 32, 32, MAX_HEAD_DIM, 16]
     assert rows[1]['error'] == 'RuntimeError: CUDA error: an illegal memory access was encountered'
 
     def broken_part():
@@ -69,4 +75,4 @@ def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_pa
 
     report.run_part('op', broken_part)  # recorded, saved, and nothing raised
     saved = json.loads((tmp_path / 'report.json').read_text())
-    assert saved['op_error'] == 'MemoryError: out of memory' and len(saved['correctness']) == 3
+    assert saved['op_error'] == 'MemoryError: out of memory' and len(saved['correctness']) == 5
