@@ -179,7 +179,8 @@ def run_in_fresh_process(script: str, spec: dict[str, Any],
 
 SOFT_BACKBONES = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
                   'soft_norm_small': ('small', True)}
-# the same backbones without the fused first-linear-and-GELU of their MLPs (soft_mm.ops.layers.gelu), for an A/B
+# the same backbones without the CPU inference fusions of their blocks, for an A/B: the MLP's first linear and GELU
+# (soft_mm.ops.layers.gelu) and the residual sums started in the branches' last GEMMs (soft_mm.ops.layers.residual)
 UNFUSED_SUFFIX = '_unfused'
 SOFT_BACKBONES.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_BACKBONES.items())})
 # timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T without its
@@ -224,9 +225,12 @@ def build_backbone(name: str, image_size: tuple[int, int] | None = None) -> nn.M
         arch, soft_norm = SOFT_BACKBONES[name]
         pyramid = SoftPyramid(arch, soft_norm=soft_norm, drop_path_rate=0.0)
         pyramid.init_pyramid_weights()
+        fused = not name.endswith(UNFUSED_SUFFIX)
         for module in pyramid.modules():
             if isinstance(module, GeluMlp):
-                module.fuse = not name.endswith(UNFUSED_SUFFIX)
+                module.fuse = fused
+            elif hasattr(module, 'adds_residual'):
+                module.adds_residual = fused
         return PyramidMaps(pyramid)
     if name in TIMM_BACKBONES:
         import timm

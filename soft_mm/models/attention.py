@@ -12,6 +12,7 @@ from ..ops import soft_attention
 from ..ops.graph_mode import exporting
 from ..ops.layers.head_conv import head_depthwise_conv
 from ..ops.layers.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
+from ..ops.layers.residual import hooked, linear_residual
 from .settings import AttentionSettings, attention_settings, is_int
 
 # torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op and the
@@ -20,8 +21,10 @@ from .settings import AttentionSettings, attention_settings, is_int
 # sizes; registered both ways timm registers its own (torch.fx.wrap for plain symbolic_trace, timm's registry).
 torch.fx.wrap('soft_attention')
 torch.fx.wrap('head_depthwise_conv')
+torch.fx.wrap('linear_residual')
 register_notrace_function(soft_attention)
 register_notrace_function(head_depthwise_conv)
+register_notrace_function(linear_residual)
 
 
 @torch.fx.wrap
@@ -74,6 +77,14 @@ def _channels_last_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tens
     even a batch of one gets the strides that conv kernels recognise as channels-last (otherwise they copy to NCHW
     and back)."""
     return _token_map(t, hw_shape).permute(0, 3, 1, 2)
+
+
+def _project(proj: nn.Linear, out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+    """``proj(out)``, or ``residual + proj(out)`` with the sum started in the GEMM where it can be (not where a hook
+    watches ``proj``)."""
+    if residual is None or hooked(proj):
+        return proj(out) if residual is None else residual + proj(out)
+    return linear_residual(out, proj.weight, proj.bias, residual)
 
 
 def _setting(name: str) -> property:
@@ -136,6 +147,9 @@ class SoftAttention(nn.Module):
         # (soft_mm.models.health records them there without changing any result)
         self.landmark_probe = nn.Identity()
 
+    # forward takes ``residual`` (the blocks hand it their sum; False on an instance: they add it themselves)
+    adds_residual = True
+
     landmark_mode = _setting('landmark_mode')
     landmark_grid = _setting('landmark_grid')
     newton_iters = _setting('newton_iters')
@@ -187,8 +201,11 @@ class SoftAttention(nn.Module):
         bias = None if self.qk.bias is None else self.qk.bias * scale
         return F.linear(x, self.qk.weight * scale, bias).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
-    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
-        """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``."""
+    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``; ``residual + `` that where a
+        residual ``(B, N, C)`` is given (the block's sum, started in the output projection's GEMM in CPU inference:
+        :func:`~soft_mm.ops.layers.residual.linear_residual`)."""
         h, w = _check_hw(x, hw_shape)  # (unpacked: a traced call's result is one node, its items two more)
         hw_shape = (h, w)
         b, n, c = x.shape
@@ -217,7 +234,7 @@ class SoftAttention(nn.Module):
                 local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim)
                 local = local.permute(0, 2, 3, 1).reshape(b, n, c)
             out = out + local
-        return self.proj(out)
+        return _project(self.proj, out, residual)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, landmarks={self.landmark_mode}(grid={self.landmark_grid}, '
@@ -237,11 +254,15 @@ class SoftmaxAttention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
-    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None) -> torch.Tensor:
+    adds_residual = True  # as SoftAttention's
+
+    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None,
+                residual: torch.Tensor | None = None) -> torch.Tensor:
+        """``x (B, N, C) -> (B, N, C)``, plus ``residual`` where one is given (as :meth:`SoftAttention.forward`)."""
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
         k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
         # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of this function divides
         # by a given `scale` where PyTorch multiplies by it (a head_dim-times sharper softmax in the exported graph)
         out = F.scaled_dot_product_attention(q, k, v)
-        return self.proj(out.transpose(1, 2).reshape(b, n, c))
+        return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual)

@@ -6,11 +6,14 @@ from timm.layers import DropPath, Mlp, register_notrace_function
 from torch import nn
 
 from ..ops.layers.gelu import linear_gelu
+from ..ops.layers.residual import hooked, linear_residual
 
 # torch.fx: linear_gelu picks the fused kernel from the device, dtype and grad mode in Python, so a symbolic trace
 # keeps the call as one node that runs eagerly (see soft_mm.models.attention)
 torch.fx.wrap('linear_gelu')
+torch.fx.wrap('linear_residual')
 register_notrace_function(linear_gelu)
+register_notrace_function(linear_residual)
 
 
 class TanhGELU(nn.GELU):
@@ -23,16 +26,21 @@ class TanhGELU(nn.GELU):
 class GeluMlp(Mlp):
     """timm's ``Mlp`` (same parameters and state-dict keys) whose first linear layer and GELU run as one fused GEMM
     in CPU inference (:func:`soft_mm.ops.layers.gelu.linear_gelu`); other activations, training and other devices run
-    timm's forward unchanged. ``fuse = False`` (on the class or an instance) turns the fusion off, for A/B
-    benchmarks."""
+    timm's forward unchanged. ``forward(x, residual)`` returns ``residual + mlp(x)``, the sum started in the second
+    layer's GEMM in CPU inference (:func:`soft_mm.ops.layers.residual.linear_residual`). ``fuse = False`` (on the
+    class or an instance) turns both off, for A/B benchmarks."""
 
     fuse = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         if not self.fuse or not isinstance(self.act, nn.GELU):
-            return super().forward(x)
-        x = self.drop1(linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate))
-        return self.drop2(self.fc2(self.norm(x)))
+            out = super().forward(x)
+            return out if residual is None else residual + out
+        x = self.norm(self.drop1(linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate)))
+        if residual is None or (self.training and self.drop2.p > 0) or hooked(self.fc2):
+            out = self.drop2(self.fc2(x))
+            return out if residual is None else residual + out
+        return linear_residual(x, self.fc2.weight, self.fc2.bias, residual)
 
 
 class Block(nn.Module):
@@ -40,7 +48,11 @@ class Block(nn.Module):
 
     ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``.
     ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``.
-    Both residual branches go through stochastic depth with probability ``drop_path``.
+    Both residual branches go through stochastic depth with probability ``drop_path``. Where that is the identity
+    (``drop_path=0`` or eval mode) the sums are handed to the branches' last linear layers (``residual=``), which start
+    them in their GEMMs in CPU inference; an attention module without ``adds_residual = True`` (one that takes no
+    ``residual`` argument) and a branch that a forward hook watches get the plain sum, so hooks see the branch's own
+    output.
     """
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4.0, post_norm: bool = False,
@@ -53,13 +65,27 @@ class Block(nn.Module):
         self.mlp = GeluMlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
+    def _attend(self, y: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor) -> torch.Tensor:
+        """``residual + drop_path(attn(y))``."""
+        if self._sum_in_branch() and getattr(self.attn, 'adds_residual', False) and not hooked(self.attn):
+            return self.attn(y, hw_shape, residual=residual)
+        return residual + self.drop_path(self.attn(y, hw_shape))
+
+    def _feed_forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """``residual + drop_path(mlp(y))``."""
+        if self._sum_in_branch() and not hooked(self.mlp):
+            return self.mlp(y, residual=residual)
+        return residual + self.drop_path(self.mlp(y))
+
+    def _sum_in_branch(self) -> bool:
+        """Whether stochastic depth is the identity here (none, or eval mode), so a branch may add its residual."""
+        return isinstance(self.drop_path, nn.Identity) or not self.training
+
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
         if self.post_norm:
             # the stream keeps its dtype: CUDA autocast runs LayerNorm in float32 and returns float32, which would
             # turn the residual stream float32 (every linear then casts it back); a no-op elsewhere
-            x = x + self.drop_path(self.attn(x, hw_shape))
-            x = self.norm1(x).to(x.dtype)
-            x = x + self.drop_path(self.mlp(x))
-            return self.norm2(x).to(x.dtype)
-        x = x + self.drop_path(self.attn(self.norm1(x), hw_shape))
-        return x + self.drop_path(self.mlp(self.norm2(x)))
+            x = self.norm1(self._attend(x, hw_shape, x)).to(x.dtype)
+            return self.norm2(self._feed_forward(x, x)).to(x.dtype)
+        x = self._attend(self.norm1(x), hw_shape, x)
+        return self._feed_forward(self.norm2(x), x)

@@ -15,7 +15,7 @@ import torch
 
 from .compat import is_compiling, is_exporting
 
-__all__ = ['GRAPH_MODES', 'exporting', 'graph_mode']
+__all__ = ['GRAPH_MODES', 'eager_cpu_inference', 'exporting', 'graph_mode']
 
 GRAPH_MODES = ('eager', 'compile', 'export')
 
@@ -30,3 +30,12 @@ def graph_mode() -> str:
     if exporting():
         return 'export'
     return 'compile' if is_compiling() else 'eager'
+
+
+def eager_cpu_inference(*tensors: torch.Tensor | None) -> bool:
+    """True for an eager call (:func:`graph_mode`) on CPU tensors that records no gradient: where a layer may compute
+    in place and pick kernels that have no backward (the first tensor decides the device; None entries are skipped)."""
+    present = [t for t in tensors if t is not None]
+    if present[0].device.type != 'cpu' or graph_mode() != 'eager':
+        return False
+    return not (torch.is_grad_enabled() and any(t.requires_grad for t in present))

@@ -159,12 +159,18 @@ def test_soft_backbones_are_the_mm_backbone_without_mmengine():
         torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_unfused_variant_turns_the_mlp_fusion_off():
+def test_unfused_variant_turns_the_block_fusions_off():
+    from soft_mm.models.attention import SoftAttention, SoftmaxAttention
     from soft_mm.models.blocks import GeluMlp
 
-    fused = [m.fuse for m in build_backbone('soft_norm_tiny').modules() if isinstance(m, GeluMlp)]
-    unfused = [m.fuse for m in build_backbone('soft_norm_tiny_unfused').modules() if isinstance(m, GeluMlp)]
-    assert len(fused) == len(unfused) == 8 and all(fused) and not any(unfused)  # tiny: 1+2+3+2 blocks
+    def switches(name):
+        modules = list(build_backbone(name).modules())
+        return ([m.fuse for m in modules if isinstance(m, GeluMlp)],
+                [m.adds_residual for m in modules if isinstance(m, (SoftAttention, SoftmaxAttention))])
+
+    (mlp, attention), (mlp_off, attention_off) = switches('soft_norm_tiny'), switches('soft_norm_tiny_unfused')
+    assert len(mlp) == len(mlp_off) == len(attention) == len(attention_off) == 8  # tiny: 1+2+3+2 blocks
+    assert all(mlp) and all(attention) and not any(mlp_off) and not any(attention_off)
 
 
 def test_unknown_backbone_is_named():

@@ -47,7 +47,7 @@ def test_float64_is_exactly_the_unfused_function(approximate, fused_calls):
 def sigmoid_form_calls(monkeypatch):
     calls = []
     original = gelu.gelu_tanh_
-    monkeypatch.setattr(gelu, 'gelu_tanh_', lambda t: calls.append(t.shape) or original(t))
+    monkeypatch.setattr(gelu, 'gelu_tanh_', lambda t, *args: calls.append(t.shape) or original(t, *args))
     return calls
 
 
@@ -161,8 +161,24 @@ def test_gelu_tanh_in_place_is_the_tanh_gelu(dtype):
     torch.testing.assert_close(gelu_tanh_(x.to(dtype)), got, rtol=4 * torch.finfo(dtype).eps, atol=tiny)
 
 
+def test_gelu_tanh_in_place_adds_the_bias_along_the_rows():
+    """The bias of a GEMM run without it, added row by row in chunks of whole rows (chunks that do not divide the
+    rows): against F.gelu(x + bias) in float64, no further off than F.gelu(x + bias) in float32."""
+    gen = torch.Generator().manual_seed(1)
+    x, bias = 3 * torch.randn(37, 2, 96, generator=gen), torch.randn(96, generator=gen)
+    reference = F.gelu(x.double() + bias.double(), approximate='tanh')
+    plain = F.gelu(x + bias, approximate='tanh')
+    got = x.clone()
+    assert gelu_tanh_(got, bias, chunk=5 * 96 + 7) is got
+    scale = reference.abs().max()
+    assert (got - reference).abs().max() <= 2 * (plain - reference).abs().max() + 1e-7 * scale
+    torch.testing.assert_close(gelu_tanh_(x.clone(), bias), got, rtol=4e-7, atol=1e-30)  # one chunk, the same values
+
+
 def test_gelu_tanh_in_place_refuses_bad_input():
     with pytest.raises(ValueError, match=r'gelu_tanh_: x must be contiguous, got shape \(3, 2\)'):
         gelu_tanh_(torch.zeros(2, 3).t())
     with pytest.raises(ValueError, match=r'gelu_tanh_: chunk must be an int >= 1, got 0'):
         gelu_tanh_(torch.zeros(3), chunk=0)
+    with pytest.raises(ValueError, match=r'gelu_tanh_: bias must have shape \(3,\) \(the last dim of x\), got \(2,\)'):
+        gelu_tanh_(torch.zeros(2, 3), torch.zeros(2))

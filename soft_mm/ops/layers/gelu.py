@@ -12,8 +12,9 @@ bfloat16 always, in float32 for erf-GELU layers of at most :data:`FUSED_FLOAT32_
 is bound by writing its wide output and the saved pass pays, while for wider inputs oneDNN's float32 GEMM can be slower
 than the BLAS one that ``F.linear`` calls). The tanh approximation in float32 inference (SOFT's stages 1-3) takes
 neither: its tanh is the costliest part of the layer after the GEMM, in ``F.gelu`` as in oneDNN's epilogue, so the BLAS
-GEMM is followed by :func:`gelu_tanh_`, the same function written as ``x * sigmoid(2 u)`` and computed in place, chunk
-by chunk in cache (:data:`FLOAT32_TANH_GELU`; docs/benchmarks/layer_kernels.md). Every other call is
+GEMM (without the bias) is followed by :func:`gelu_tanh_`, the bias added and the same function written as
+``x * sigmoid(2 u)`` computed in place, chunk by chunk in cache (:data:`FLOAT32_TANH_GELU`;
+docs/benchmarks/layer_kernels.md). Every other call is
 ``F.gelu(F.linear(x, weight, bias), approximate)`` itself. All agree to float32 rounding; in bfloat16 the fused result
 is rounded once (from the float32 accumulator) where the unfused one is rounded twice, so they may differ by one
 bfloat16 step.
@@ -27,7 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graph_mode import graph_mode
+from ..graph_mode import eager_cpu_inference
 from ..precision import autocast_dtype
 
 __all__ = ['FLOAT32_TANH_GELU', 'FUSED_DTYPES', 'FUSED_FLOAT32_MAX_IN_FEATURES', 'fused_dtypes',
@@ -80,16 +81,9 @@ def _compute_dtype(x: Tensor) -> torch.dtype | None:
     return x.dtype if x.dtype in fused_dtypes() else None
 
 
-def _eager_cpu_inference(x: Tensor, weight: Tensor, bias: Tensor | None) -> bool:
-    tensors = (x, weight) if bias is None else (x, weight, bias)
-    if x.device.type != 'cpu' or graph_mode() != 'eager':
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in tensors))
-
-
 def _fusable(x: Tensor, weight: Tensor, approximate: str, inference: bool) -> torch.dtype | None:
     """The dtype of oneDNN's fused kernel for the call, or None where the rule runs it unfused (``inference``: an eager
-    CPU call without gradients, :func:`_eager_cpu_inference`)."""
+    CPU call without gradients, :func:`~soft_mm.ops.graph_mode.eager_cpu_inference`)."""
     if not inference or not fused_linear_gelu_available():
         return None
     dtype = _compute_dtype(x)
@@ -99,26 +93,40 @@ def _fusable(x: Tensor, weight: Tensor, approximate: str, inference: bool) -> to
     return dtype
 
 
-def gelu_tanh_(x: Tensor, chunk: int = GELU_CHUNK) -> Tensor:
-    """``F.gelu(x, approximate='tanh')`` written into ``x`` (a contiguous tensor without autograd history).
+def gelu_tanh_(x: Tensor, bias: Tensor | None = None, chunk: int = GELU_CHUNK) -> Tensor:
+    """``F.gelu(x + bias, approximate='tanh')`` written into ``x`` (a contiguous tensor without autograd history;
+    ``bias`` broadcast over its last dim, e.g. the linear layer's bias of a GEMM run without it).
 
-    ``0.5 x (1 + tanh(u)) = x * sigmoid(2 u)`` with ``u = sqrt(2 / pi) (x + 0.044715 x^3)``: the same function, whose
-    exponential costs less than the tanh, and without the cancellation of ``1 + tanh(u)`` for negative ``x``. It runs
-    as six element-wise passes over chunks of ``chunk`` elements held in cache, into one scratch buffer of a chunk
-    (nothing of ``x``'s size is allocated). Within float32 rounding of ``F.gelu``: against float64, the same error.
+    ``0.5 y (1 + tanh(u)) = y * sigmoid(2 u)`` with ``u = sqrt(2 / pi) (y + 0.044715 y^3)``: the same function, whose
+    exponential costs less than the tanh, and without the cancellation of ``1 + tanh(u)`` for negative ``y``. It runs
+    chunk by chunk, whole rows of about ``chunk`` elements held in cache, as four element-wise passes (five with the
+    bias): ``s = a + b y^2`` (one ``addcmul``), ``s *= y``, ``sigmoid_(s)``, ``y *= s``, into one scratch buffer of a
+    chunk (nothing of ``x``'s size is allocated). Within float32 rounding of ``F.gelu``: against float64, the same
+    error.
     """
     if not x.is_contiguous():
         raise ValueError(f'gelu_tanh_: x must be contiguous, got shape {tuple(x.shape)} with strides {x.stride()}')
     if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
         raise ValueError(f'gelu_tanh_: chunk must be an int >= 1, got {chunk!r}')
-    flat = x.view(-1)
-    scratch = torch.empty(min(chunk, flat.numel()), dtype=x.dtype, device=x.device)
-    for start in range(0, flat.numel(), chunk):
-        part = flat[start:start + chunk]
-        two_u = scratch[:part.numel()]
-        # 2u = x (2 sqrt(2/pi) + 2 sqrt(2/pi) 0.044715 x^2)
-        torch.mul(part, part, out=two_u).mul_(2 * _SQRT_2_OVER_PI * 0.044715).add_(2 * _SQRT_2_OVER_PI)
-        part.mul_(two_u.mul_(part).sigmoid_())
+    width = 1  # chunks of whole rows where a bias runs along them, of single elements otherwise
+    if bias is not None:
+        width = x.shape[-1] if x.ndim else 1
+        if tuple(bias.shape) != (width,):
+            raise ValueError(f'gelu_tanh_: bias must have shape ({width},) (the last dim of x), got '
+                             f'{tuple(bias.shape)}')
+    rows = x.view(-1, width)
+    step = max(1, chunk // width)
+    scratch = torch.empty(min(step, rows.shape[0]), width, dtype=x.dtype, device=x.device)
+    # s = 2u / y = a + b y^2
+    a = torch.tensor(2 * _SQRT_2_OVER_PI, dtype=x.dtype, device=x.device)
+    b = 2 * _SQRT_2_OVER_PI * 0.044715
+    for start in range(0, rows.shape[0], step):
+        part = rows[start:start + step]
+        s = scratch[:part.shape[0]]
+        if bias is not None:
+            part.add_(bias)
+        torch.addcmul(a, part, part, value=b, out=s)
+        part.mul_(s.mul_(part).sigmoid_())
     return x
 
 
@@ -135,14 +143,17 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approxima
     if approximate not in GELU_APPROXIMATIONS:
         raise ValueError(f"linear_gelu: approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
     # (the eager check first: under torch.compile nothing else here may be traced)
-    inference = _eager_cpu_inference(x, weight, bias)
+    inference = eager_cpu_inference(x, weight, bias)
     dtype = _fusable(x, weight, approximate, inference)
     if dtype is None:
-        out = F.linear(x, weight, bias)
-        if (inference and approximate == 'tanh' and FLOAT32_TANH_GELU == 'sigmoid' and out.dtype == torch.float32
-                and out.is_contiguous()):
-            return gelu_tanh_(out)
-        return F.gelu(out, approximate=approximate)
+        if (inference and approximate == 'tanh' and FLOAT32_TANH_GELU == 'sigmoid' and x.dtype == torch.float32
+                and autocast_dtype('cpu') is None):
+            # the GEMM without the bias (no pass that copies it into the output first); the bias joins in cache
+            out = F.linear(x, weight)
+            if out.dtype == torch.float32 and out.is_contiguous():
+                return gelu_tanh_(out, bias)
+            return F.gelu(out if bias is None else out + bias, approximate=approximate)
+        return F.gelu(F.linear(x, weight, bias), approximate=approximate)
     if bias is not None:
         bias = bias.to(dtype)
     return torch.ops.mkldnn._linear_pointwise(x.to(dtype), weight.to(dtype), bias, 'gelu', [], approximate)
