@@ -186,11 +186,26 @@ class SoftAttention(nn.Module):
             tokens = _pool_token_map(_token_map(q, hw_shape), pooled_size)
             if self.settings.landmark_mode == 'avg':
                 return tokens.reshape(b, -1, h, d).transpose(1, 2)
+            if not hooked(self.landmark_conv):
+                return self._landmarks_from_patches(tokens, grid)
             # (B*h, d, H', W') in NCHW memory: the conv is shared by the heads
             q_map = tokens.reshape(b, *pooled_size, h, d).permute(0, 3, 4, 1, 2).reshape(b * h, d, *pooled_size)
         landmarks = self.landmark_conv(q_map).flatten(2).transpose(1, 2)
         landmarks = F.gelu(self.landmark_norm(landmarks))
         return landmarks.reshape(b, h, -1, d)
+
+    def _landmarks_from_patches(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+        """Conv-mode landmarks from the pooled ``(B, g_h r, g_w r, h*d)`` token map: the stride-``r`` conv with an
+        ``r x r`` kernel is one matmul of the ``r x r`` patches, each flattened in the conv weight's ``(d, r, r)``
+        order, with the weight as a ``(d, d r r)`` matrix (one small copy of the patches instead of a copy to NCHW and
+        a conv of a few output pixels), then LayerNorm and GELU. ``(B, h, m, d)``."""
+        b, _, _, _ = tokens.shape
+        h, d, r = self.num_heads, self.head_dim, self.landmark_stride
+        grid_h, grid_w = grid
+        patches = tokens.reshape(b, grid_h, r, grid_w, r, h, d).permute(0, 5, 1, 3, 6, 2, 4).reshape(-1, d * r * r)
+        landmarks = F.linear(patches, self.landmark_conv.weight.reshape(d, d * r * r))
+        landmarks = F.gelu(self.landmark_norm(landmarks))
+        return landmarks.reshape(b, h, grid_h * grid_w, d)
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """``x (B, N, C) -> q (B, h, N, d)``, the shared query/key projection scaled by ``d^-1/4``: a head-split view

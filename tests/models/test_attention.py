@@ -184,6 +184,25 @@ def test_conv_landmarks_at_224_stage_sizes_are_the_bare_strided_conv():
         torch.testing.assert_close(out, ref.reshape(2, 2, 49, 32), rtol=0, atol=1e-13)
 
 
+def test_conv_landmarks_are_one_matmul_of_patches_with_the_convs_gradients_and_a_hooked_conv_runs():
+    """The eager sampler runs the stride-r conv as one matmul of the r x r patches: the conv module's values and
+    gradients (float64, pooled map of an odd size); with a forward hook on the conv, the module itself runs."""
+    torch.manual_seed(0)
+    attn = SoftAttention(64, 2, landmark_mode='conv', landmark_stride=4).double()
+    q = torch.randn(2, 2, 37 * 45, 32, dtype=torch.float64, requires_grad=True)
+    out = attn.sample_landmarks(q, (37, 45))
+    grads = torch.autograd.grad(out.square().sum(), (q, attn.landmark_conv.weight))
+    seen = []
+    handle = attn.landmark_conv.register_forward_hook(lambda module, args, output: seen.append(output.shape))
+    ref = attn.sample_landmarks(q, (37, 45))
+    ref_grads = torch.autograd.grad(ref.square().sum(), (q, attn.landmark_conv.weight))
+    handle.remove()
+    assert seen == [(4, 32, 7, 7)] and out.shape == (2, 2, 49, 32)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-13)
+    for got, expected in zip(grads, ref_grads):
+        torch.testing.assert_close(got, expected, rtol=0, atol=1e-12)
+
+
 def test_avg_landmarks_are_adaptive_means_of_q():
     attn = SoftAttention(16, 2, landmark_mode='avg', landmark_grid=3)
     q = torch.randn(1, 2, 6 * 9, 8)
