@@ -59,7 +59,7 @@ def test_gradients_take_the_two_op_form_and_are_exact():
     assert type(out.grad_fn).__name__ == 'AddBackward0'
 
 
-def test_autocast_and_mixed_dtypes_take_the_two_op_form(linear_calls):
+def test_a_float32_stream_under_autocast_and_mixed_dtypes_take_the_two_op_form(linear_calls):
     x, weight, bias, residual = layer(torch.float32)
     with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
         out = linear_residual(x, weight, bias, residual)
@@ -67,6 +67,24 @@ def test_autocast_and_mixed_dtypes_take_the_two_op_form(linear_calls):
     with torch.no_grad():
         linear_residual(x, weight, bias, residual.double())
     assert linear_calls == [1, 1]
+
+
+@pytest.mark.parametrize('autocast', [True, False])
+def test_bfloat16_sums_in_the_gemms_epilogue_no_less_accurate_than_the_two_ops(autocast, linear_calls):
+    """A bfloat16 stream: oneDNN's GEMM adds the residual to its float32 accumulator and rounds once; against the
+    float64 sum of the same bfloat16 inputs it is no further off than the two-op form in bfloat16 (which rounds the
+    linear's output, then the sum). Where this torch's oneDNN has no such bfloat16 kernel on this CPU (torch 2.1
+    without AMX), the two ops run."""
+    x, weight, bias, residual = layer(torch.float32)
+    bf16 = [t.to(torch.bfloat16) for t in (x, weight, bias, residual)]
+    inputs = [x, weight, bias, bf16[3]] if autocast else bf16
+    with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
+        out = linear_residual(*inputs)
+    assert linear_calls == ([] if residual_module.bfloat16_epilogue_available() else [1])
+    assert out.dtype == torch.bfloat16 and out.shape == (3, 41, 16)
+    reference = bf16[3].double() + F.linear(*(t.double() for t in bf16[:3]))
+    plain = bf16[3] + F.linear(*bf16[:3])
+    assert (out.double() - reference).abs().max() <= (plain.double() - reference).abs().max()
 
 
 class PlainMixer(nn.Module):
