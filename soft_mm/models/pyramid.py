@@ -66,6 +66,8 @@ class ConvBNAct(nn.Sequential):
         conv, bn = self.conv, self.bn
         if (not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.training or bn.running_var is None
                 or type(conv) is not nn.Conv2d):
+            if type(conv) is nn.Conv2d:
+                return self.act(bn(conv._conv_forward(x, like_input(conv.weight, x), conv.bias)))
             return self.act(bn(conv(x)))
         scale = torch.rsqrt(bn.running_var + bn.eps)
         if bn.weight is not None:
@@ -74,7 +76,21 @@ class ConvBNAct(nn.Sequential):
         bias = bias * scale
         if bn.bias is not None:
             bias = bias + bn.bias
-        return self.act(conv._conv_forward(x, conv.weight * scale.reshape(-1, 1, 1, 1), bias))
+        return self.act(conv._conv_forward(x, like_input(conv.weight * scale.reshape(-1, 1, 1, 1), x), bias))
+
+
+@torch.fx.wrap
+@register_notrace_function  # reason: branches on the input's memory layout
+def like_input(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A conv ``weight`` in channels-last memory where the input ``x`` is channels-last (and not also
+    NCHW-contiguous, as a 1-channel or 1x1 map is), else as it is; as it is while a graph is exported (whose maps are
+    NCHW). A conv takes the channels-last kernels when input or weight has that layout, but a batch of one is
+    ambiguous to it (the stride of a size-1 batch dim is arbitrary, e.g. a stage's map viewed from its tokens), and
+    with an NCHW weight it copies such an input to NCHW first and writes NCHW; the weight (a few thousand elements) is
+    the cheap one to convert."""
+    if exporting() or x.dim() != 4 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return weight
+    return weight.contiguous(memory_format=torch.channels_last)
 
 
 def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:

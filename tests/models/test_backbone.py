@@ -306,6 +306,21 @@ def test_conv_bn_act_folds_eval_batchnorm_exactly(conv_bias):
     assert not torch.equal(before, block.bn.running_mean)
 
 
+@pytest.mark.parametrize('train', [False, True])
+def test_conv_bn_act_takes_a_channels_last_batch_of_one_as_it_is(train):
+    """A stage's map is a channels-last view of its tokens, whose size-1 batch dim has an arbitrary stride: the conv
+    runs channels-last on it (the weight handed over in channels-last memory; with an NCHW weight the conv would
+    copy the input to NCHW and write NCHW), with the values of the NCHW input's, in float64."""
+    torch.manual_seed(0)
+    block = pyramid_module.ConvBNAct(8, 6, stride=2).double().train(train)
+    tokens = torch.randn(1, 13 * 10, 8, dtype=torch.float64)
+    x = tokens.transpose(1, 2).reshape(1, 8, 13, 10)
+    assert x.is_contiguous(memory_format=torch.channels_last) and x.stride(0) != 13 * 10 * 8
+    out = block(x)
+    assert out.is_contiguous(memory_format=torch.channels_last) and not out.is_contiguous()
+    torch.testing.assert_close(out, block(x.contiguous()), rtol=1e-13, atol=1e-13)
+
+
 def test_conv_bn_act_after_fusing_outside():
     """A block whose BatchNorm something replaced (mmcv's ``fuse_conv_bn`` puts an Identity there) runs its
     modules as they are."""
