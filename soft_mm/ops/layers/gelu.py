@@ -149,10 +149,7 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approxima
         if (inference and approximate == 'tanh' and FLOAT32_TANH_GELU == 'sigmoid' and x.dtype == torch.float32
                 and autocast_dtype('cpu') is None):
             # the GEMM without the bias (no pass that copies it into the output first); the bias joins in cache
-            out = F.linear(x, weight)
-            if out.dtype == torch.float32 and out.is_contiguous():
-                return gelu_tanh_(out, bias)
-            return F.gelu(out if bias is None else out + bias, approximate=approximate)
+            return gelu_tanh_(F.linear(x, weight), bias)
         return F.gelu(F.linear(x, weight, bias), approximate=approximate)
     if bias is not None:
         bias = bias.to(dtype)

@@ -23,6 +23,7 @@ from torch.nn.modules import module as _module
 
 from ..graph_mode import eager_cpu_inference
 from ..precision import autocast_dtype
+from .gelu import fused_linear_gelu_available
 
 __all__ = ['bfloat16_epilogue_available', 'hooked', 'linear_residual']
 
@@ -39,7 +40,7 @@ def hooked(*modules: nn.Module) -> bool:
 @functools.cache
 def bfloat16_epilogue_available() -> bool:
     """Whether oneDNN's linear with a binary ``add`` epilogue runs bfloat16 on this CPU and torch; tried once."""
-    if not (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, '_linear_pointwise')):
+    if not fused_linear_gelu_available():  # the same oneDNN linear, its unary form
         return False
     x, weight = torch.ones(2, 16, dtype=torch.bfloat16), torch.ones(16, 16, dtype=torch.bfloat16)
     try:
