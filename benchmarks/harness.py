@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -44,6 +45,7 @@ __all__ = [
     'add_glibc_malloc_argument',
     'add_sizes_argument',
     'build_backbone',
+    'cpu_model',
     'figure',
     'gemm_gflops',
     'glibc_malloc_note',
@@ -129,6 +131,21 @@ def gemm_gflops(device: torch.device, dtype: torch.dtype = torch.float32, size: 
 
 GLIBC_MALLOC_TUNING = {'MALLOC_MMAP_THRESHOLD_': str(1 << 32), 'MALLOC_TRIM_THRESHOLD_': str(1 << 36)}
 _TUNING_TEXT = ', '.join(f'{key}={value}' for key, value in GLIBC_MALLOC_TUNING.items())
+
+
+def cpu_model() -> str:
+    """The CPU's model name, family and model (``/proc/cpuinfo``), or the machine type where there is none."""
+    try:
+        text = Path('/proc/cpuinfo').read_text()
+    except OSError:
+        return platform.machine()
+    fields = {}
+    for line in text.splitlines():
+        key, _, value = line.partition(':')
+        fields.setdefault(key.strip(), value.strip())
+    if 'model name' not in fields:
+        return platform.machine()
+    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def add_glibc_malloc_argument(parser: argparse.ArgumentParser) -> None:

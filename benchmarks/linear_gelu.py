@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import statistics
 import sys
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
-from harness import add_sizes_argument, gemm_gflops, glibc_malloc_note, median_time, write_results
+from harness import add_sizes_argument, cpu_model, gemm_gflops, glibc_malloc_note, median_time, write_results
 
 from soft_mm.models import SOFT
 from soft_mm.models.blocks import GeluMlp
@@ -37,21 +35,6 @@ CPU = torch.device('cpu')
 SETTINGS = {'rule': (gelu.FUSED_FLOAT32_MAX_IN_FEATURES, gelu.FLOAT32_TANH_GELU),
             'fused_bound': (gelu.FUSED_FLOAT32_MAX_IN_FEATURES, 'fused'), 'fused': (sys.maxsize, 'fused'),
             'unfused': (-1, 'plain')}
-
-
-def cpu_model() -> str:
-    """The CPU's model name, family and model (``/proc/cpuinfo``), or the machine type where there is none."""
-    try:
-        text = Path('/proc/cpuinfo').read_text()
-    except OSError:
-        return platform.machine()
-    fields = {}
-    for line in text.splitlines():
-        key, _, value = line.partition(':')
-        fields.setdefault(key.strip(), value.strip())
-    if 'model name' not in fields:
-        return platform.machine()
-    return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

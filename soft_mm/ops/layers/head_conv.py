@@ -5,8 +5,8 @@ Forward, and the gradient of the input, are depthwise convs of the channels-last
 of the filters is what PyTorch's depthwise conv backward computes slowly on CPU, because it reduces over the whole map
 per filter tap. Here it is one more depthwise conv, of the input map with the output gradient as the filter
 (``grad_w[c, i, j] = sum_yx x[c, y + i - p, x + j - p] g[c, y, x]``, a k×k output), then summed over each head's
-channels: the same sums in another order. That pays from k = 7 (docs/benchmarks/layer_kernels.md), so smaller filters
-take PyTorch's own backward.
+channels: the same sums in another order. That pays from k = 5 (``benchmarks/head_conv.py``,
+docs/benchmarks/layer_kernels.md), so 3×3 filters take PyTorch's own backward.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from ..precision import autocast_cast
 
 __all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
 
-CUSTOM_BACKWARD_MIN_KERNEL = 7
+CUSTOM_BACKWARD_MIN_KERNEL = 5
 
 
 def _expand(weight: Tensor, head_dim: int) -> Tensor:
@@ -69,7 +69,7 @@ def uses_custom_backward(device_type: str, kernel: int) -> bool:
 def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     """Depthwise conv of ``x (B, h*d, H, W)`` with one filter per head, ``weight (h, 1, k, k)`` (odd k, zero padding
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
-    padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 7) it is the custom op
+    padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 5) it is the custom op
     ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only), its operands cast
     as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd."""
     if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
