@@ -197,7 +197,8 @@ def run_in_fresh_process(script: str, spec: dict[str, Any],
 SOFT_BACKBONES = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
                   'soft_norm_small': ('small', True)}
 # the same backbones without the CPU inference fusions of their blocks, for an A/B: the MLP's first linear and GELU
-# (soft_mm.ops.layers.gelu) and the residual sums started in the branches' last GEMMs (soft_mm.ops.layers.residual)
+# (soft_mm.ops.layers.gelu), the residual sums started in the branches' last GEMMs (soft_mm.ops.layers.residual) and
+# stage 4's float32 core for bfloat16 operands (soft_mm.ops.layers.sdpa)
 UNFUSED_SUFFIX = '_unfused'
 SOFT_BACKBONES.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_BACKBONES.items())})
 # timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T without its
@@ -248,6 +249,8 @@ def build_backbone(name: str, image_size: tuple[int, int] | None = None) -> nn.M
                 module.fuse = fused
             elif hasattr(module, 'adds_residual'):
                 module.adds_residual = fused
+            if hasattr(module, 'float32_core'):
+                module.float32_core = fused
         return PyramidMaps(pyramid)
     if name in TIMM_BACKBONES:
         import timm

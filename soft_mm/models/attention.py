@@ -13,6 +13,7 @@ from ..ops.graph_mode import exporting
 from ..ops.layers.head_conv import head_depthwise_conv
 from ..ops.layers.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from ..ops.layers.residual import hooked, linear_residual
+from ..ops.layers.sdpa import softmax_attention
 from .settings import AttentionSettings, attention_settings, is_int
 
 # torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op and the
@@ -270,6 +271,8 @@ class SoftmaxAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     adds_residual = True  # as SoftAttention's
+    # bfloat16 operands attended in float32 in eager CPU inference (soft_mm.ops.layers.sdpa); False: as written
+    float32_core = True
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -277,7 +280,8 @@ class SoftmaxAttention(nn.Module):
         b, n, c = x.shape
         q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
         k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
-        # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of this function divides
-        # by a given `scale` where PyTorch multiplies by it (a head_dim-times sharper softmax in the exported graph)
-        out = F.scaled_dot_product_attention(q, k, v)
+        # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of
+        # F.scaled_dot_product_attention (what an export calls) divides by a given `scale` where PyTorch multiplies
+        # by it (a head_dim-times sharper softmax in the exported graph)
+        out = softmax_attention(q, k, v, self.float32_core)
         return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual)

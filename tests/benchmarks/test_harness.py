@@ -166,11 +166,14 @@ def test_unfused_variant_turns_the_block_fusions_off():
     def switches(name):
         modules = list(build_backbone(name).modules())
         return ([m.fuse for m in modules if isinstance(m, GeluMlp)],
-                [m.adds_residual for m in modules if isinstance(m, (SoftAttention, SoftmaxAttention))])
+                [m.adds_residual for m in modules if isinstance(m, (SoftAttention, SoftmaxAttention))],
+                [m.float32_core for m in modules if isinstance(m, SoftmaxAttention)])
 
-    (mlp, attention), (mlp_off, attention_off) = switches('soft_norm_tiny'), switches('soft_norm_tiny_unfused')
+    (mlp, attention, core), (mlp_off, attention_off, core_off) = (switches('soft_norm_tiny'),
+                                                                  switches('soft_norm_tiny_unfused'))
     assert len(mlp) == len(mlp_off) == len(attention) == len(attention_off) == 8  # tiny: 1+2+3+2 blocks
-    assert all(mlp) and all(attention) and not any(mlp_off) and not any(attention_off)
+    assert len(core) == len(core_off) == 2  # stage 4's two blocks
+    assert all(mlp + attention + core) and not any(mlp_off + attention_off + core_off)
 
 
 def test_unknown_backbone_is_named():

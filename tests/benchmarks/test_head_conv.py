@@ -1,4 +1,4 @@
-"""Tests of benchmarks/head_conv.py: a tiny run of SOFT-Tiny's value convs with PyTorch's backward and the custom one."""
+"""Tests of benchmarks/head_conv.py: a tiny run of SOFT-Tiny's value convs, PyTorch's backward and the custom one."""
 import json
 
 import pytest

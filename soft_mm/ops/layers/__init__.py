@@ -1,10 +1,11 @@
 """Layer kernels the SOFT models use that are not SOFT's own math: the fused linear + GELU, the residual branch's
 linear with its sum started in the GEMM, the pooling of the landmarks as a matmul, and the per-head depthwise conv with
-its faster CPU backward."""
+its faster CPU backward, and softmax attention with float32 math for bfloat16 operands in CPU inference."""
 from .gelu import linear_gelu
 from .head_conv import head_depthwise_conv
 from .pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from .residual import linear_residual
+from .sdpa import softmax_attention
 
 __all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens', 'head_depthwise_conv', 'linear_gelu',
-           'linear_residual']
+           'linear_residual', 'softmax_attention']
