@@ -16,16 +16,19 @@ from ..ops.layers.residual import hooked, linear_residual
 from ..ops.layers.sdpa import softmax_attention
 from .settings import AttentionSettings, attention_settings, is_int
 
-# torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op and the
-# head conv choose their kernels from the device, dtype and sizes in Python, so a symbolic trace keeps each call as
-# one node that the traced model runs eagerly (the same kernels as the module), as the helpers below that branch on
-# sizes; registered both ways timm registers its own (torch.fx.wrap for plain symbolic_trace, timm's registry).
+# torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op, the
+# head conv and stage 4's attention choose their kernels from the device, dtype and sizes in Python, so a symbolic
+# trace keeps each call as one node that the traced model runs eagerly (the same kernels as the module), as the helpers
+# below that branch on sizes; registered both ways timm registers its own (torch.fx.wrap for plain symbolic_trace,
+# timm's registry).
 torch.fx.wrap('soft_attention')
 torch.fx.wrap('head_depthwise_conv')
 torch.fx.wrap('linear_residual')
+torch.fx.wrap('softmax_attention')
 register_notrace_function(soft_attention)
 register_notrace_function(head_depthwise_conv)
 register_notrace_function(linear_residual)
+register_notrace_function(softmax_attention)
 
 
 @torch.fx.wrap
