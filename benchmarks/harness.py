@@ -43,13 +43,16 @@ __all__ = [
     'PeakMemory',
     'add_case_arguments',
     'add_glibc_malloc_argument',
+    'add_rounds_arguments',
     'add_sizes_argument',
     'build_backbone',
+    'check_positive',
     'cpu_model',
     'figure',
     'gemm_gflops',
     'glibc_malloc_note',
     'inductor_freezing',
+    'interleaved_medians',
     'median_time',
     'run_in_fresh_process',
     'save_figure',
@@ -146,6 +149,41 @@ def cpu_model() -> str:
     if 'model name' not in fields:
         return platform.machine()
     return f"{fields['model name']} (family {fields.get('cpu family', '?')}, model {fields.get('model', '?')})"
+
+
+def add_rounds_arguments(parser: argparse.ArgumentParser, out: str) -> None:
+    """``--rounds`` (interleaved rounds), ``--repeats`` (timed calls per case and round) and ``--out`` (the folder of
+    the results, default ``out``), for the scripts that time cases side by side in one process."""
+    parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds (default: 5)')
+    parser.add_argument('--repeats', type=int, default=2, help='timed calls per case and round (default: 2)')
+    parser.add_argument('--out', default=out, help=f'folder of the .md and .json results (default: {out})')
+
+
+def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
+    """``parser.error`` naming the arguments unless ``--rounds``, ``--repeats`` and the int arguments ``names`` (their
+    ``args`` attributes) are all >= 1."""
+    names = ('rounds', 'repeats', *names)
+    values = [getattr(args, name) for name in names]
+    if min(values) < 1:
+        flags = ['--' + name.replace('_', '-') for name in names]
+        listed = (' and '.join(flags) if len(flags) == 2 else ', '.join(flags[:-1]) + ' and ' + flags[-1])
+        got = (' and '.join(map(str, values)) if len(values) == 2
+               else ', '.join(map(str, values[:-1])) + f' and {values[-1]}')
+        parser.error(f'{listed} must be >= 1, got {got}')
+
+
+def interleaved_medians(cases: dict[str, Callable[[], Any]], rounds: int, repeats: int, device: torch.device,
+                        setups: dict[str, Callable[[], Any]] | None = None) -> dict[str, float]:
+    """Median seconds of each case (``{name: fn}``) over ``rounds`` rounds, the cases interleaved round by round (in
+    each round the median of ``repeats`` timed calls after a warm-up, :func:`median_time`); ``setups[name]()`` runs
+    before each of that case's rounds."""
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(rounds):
+        for name, fn in cases.items():
+            if setups and name in setups:
+                setups[name]()
+            times[name].append(median_time(fn, device, repeats))
+    return {name: statistics.median(t) for name, t in times.items()}
 
 
 def add_glibc_malloc_argument(parser: argparse.ArgumentParser) -> None:

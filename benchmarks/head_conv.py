@@ -16,11 +16,18 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
-from harness import add_sizes_argument, cpu_model, glibc_malloc_note, median_time, write_results
+from harness import (
+    add_rounds_arguments,
+    add_sizes_argument,
+    check_positive,
+    cpu_model,
+    glibc_malloc_note,
+    interleaved_medians,
+    write_results,
+)
 
 from soft_mm.models.arch import resolve_arch
 from soft_mm.ops.layers import head_conv
@@ -36,12 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_sizes_argument(parser, ['800x1344'], 'input size of the backbone')
     parser.add_argument('--dtypes', nargs='+', choices=tuple(DTYPES), default=list(DTYPES),
                         help='float32 and/or bfloat16 autocast (default: both)')
-    parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds (default: 5)')
-    parser.add_argument('--repeats', type=int, default=2, help='timed calls per case and round (default: 2)')
-    parser.add_argument('--out', default='work_dirs/head_conv', help='folder of the .md and .json results')
+    add_rounds_arguments(parser, 'work_dirs/head_conv')
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.repeats < 1:
-        parser.error(f'--rounds and --repeats must be >= 1, got {args.rounds} and {args.repeats}')
+    check_positive(parser, args)
     return args
 
 
@@ -75,12 +79,8 @@ def time_conv(channels: int, heads: int, height: int, width: int, kernel: int, d
             torch.autograd.grad(out, (x, weight), torch.ones_like(out))
         return run
 
-    cases = {'pytorch': step(False), 'custom': step(True)}
-    times: dict[str, list[float]] = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, fn in cases.items():
-            times[name].append(1000 * median_time(fn, CPU, repeats))
-    return {name: statistics.median(t) for name, t in times.items()}
+    times = interleaved_medians({'pytorch': step(False), 'custom': step(True)}, rounds, repeats, CPU)
+    return {name: 1000 * t for name, t in times.items()}
 
 
 def main(argv: list[str] | None = None) -> int:

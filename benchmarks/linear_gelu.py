@@ -18,12 +18,20 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
-from harness import add_sizes_argument, cpu_model, gemm_gflops, glibc_malloc_note, median_time, write_results
+from harness import (
+    add_rounds_arguments,
+    add_sizes_argument,
+    check_positive,
+    cpu_model,
+    gemm_gflops,
+    glibc_malloc_note,
+    interleaved_medians,
+    write_results,
+)
 
 from soft_mm.models import SOFT
 from soft_mm.models.blocks import GeluMlp
@@ -41,12 +49,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
     parser.add_argument('--arch', default='small', help='SOFT arch (default: small)')
     add_sizes_argument(parser, ['800x1344'], 'input size of the backbone')
-    parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds (default: 5)')
-    parser.add_argument('--repeats', type=int, default=2, help='timed calls per case and round (default: 2)')
-    parser.add_argument('--out', default='work_dirs/linear_gelu', help='folder of the .md and .json results')
+    add_rounds_arguments(parser, 'work_dirs/linear_gelu')
     args = parser.parse_args(argv)
-    if args.rounds < 1 or args.repeats < 1:
-        parser.error(f'--rounds and --repeats must be >= 1, got {args.rounds} and {args.repeats}')
+    check_positive(parser, args)
     return args
 
 
@@ -68,13 +73,9 @@ def mlp_shapes(model: torch.nn.Module, image: torch.Tensor) -> list[tuple[int, i
 
 def interleaved(cases: dict, rounds: int, repeats: int) -> dict[str, float]:
     """Median seconds of each case (``{name: (setup, fn)}``, ``setup()`` run before each of its rounds), the cases
-    interleaved round by round."""
-    times = {name: [] for name in cases}
-    for _ in range(rounds):
-        for name, (setup, fn) in cases.items():
-            setup()
-            times[name].append(median_time(fn, CPU, repeats))
-    return {name: statistics.median(t) for name, t in times.items()}
+    interleaved round by round (:func:`harness.interleaved_medians`)."""
+    return interleaved_medians({name: fn for name, (_, fn) in cases.items()}, rounds, repeats, CPU,
+                               setups={name: setup for name, (setup, _) in cases.items()})
 
 
 def time_layer(tokens: int, d_in: int, d_out: int, approximate: str, rounds: int, repeats: int,

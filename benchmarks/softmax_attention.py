@@ -16,12 +16,19 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 
 import torch
 import torch.nn.functional as F
-from harness import add_sizes_argument, cpu_model, glibc_malloc_note, median_time, write_results
+from harness import (
+    add_rounds_arguments,
+    add_sizes_argument,
+    check_positive,
+    cpu_model,
+    glibc_malloc_note,
+    interleaved_medians,
+    write_results,
+)
 
 from soft_mm.ops.layers.sdpa import softmax_attention
 
@@ -34,13 +41,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_sizes_argument(parser, ['800x1344', '1600x2688'], 'input sizes (stage 4 has ceil(H/32) x ceil(W/32) tokens)')
     parser.add_argument('--heads', type=int, default=16, help="heads (default: 16, SOFT-Small's stage 4)")
     parser.add_argument('--head-dim', type=int, default=32, help='dims per head (default: 32)')
-    parser.add_argument('--rounds', type=int, default=5, help='interleaved rounds (default: 5)')
-    parser.add_argument('--repeats', type=int, default=2, help='timed calls per case and round (default: 2)')
-    parser.add_argument('--out', default='work_dirs/softmax_attention', help='folder of the .md and .json results')
+    add_rounds_arguments(parser, 'work_dirs/softmax_attention')
     args = parser.parse_args(argv)
-    if min(args.rounds, args.repeats, args.heads, args.head_dim) < 1:
-        parser.error(f'--rounds, --repeats, --heads and --head-dim must be >= 1, got {args.rounds}, {args.repeats}, '
-                     f'{args.heads} and {args.head_dim}')
+    check_positive(parser, args, 'heads', 'head_dim')
     return args
 
 
@@ -61,12 +64,10 @@ def measure(tokens: int, heads: int, head_dim: int, rounds: int, repeats: int) -
         out = run_case(name, q, k, v)
         results[name] = dict(mean_error=(out.double() - exact).abs().mean().item(),
                              correctly_rounded=(out == rounded).double().mean().item())
-    times: dict[str, list[float]] = {name: [] for name in CASES}
-    for _ in range(rounds):
-        for name in CASES:
-            times[name].append(1000 * median_time(lambda name=name: run_case(name, q, k, v), CPU, repeats))
+    times = interleaved_medians({name: lambda name=name: run_case(name, q, k, v) for name in CASES}, rounds, repeats,
+                                CPU)
     for name in CASES:
-        results[name]['ms'] = statistics.median(times[name])
+        results[name]['ms'] = 1000 * times[name]
     return results
 
 

@@ -191,3 +191,13 @@ def test_inductor_freezing_is_restored_after_the_block():
     with pytest.raises(RuntimeError, match='inside'), inductor_freezing(not before):
         raise RuntimeError('inside')
     assert inductor_config.freezing is before
+
+
+def test_interleaved_medians_alternate_the_cases_round_by_round():
+    calls = []
+    cases = {'a': lambda: calls.append('a'), 'b': lambda: calls.append('b')}
+    times = harness.interleaved_medians(cases, rounds=2, repeats=1, device=torch.device('cpu'),
+                                setups={'b': lambda: calls.append('setup b')})
+    # each round: a's warm-up and timed call, then b's setup, warm-up and timed call
+    assert calls == ['a', 'a', 'setup b', 'b', 'b'] * 2
+    assert set(times) == {'a', 'b'} and all(t >= 0 for t in times.values())
