@@ -162,14 +162,14 @@ def add_rounds_arguments(parser: argparse.ArgumentParser, out: str) -> None:
 def check_positive(parser: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> None:
     """``parser.error`` naming the arguments unless ``--rounds``, ``--repeats`` and the int arguments ``names`` (their
     ``args`` attributes) are all >= 1."""
+    def listed(items: list[str]) -> str:  # 'a and b', 'a, b and c'
+        return ', '.join(items[:-1]) + ' and ' + items[-1]
+
     names = ('rounds', 'repeats', *names)
     values = [getattr(args, name) for name in names]
     if min(values) < 1:
         flags = ['--' + name.replace('_', '-') for name in names]
-        listed = (' and '.join(flags) if len(flags) == 2 else ', '.join(flags[:-1]) + ' and ' + flags[-1])
-        got = (' and '.join(map(str, values)) if len(values) == 2
-               else ', '.join(map(str, values[:-1])) + f' and {values[-1]}')
-        parser.error(f'{listed} must be >= 1, got {got}')
+        parser.error(f'{listed(flags)} must be >= 1, got {listed([str(v) for v in values])}')
 
 
 def interleaved_medians(cases: dict[str, Callable[[], Any]], rounds: int, repeats: int, device: torch.device,
