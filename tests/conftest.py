@@ -16,11 +16,12 @@ from types import ModuleType
 import pytest
 import torch
 
-# Without a GPU, the Triton backend's tests run its kernels in the Triton interpreter, which triton only takes up if
-# the variable is set before triton is first imported (its library functions, e.g. tl.sum, are decorated then); the
-# interpreter is used only where a test forces backend='triton' on CPU tensors.
-if not torch.cuda.is_available():
-    os.environ.setdefault('TRITON_INTERPRET', '1')
+# The Triton backend's tests run its kernels in the Triton interpreter on CPU tensors, on every machine: triton takes
+# the interpreter up only if the variable is set before triton is first imported (its library functions, e.g. tl.sum,
+# are decorated then), so it is set here, GPU or not (left unset on a GPU machine, those tests fail with "Cannot call
+# @triton.jit'd outside of the scope of a kernel"). It is used only where a test forces backend='triton' on CPU
+# tensors; the real kernels on a GPU are checked by benchmarks/device_check.py.
+os.environ.setdefault('TRITON_INTERPRET', '1')
 
 from repo import ROOT  # tests/ is on sys.path (pyproject's pythonpath)
 

@@ -48,6 +48,11 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     # the table tests/ops/test_triton_cubins.py holds: 23 kernels (the m×m one, triton_nystrom_middle, among them) × 2
     assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 46
     assert 'sm_80 regs / spill B' in proc.stdout
+    # where the forward's time goes, per model: the operators with the most time (on CPU no kernel launches)
+    assert [row['model'] for row in report['profile']] == ['soft_norm_small', 'swin_t']
+    for row in report['profile']:
+        assert row['wall_fwd_ms'] > 0 and row['kernels_per_fwd'] == 0 and len(row['top']) == 15
+        assert row['top'][0]['ms'] >= row['top'][-1]['ms'] > 0
 
 
 def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_path, monkeypatch):
@@ -76,3 +81,20 @@ def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_pa
     report.run_part('op', broken_part)  # recorded, saved, and nothing raised
     saved = json.loads((tmp_path / 'report.json').read_text())
     assert saved['op_error'] == 'MemoryError: out of memory' and len(saved['correctness']) == 5
+
+
+def test_parts_run_in_their_order_and_alone(load_benchmark, tmp_path, monkeypatch, capsys):
+    tool = load_benchmark('device_check')
+    calls = []
+    for name, part in (('check_correctness', 'correctness'), ('bench_op', 'op'), ('bench_backbones', 'backbones'),
+                       ('compiled_backbone', 'compile'), ('compiled_kernels', 'cubins'),
+                       ('profile_forward', 'profile')):
+        monkeypatch.setattr(tool, name, lambda *args, part=part: calls.append(part) or [dict(ok=True)])
+    out = tmp_path / 'report.json'
+    assert tool.main(['--smoke', '--parts', 'profile', 'correctness', '--out', str(out)]) == 0
+    assert calls == ['correctness', 'profile']
+    assert set(json.loads(out.read_text())) == {'device', 'torch', 'soft_mm', 'correctness', 'profile'}
+    assert '1. Triton backend' in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        tool.main(['--smoke', '--parts', 'speed'])
+    assert "argument --parts: invalid choice: 'speed'" in capsys.readouterr().err

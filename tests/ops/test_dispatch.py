@@ -225,10 +225,10 @@ def test_low_precision_error_within_the_flash_attention_rule(backend, num_tokens
         with torch.autocast('cpu', dtype=torch.bfloat16, enabled=autocast):
             return soft_attention(*tensors, soft_norm=True, ridge=0.01, backend=backend, tile_size=37)
 
-    fast_errors, plain_errors = rule_errors(fast, inputs, low_dtype, grad_out, soft_norm=True, ridge=0.01)
+    errors = rule_errors(fast, inputs, low_dtype, grad_out, soft_norm=True, ridge=0.01)
     # Output, grad q, grad landmarks, grad v against float64, each at most half the error of the plain math in the
-    # same low precision (observed: bfloat16 products 0.11-0.32 of it, float16 inputs 0.06-0.19).
-    for fast_error, plain_error in zip(fast_errors, plain_errors):
-        assert fast_error <= RULE_FRACTION * plain_error, (fast_errors, plain_errors)
+    # same low precision (observed: bfloat16 products 0.11-0.32 of it, float16 inputs 0.06-0.19)
+    assert all(f <= RULE_FRACTION * p for f, p in zip(errors.fast, errors.plain)), errors
+    fast_errors = errors.fast
     # and small in absolute terms: bfloat16 products <= 7.5e-3 (observed <= 7.5e-3 at one landmark, ~4e-3 at 49)
     assert max(fast_errors) < (1e-2 if low_dtype == torch.bfloat16 else 1e-3)

@@ -89,9 +89,10 @@ def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_lan
         with torch.autocast('cpu', dtype=low_dtype, enabled=autocast):
             return soft_attention(*leaves, soft_norm=True, ridge=0.01, backend='triton')
 
-    fast_errors, plain_errors = rule_errors(fused, tensors, low_dtype, grad_out.float(), soft_norm=True, ridge=0.01)
-    for fast_error, plain_error in zip(fast_errors, plain_errors):
-        assert fast_error <= RULE_FRACTION * plain_error, (fast_errors, plain_errors)
+    errors = rule_errors(fused, tensors, low_dtype, grad_out.float(), soft_norm=True, ridge=0.01)
+    # at these sizes the strict half of the plain math's error holds (the rule's rounding bound is not needed)
+    assert all(f <= RULE_FRACTION * p for f, p in zip(errors.fast, errors.plain)), errors
+    fast_errors = errors.fast
     # and the products really ran in the low dtype: well above float32's error (no silent float32 path)
     assert min(fast_errors) > 50 * torch.finfo(torch.float32).eps, fast_errors
 
