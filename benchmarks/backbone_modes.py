@@ -9,6 +9,9 @@ Modes (forward only, batch 1, no gradients):
 * ``bfloat16``: PyTorch eager under ``torch.autocast('cpu', torch.bfloat16)``.
 * ``compile``: ``torch.compile`` (inductor, float32, weight freezing: :func:`harness.inductor_freezing`), every model
   compiled the same way; the first call's time (the compilation) is reported apart.
+* ``compile-autotune``: the same with ``mode='max-autotune'``: inductor benchmarks its own C++ GEMM template (the
+  epilogue, e.g. GELU or a residual add, fused into it) against the library's GEMM for each linear and keeps the
+  faster; several minutes of compilation per model on two cores.
 * ``onnxruntime``: float32 ONNX run by onnxruntime's CPU provider with as many threads as PyTorch uses; every model
   exported the way its users export it: SOFT by ``tools/deployment/export_onnx.py`` (torch's dynamo exporter, dynamic
   batch, height and width, recorded at the tool's default size), the others by torch's TorchScript-based exporter at
@@ -39,9 +42,10 @@ import harness
 import torch
 from torch import nn
 
-MODES = ('float32', 'bfloat16', 'compile', 'onnxruntime')
+MODES = ('float32', 'bfloat16', 'compile', 'compile-autotune', 'onnxruntime')
 MODE_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'compile': torch.float32,
-               'onnxruntime': torch.float32}
+               'compile-autotune': torch.float32, 'onnxruntime': torch.float32}
+COMPILE_MODES = {'compile': None, 'compile-autotune': 'max-autotune'}  # the mode torch.compile is given
 PROFILE_ROWS = 12
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,8 +93,8 @@ def prepare(mode: str, name: str, model: nn.Module, x: torch.Tensor, workdir: Pa
             with torch.no_grad(), autocast:
                 return model(x)
         return eager
-    if mode == 'compile':
-        compiled = torch.compile(model)
+    if mode in COMPILE_MODES:
+        compiled = torch.compile(model, mode=COMPILE_MODES[mode])
 
         def run_compiled() -> Any:
             with torch.no_grad(), harness.inductor_freezing():
@@ -184,7 +188,7 @@ def markdown(results: list[dict[str, Any]], models: list[str], header: str) -> s
     lines += ['', 'Preparation (compile: the first call; onnxruntime: export + session, then the first run), '
               'seconds:', '', '| mode | input | ' + ' | '.join(models) + ' |', '|---' * (2 + len(models)) + '|']
     for r in results:
-        if r['mode'] in ('compile', 'onnxruntime'):
+        if r['mode'] in (*COMPILE_MODES, 'onnxruntime'):
             cells = []
             for m in models:
                 row = r['models'].get(m)

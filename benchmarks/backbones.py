@@ -302,7 +302,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='side of the square matmul that measures the GEMM rate (default %(default)s)')
     parser.add_argument('--modes', nargs='+', choices=backbone_modes.MODES, default=None,
                         help='instead of the table above: forward times side by side in each of these ways of '
-                             'running (CPU; eager float32, eager bfloat16, torch.compile, onnxruntime), one process '
+                             'running (CPU; eager float32, eager bfloat16, torch.compile, torch.compile with '
+                             'mode=max-autotune, onnxruntime), one process '
                              'per mode and size (benchmarks/backbone_modes.py)')
     parser.add_argument('--profile', action='store_true',
                         help='with --modes: also profile the SOFT model\'s forward in each mode')

@@ -158,3 +158,21 @@ def test_onnxruntime_mode_exports_times_and_profiles(tmp_path, load_benchmark):
     # the two convs of one run (the ReLU fused into the first or not), nothing of the warm-up run
     assert sum(n for op, (_, n) in ops.items() if op.endswith('Conv')) == 2, ops
     assert all(ms > 0 for ms, _ in ops.values())
+
+
+@pytest.mark.parametrize('mode, compile_mode', [('compile', None), ('compile-autotune', 'max-autotune')])
+def test_compile_modes_differ_only_in_torch_compiles_mode_and_freeze_the_weights(load_benchmark, monkeypatch, mode,
+                                                                                  compile_mode):
+    import torch._inductor.config as inductor_config
+
+    modes = load_benchmark('backbone_modes')
+    calls = []
+
+    def fake_compile(model, mode=None):
+        calls.append(mode)
+        return lambda x: (inductor_config.freezing, torch.is_grad_enabled())
+
+    monkeypatch.setattr(torch, 'compile', fake_compile)
+    run = modes.prepare(mode, 'one_linear', torch.nn.Linear(2, 2), torch.randn(1, 2), None)
+    assert calls == [compile_mode] and run() == (True, False)  # frozen weights, no gradients, in every compile mode
+    assert modes.MODE_DTYPES[mode] == torch.float32 and not inductor_config.freezing
