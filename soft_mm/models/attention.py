@@ -243,12 +243,14 @@ class SoftAttention(nn.Module):
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is
             # token-major like the attention output, so the sum and the output projection copy nothing
             if exporting():
-                # an exported graph copies every layout change: one transpose of the (N, C) token matrix each way
-                # and the filters repeated over their heads' channels (contiguous NCHW: a channels-last view would
-                # make torch.export guard on the batch size)
-                v_map = v_tokens.transpose(1, 2).contiguous().reshape(b, c, *hw_shape)
+                # an exported graph copies every layout change: the token matrix as an NHWC -> NCHW permute and
+                # back (4-d permutes, which onnxruntime folds into the NCHWc reorders around its conv, where it
+                # kept the (N, C) <-> (C, N) transposes), and the filters repeated over their heads' channels
+                # (contiguous NCHW: a channels-last view would make torch.export guard on the batch size)
+                v_map = v_tokens.reshape(b, *hw_shape, c).permute(0, 3, 1, 2).contiguous()
                 weight = self.v_conv.weight.repeat_interleave(self.head_dim, dim=0)  # (h*d, 1, k, k)
-                local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=c).flatten(2).transpose(1, 2)
+                local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=c).permute(0, 2, 3, 1)
+                local = local.reshape(b, n, c)
             else:
                 local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim)
                 local = local.permute(0, 2, 3, 1).reshape(b, n, c)
