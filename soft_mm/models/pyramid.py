@@ -167,9 +167,8 @@ class SoftStage(nn.Module):
         b, c, h, w = x.shape
         # (B, N, C), contiguous. The tokens keep the downsampling's dtype: under autocast the residual stream then
         # stays in the low dtype the conv wrote (as for Swin and ConvNeXt), instead of a float32 position embedding
-        # promoting it and every linear casting its input back (a copy per linear, and slower mixed-dtype adds).
-        # An NHWC permute (a view of the channels-last map; exported, onnxruntime folds it into the conv's reorder)
-        tokens = x.permute(0, 2, 3, 1).reshape(b, h * w, c) + self.resized_pos_embed((h, w)).to(x.dtype)
+        # promoting it and every linear casting its input back (a copy per linear, and slower mixed-dtype adds)
+        tokens = x.flatten(2).transpose(1, 2) + self.resized_pos_embed((h, w)).to(x.dtype)
         # (branches on None only, never on a size: torch.fx traces this method)
         num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
         if prefix_tokens is not None:
