@@ -371,5 +371,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     return 0 if correctness and all(r['ok'] for r in correctness) else 1
 
+
 if __name__ == '__main__':
     sys.exit(main())
