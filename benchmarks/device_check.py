@@ -366,9 +366,9 @@ def main(argv: list[str] | None = None) -> int:
             print(f'{number}. {title}', flush=True)
             report.run_part(part, run)
     print(f'wrote {args.out}')
-    correctness = report.data.get('correctness', [])
     if 'correctness' not in args.parts:
         return 0
+    correctness = report.data.get('correctness', [])
     return 0 if correctness and all(r['ok'] for r in correctness) else 1
 
 
