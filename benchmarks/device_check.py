@@ -60,26 +60,22 @@ from pathlib import Path
 if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imported
     os.environ.setdefault('TRITON_INTERPRET', '1')
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # this checkout's soft_mm, from any working directory, installed or not
-    sys.path.insert(0, str(ROOT))
+import torch
+import torch.nn.functional as F
+from harness import PeakMemory, build_backbone, median_time
+from triton_cubins import format_table, resource_usage
 
-import torch  # noqa: E402
-import torch.nn.functional as F  # noqa: E402
-from harness import PeakMemory, build_backbone, median_time  # noqa: E402
-from triton_cubins import format_table, resource_usage  # noqa: E402
-
-import soft_mm  # noqa: E402
-from soft_mm.ops import naive_soft_attention, soft_attention  # noqa: E402
-from soft_mm.ops.precision import float32_matmul_precision  # noqa: E402
-from soft_mm.ops.soft.backends.triton.backend import (  # noqa: E402
+import soft_mm
+from soft_mm.ops import naive_soft_attention, soft_attention
+from soft_mm.ops.precision import float32_matmul_precision
+from soft_mm.ops.soft.backends.triton.backend import (
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
     triton_available,
     unsupported_reason,
 )
-from soft_mm.utils.atomic import atomic_write_text  # noqa: E402
-from soft_mm.utils.precision_rule import (  # noqa: E402
+from soft_mm.utils.atomic import atomic_write_text
+from soft_mm.utils.precision_rule import (
     outputs_and_grads,
     relative_error,
     rule_errors,

@@ -31,7 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from soft_mm.utils.sizes import parse_size, size_arg
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # this checkout's soft_mm for every script here, installed or not (a bare GPU machine)
+    sys.path.insert(0, str(ROOT))
+
+from soft_mm.utils.sizes import parse_size, size_arg  # noqa: E402
 
 __all__ = [
     'BACKBONES',

@@ -84,3 +84,35 @@ def test_the_custom_backward_is_taken_on_cpu_from_its_measured_kernel_size():
     x = torch.randn(1, 4, 9, 9, requires_grad=True)
     names = {k: grad_fn_name(head_depthwise_conv(x, torch.randn(2, 1, k, k), 2)) for k in (3, 5, 9)}
     assert 'soft_mm' not in names[3] and 'soft_mm' in names[5] and 'soft_mm' in names[9], names
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='the NCHW route is taken on CUDA devices only')
+@pytest.mark.parametrize('kernel', [3, 5, 9])
+@pytest.mark.parametrize('channels_last', [False, True])
+def test_on_cuda_large_filters_take_the_nchw_kernel_and_give_the_input_layout_back(kernel, channels_last):
+    """From ``CUDA_NCHW_MIN_KERNEL`` the map is copied to NCHW for PyTorch's depthwise kernel (cuDNN's channels-last
+    one was 5x slower at 9x9): the same values and gradients as the float64 conv, in the input's memory layout."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from soft_mm.ops.layers.head_conv import CUDA_NCHW_MIN_KERNEL
+    gen = torch.Generator().manual_seed(kernel)
+    x = torch.randn(2, 6, 40, 33, generator=gen, dtype=torch.float64)
+    weight = torch.randn(3, 1, kernel, kernel, generator=gen, dtype=torch.float64)
+    grad_out = torch.randn(2, 6, 40, 33, generator=gen, dtype=torch.float64)
+    leaves = (x.clone().requires_grad_(), weight.clone().requires_grad_())
+    want = reference(*leaves, 2)
+    want_grads = torch.autograd.grad(want, leaves, grad_out)
+    cx = x.float().cuda()
+    if channels_last:
+        cx = cx.contiguous(memory_format=torch.channels_last)
+    cleaves = (cx.requires_grad_(), weight.float().cuda().requires_grad_())
+    with torch.backends.cudnn.flags(enabled=True, allow_tf32=False):  # IEEE float32 in cuDNN's kernels too
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            out = head_depthwise_conv(*cleaves, 2)
+            torch.cuda.synchronize()
+        grads = torch.autograd.grad(out, cleaves, grad_out.float().cuda())
+    assert out.is_contiguous(memory_format=torch.channels_last if channels_last else torch.contiguous_format)
+    for got, ref in zip((out, *grads), (want, *want_grads)):
+        torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=1e-4)
+    if kernel >= CUDA_NCHW_MIN_KERNEL:  # PyTorch's own depthwise kernel (it takes NCHW maps only)
+        assert any('conv_depthwise2d' in e.name for e in prof.events()), [e.name for e in prof.events()]

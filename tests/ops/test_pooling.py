@@ -68,3 +68,35 @@ def test_pool_matrix_rows_average_pytorchs_bins(in_size, out_size, bins):
     for row, (start, end) in enumerate(bins):
         expected[row, start:end] = 1 / (end - start)
     torch.testing.assert_close(matrix, expected, rtol=0, atol=0)
+
+
+def test_eager_pooling_builds_each_matrix_once_and_tracing_builds_its_own():
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from soft_mm.ops.layers.pooling import _cached_pool_matrix, _eager_pool_matrix
+    like = torch.zeros(3, dtype=torch.float64)
+    first = _eager_pool_matrix(200, 56, like)
+    assert _eager_pool_matrix(200, 56, like) is first  # one tensor per (size, device, dtype): no kernels per call
+    torch.testing.assert_close(first, _pool_matrix(200, 56, like), rtol=0, atol=0)
+    assert _eager_pool_matrix(200, 56, like.float()).dtype == torch.float32
+    # under a dispatch mode (a counter here; fake tensors alike) the matrix is built in the mode, never from the cache
+    with FlopCounterMode(display=False):
+        assert _eager_pool_matrix(200, 56, like) is not first
+    hits = _cached_pool_matrix.cache_info().hits
+    traced = torch.fx.experimental.proxy_tensor.make_fx(lambda t: adaptive_avg_pool_tokens(t, (7, 7)))(
+        torch.zeros(1, 33, 47, 2, dtype=torch.float64))
+    assert _cached_pool_matrix.cache_info().hits == hits
+    assert any(node.target is torch.ops.aten.arange.start_step or 'arange' in str(node.target)
+               for node in traced.graph.nodes)  # the graph builds its bins itself
+
+
+def test_a_matrix_first_built_under_inference_mode_serves_training():
+    """The cache outlives the call that filled it: a tensor made under ``torch.inference_mode`` could not be saved for
+    a later backward, so the cached one is an ordinary tensor."""
+    with torch.inference_mode():
+        adaptive_avg_pool_tokens(torch.randn(1, 37, 41, 2, dtype=torch.float64), (5, 5))
+    x = _map((37, 41)).requires_grad_()
+    adaptive_avg_pool_tokens(x.permute(0, 2, 3, 1), (5, 5)).sum().backward()
+    ref = x.detach().clone().requires_grad_()
+    F.adaptive_avg_pool2d(ref, (5, 5)).sum().backward()
+    torch.testing.assert_close(x.grad, ref.grad, rtol=0, atol=TOL)

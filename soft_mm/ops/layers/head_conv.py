@@ -7,6 +7,13 @@ per filter tap. Here it is one more depthwise conv, of the input map with the ou
 (``grad_w[c, i, j] = sum_yx x[c, y + i - p, x + j - p] g[c, y, x]``, a k×k output), then summed over each head's
 channels: the same sums in another order. That pays from k = 5 (``benchmarks/head_conv.py``,
 docs/benchmarks/layer_kernels.md), so 3×3 filters take PyTorch's own backward.
+
+On a CUDA device a channels-last depthwise conv goes to cuDNN, whose kernel for large filters is slow: the 9×9 conv of
+stage 1 at 800×1344 (batch 2, 64 channels) took 3.1 ms forward and 10.5 ms forward+backward on an H200, against
+0.58 / 2.4 ms for PyTorch's own depthwise kernel, which takes contiguous NCHW maps (copies in and out included), while
+at k = 5 and 3 cuDNN's channels-last kernel was the faster (``benchmarks/eager_launches.py``,
+docs/benchmarks/device/2026-12-04_h200_eager.md). So from k = :data:`CUDA_NCHW_MIN_KERNEL` (7, between the two
+measured sizes) the map is copied to NCHW for the conv on CUDA, and the result handed back channels-last.
 """
 from __future__ import annotations
 
@@ -18,9 +25,10 @@ from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
 from ..precision import autocast_cast
 
-__all__ = ['CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
+__all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
 
 CUSTOM_BACKWARD_MIN_KERNEL = 5
+CUDA_NCHW_MIN_KERNEL = 7
 
 
 def _expand(weight: Tensor, head_dim: int) -> Tensor:
@@ -71,12 +79,17 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
     padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 5) it is the custom op
     ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only), its operands cast
-    as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd."""
+    as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd, on CUDA
+    from k = :data:`CUDA_NCHW_MIN_KERNEL` through a contiguous NCHW copy (the result channels-last unless the input
+    was NCHW)."""
     if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
         raise ValueError(f'head_depthwise_conv: weight must be (heads, 1, k, k) with odd k, got {tuple(weight.shape)}')
     if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
         raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
+    if x.device.type == 'cuda' and weight.shape[-1] >= CUDA_NCHW_MIN_KERNEL:
+        out = _conv(x.contiguous(), weight, head_dim)
+        return out if x.is_contiguous() else out.contiguous(memory_format=torch.channels_last)
     if not uses_custom_backward(x.device.type, weight.shape[-1]):
         return _conv(x, weight, head_dim)
     return _head_conv_op(*autocast_cast(x, weight), head_dim)

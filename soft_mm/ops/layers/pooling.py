@@ -5,10 +5,16 @@ and for token-major (NHWC) maps, which it pools without a change of memory layou
 size (divisible or not), which freezes a traced graph at the trace resolution. Here the pooling bins are built from
 ``arange`` over the symbolic sizes, so one exported graph pools any input size.
 """
+import functools
+
 import torch
 from torch import Tensor
 
+from ..graph_mode import graph_mode
+
 __all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens']
+
+CACHE_MATRICES = True  # eager runs build each pooling matrix once (False: every call, for A/B benchmarks)
 
 
 def _pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
@@ -20,6 +26,23 @@ def _pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
     cols = torch.arange(in_size, device=like.device)
     inside = (cols[None, :] >= start[:, None]) & (cols[None, :] < end[:, None])
     return inside.to(like.dtype) / (end - start).to(like.dtype)[:, None]
+
+
+@functools.lru_cache(maxsize=64)
+def _cached_pool_matrix(in_size: int, out_size: int, device: torch.device, dtype: torch.dtype) -> Tensor:
+    # an ordinary tensor even when first asked for under inference mode, so training may save it for backward later
+    with torch.inference_mode(False), torch.no_grad():
+        return _pool_matrix(in_size, out_size, torch.empty(0, device=device, dtype=dtype))
+
+
+def _eager_pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
+    """:func:`_pool_matrix`, built once per size, device and dtype in eager runs (a dozen small kernels fewer per call
+    on a GPU, where eager time goes to launches); traced and compiled graphs, and calls under a dispatch mode (fake
+    tensors, counters), build it as they go."""
+    if (not CACHE_MATRICES or graph_mode() != 'eager' or torch._C._len_torch_dispatch_stack()
+            or type(like) is not Tensor):
+        return _pool_matrix(in_size, out_size, like)
+    return _cached_pool_matrix(int(in_size), int(out_size), like.device, like.dtype)
 
 
 def adaptive_avg_pool2d_matmul(x: Tensor, output_size: tuple[int, int]) -> Tensor:
@@ -42,7 +65,7 @@ def adaptive_avg_pool_tokens(x: Tensor, output_size: tuple[int, int]) -> Tensor:
     """
     out_h, out_w = output_size
     batch, height, width, channels = x.shape
-    cols = _pool_matrix(width, out_w, x)  # (out_w, W)
-    rows = _pool_matrix(height, out_h, x)  # (out_h, H)
+    cols = _eager_pool_matrix(width, out_w, x)  # (out_w, W)
+    rows = _eager_pool_matrix(height, out_h, x)  # (out_h, H)
     x = torch.matmul(cols, x)  # (B, H, out_w, C)
     return torch.matmul(rows, x.reshape(batch, height, out_w * channels)).reshape(batch, out_h, out_w, channels)
