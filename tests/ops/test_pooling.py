@@ -71,6 +71,7 @@ def test_pool_matrix_rows_average_pytorchs_bins(in_size, out_size, bins):
 
 
 def test_eager_pooling_builds_each_matrix_once_and_tracing_builds_its_own():
+    from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils.flop_counter import FlopCounterMode
 
     from soft_mm.ops.layers.pooling import _cached_pool_matrix, _eager_pool_matrix
@@ -83,11 +84,9 @@ def test_eager_pooling_builds_each_matrix_once_and_tracing_builds_its_own():
     with FlopCounterMode(display=False):
         assert _eager_pool_matrix(200, 56, like) is not first
     hits = _cached_pool_matrix.cache_info().hits
-    traced = torch.fx.experimental.proxy_tensor.make_fx(lambda t: adaptive_avg_pool_tokens(t, (7, 7)))(
-        torch.zeros(1, 33, 47, 2, dtype=torch.float64))
+    traced = make_fx(lambda t: adaptive_avg_pool_tokens(t, (7, 7)))(torch.zeros(1, 33, 47, 2, dtype=torch.float64))
     assert _cached_pool_matrix.cache_info().hits == hits
-    assert any(node.target is torch.ops.aten.arange.start_step or 'arange' in str(node.target)
-               for node in traced.graph.nodes)  # the graph builds its bins itself
+    assert any('arange' in str(node.target) for node in traced.graph.nodes)  # the graph builds its bins itself
 
 
 def test_a_matrix_first_built_under_inference_mode_serves_training():
