@@ -7,7 +7,7 @@ and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — on
 
 Needs torch, triton and timm only (no mm* package, no network): it imports the op layer, the pyramid and the
 benchmarks' harness (beside it), which import with torch and timm alone. Run it from the repository root or from
-anywhere (``python /path/to/soft_mm/benchmarks/device_check.py``: the script puts its own checkout first on
+anywhere (``python /path/to/soft_mm/benchmarks/device_check.py``: the harness it imports puts its own checkout first on
 ``sys.path``), or install the checkout offline first, without build isolation (which would fetch setuptools from an
 index)::
 

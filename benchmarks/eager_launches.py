@@ -99,8 +99,7 @@ def conv_rows(args: argparse.Namespace, dtype: torch.dtype) -> list[dict]:
             weight = (0.1 * torch.randn(heads, 1, kernel, kernel, generator=gen)).to(device).requires_grad_()
             head_dim = channels // heads
             layouts = {'channels_last': lambda x=x, w=weight, d=head_dim: head_conv._conv(x, w, d),
-                       'nchw': lambda x=x, w=weight, d=head_dim: head_conv._conv(x.contiguous(), w, d).contiguous(
-                           memory_format=torch.channels_last)}
+                       'nchw': lambda x=x, w=weight, d=head_dim: head_conv.nchw_conv(x, w, d)}
             cases: dict[str, Callable[[], object]] = {}
             for name, conv in layouts.items():
                 cases[f'{name} fwd'] = _no_grad(conv)
@@ -108,8 +107,8 @@ def conv_rows(args: argparse.Namespace, dtype: torch.dtype) -> list[dict]:
             with autocast_to(device.type, dtype):
                 times = interleaved_medians(cases, args.rounds, args.repeats, device)
             rows.append(dict(hw=list(hw), map=[height, width], channels=channels, heads=heads, kernel=kernel,
-                             takes='nchw' if device.type == 'cuda' and kernel >= head_conv.CUDA_NCHW_MIN_KERNEL
-                             else 'channels_last', **{name: 1e3 * t for name, t in times.items()}))
+                             takes='nchw' if head_conv.uses_nchw_route(device.type, kernel) else 'channels_last',
+                             **{name: 1e3 * t for name, t in times.items()}))
     return rows
 
 

@@ -116,3 +116,18 @@ def test_on_cuda_large_filters_take_the_nchw_kernel_and_give_the_input_layout_ba
         torch.testing.assert_close(got.double().cpu(), ref, rtol=1e-4, atol=1e-4)
     if kernel >= CUDA_NCHW_MIN_KERNEL:  # PyTorch's own depthwise kernel (it takes NCHW maps only)
         assert any('conv_depthwise2d' in e.name for e in prof.events()), [e.name for e in prof.events()]
+
+
+def test_the_nchw_route_is_cuda_only_from_its_kernel_size_and_keeps_values_and_layout():
+    from soft_mm.ops.layers.head_conv import CUDA_NCHW_MIN_KERNEL, nchw_conv, uses_nchw_route
+    # stage 1's 9x9 filters take it on CUDA (cuDNN's channels-last kernel was 5x slower there), 5 and 3 do not
+    assert [uses_nchw_route('cuda', k) for k in (3, 5, CUDA_NCHW_MIN_KERNEL, 9)] == [False, False, True, True]
+    assert not uses_nchw_route('cpu', 9)
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(2, 1, 9, 9, generator=gen, dtype=torch.float64)
+    for x in (torch.randn(1, 4, 11, 13, generator=gen, dtype=torch.float64),
+              torch.randn(1, 11, 13, 4, generator=gen, dtype=torch.float64).permute(0, 3, 1, 2)):
+        out = nchw_conv(x, weight, 2)
+        torch.testing.assert_close(out, reference(x, weight, 2), rtol=1e-12, atol=1e-12)
+        assert out.is_contiguous() == x.is_contiguous()
+        assert out.is_contiguous(memory_format=torch.channels_last) == (not x.is_contiguous())

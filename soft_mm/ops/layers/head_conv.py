@@ -25,7 +25,8 @@ from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
 from ..precision import autocast_cast
 
-__all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'uses_custom_backward']
+__all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'nchw_conv',
+           'uses_custom_backward', 'uses_nchw_route']
 
 CUSTOM_BACKWARD_MIN_KERNEL = 5
 CUDA_NCHW_MIN_KERNEL = 7
@@ -67,6 +68,18 @@ _head_conv_op, _ = differentiable_op(
     backward_fake=_conv_backward, save=lambda inputs, output: ((inputs[0], inputs[1]), (inputs[2],)))
 
 
+def nchw_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
+    """The per-head conv through a contiguous NCHW copy of ``x`` (PyTorch's own depthwise kernel on CUDA), the result
+    handed back channels-last unless ``x`` was NCHW."""
+    out = _conv(x.contiguous(), weight, head_dim)
+    return out if x.is_contiguous() else out.contiguous(memory_format=torch.channels_last)
+
+
+def uses_nchw_route(device_type: str, kernel: int) -> bool:
+    """Whether :func:`head_depthwise_conv` takes :func:`nchw_conv`: on CUDA from k = :data:`CUDA_NCHW_MIN_KERNEL`."""
+    return device_type == 'cuda' and kernel >= CUDA_NCHW_MIN_KERNEL
+
+
 def uses_custom_backward(device_type: str, kernel: int) -> bool:
     """Whether :func:`head_depthwise_conv` takes this module's backward: on CPU from k =
     :data:`CUSTOM_BACKWARD_MIN_KERNEL` (where it was measured to pay); elsewhere PyTorch's own (unmeasured there)."""
@@ -79,17 +92,15 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
     padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 5) it is the custom op
     ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only), its operands cast
-    as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd, on CUDA
-    from k = :data:`CUDA_NCHW_MIN_KERNEL` through a contiguous NCHW copy (the result channels-last unless the input
-    was NCHW)."""
+    as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd, through
+    :func:`nchw_conv` where :func:`uses_nchw_route` says so (CUDA, k >= :data:`CUDA_NCHW_MIN_KERNEL`)."""
     if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
         raise ValueError(f'head_depthwise_conv: weight must be (heads, 1, k, k) with odd k, got {tuple(weight.shape)}')
     if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
         raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
-    if x.device.type == 'cuda' and weight.shape[-1] >= CUDA_NCHW_MIN_KERNEL:
-        out = _conv(x.contiguous(), weight, head_dim)
-        return out if x.is_contiguous() else out.contiguous(memory_format=torch.channels_last)
+    if uses_nchw_route(x.device.type, weight.shape[-1]):
+        return nchw_conv(x, weight, head_dim)
     if not uses_custom_backward(x.device.type, weight.shape[-1]):
         return _conv(x, weight, head_dim)
     return _head_conv_op(*autocast_cast(x, weight), head_dim)
