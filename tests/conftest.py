@@ -50,7 +50,7 @@ def _fail_skip_on_ci(report) -> None:
 
 
 def _absent_features() -> dict[str, str]:
-    """marker -> why the installed stack lacks what the tests so marked run (none on the newest torch)."""
+    """marker -> why the installed stack lacks what the tests so marked run (newest torch: a CUDA device only)."""
     absent = {}
     if TRITON_VERSION is not None and not triton_available():
         found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
@@ -59,6 +59,9 @@ def _absent_features() -> dict[str, str]:
     if not CPU_FLOAT16_AUTOCAST:
         absent['cpu_float16'] = (f'torch {torch.__version__} has no float16 autocast on CPU (torch >= 2.3 has; float16 '
                                  'GEMMs from 2.2)')
+    if not torch.cuda.is_available():
+        absent['cuda'] = ('no CUDA device here (the GPU machine runs them: the test command in '
+                          'docs/advanced/precision_and_backends.md)')
     return absent
 
 
@@ -68,6 +71,7 @@ ABSENT = _absent_features()
 def pytest_configure(config):
     config.addinivalue_line('markers', 'triton_kernels: runs the Triton kernels (op_checks.triton_kernels)')
     config.addinivalue_line('markers', 'cpu_float16: runs float16 autocast or float16 layers on CPU (torch >= 2.3)')
+    config.addinivalue_line('markers', 'cuda: runs on a CUDA device (deselected where there is none)')
 
 
 def pytest_collection_modifyitems(config, items):
@@ -77,8 +81,8 @@ def pytest_collection_modifyitems(config, items):
     sort: the order within each kind is kept).
 
     Tests of what the installed stack does not have (:data:`ABSENT`: the Triton kernels under a triton older than
-    they need, float16 on CPU before torch 2.3) do not apply: deselected and counted in the summary, not skipped
-    (tests/ops/test_dispatch.py holds the Triton backend's refusal with its reason there)."""
+    they need, float16 on CPU before torch 2.3, a CUDA device) do not apply: deselected and counted in the summary,
+    not skipped (tests/ops/test_dispatch.py holds the Triton backend's refusal with its reason there)."""
     if os.environ.get('PYTEST_XDIST_WORKER'):
         items.sort(key=lambda item: (item.get_closest_marker('xdist_group') is None,
                                      item.get_closest_marker('slow') is None))

@@ -86,7 +86,7 @@ def test_the_custom_backward_is_taken_on_cpu_from_its_measured_kernel_size():
     assert 'soft_mm' not in names[3] and 'soft_mm' in names[5] and 'soft_mm' in names[9], names
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason='the NCHW route is taken on CUDA devices only')
+@pytest.mark.cuda
 @pytest.mark.parametrize('kernel', [3, 5, 9])
 @pytest.mark.parametrize('channels_last', [False, True])
 def test_on_cuda_large_filters_take_the_nchw_kernel_and_give_the_input_layout_back(kernel, channels_last):
