@@ -47,6 +47,7 @@ MODE_DTYPES = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'compile': 
                'compile-autotune': torch.float32, 'onnxruntime': torch.float32}
 COMPILE_MODES = {'compile': None, 'compile-autotune': 'max-autotune'}  # the mode torch.compile is given
 PROFILE_ROWS = 12
+ORT_PROFILE_WARMUPS = 3  # onnxruntime runs before the profiled one
 REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -118,11 +119,13 @@ def torch_profile(fn: Callable[[], Any]) -> list[tuple[str, float, int]]:
 
 
 def onnx_profile(path: Path, x: torch.Tensor, workdir: Path) -> list[tuple[str, float, int]]:
-    """``(node op type, ms, nodes run)`` of one onnxruntime run of ``path`` (after a warm-up), most time first."""
+    """``(node op type, ms, nodes run)`` of one onnxruntime run of ``path`` after :data:`ORT_PROFILE_WARMUPS` runs,
+    most time first (a fresh session's first runs also touch fresh memory: beside the timed sessions, SOFT-Norm-Small's
+    element-wise nodes took 2-10x their steady time in the second run)."""
     session = onnx_session(path, str(workdir / 'ort_profile'))
     feed = {session.get_inputs()[0].name: x.numpy()}
-    session.run(None, feed)
-    session.run(None, feed)
+    for _ in range(ORT_PROFILE_WARMUPS + 1):
+        session.run(None, feed)
     trace = json.loads(Path(session.end_profiling()).read_text())
     # the last run's node events ('cat': 'Node', name '<node>_kernel_time')
     runs = [e for e in trace if e.get('cat') == 'Session' and e.get('name') == 'model_run']
