@@ -20,6 +20,11 @@ with ``--no-index`` against setuptools 81).
 The JSON file is rewritten after each part (and after each correctness case), so a crash or a timeout keeps what was
 measured; a case or a part that raises is recorded with its error and the check goes on.
 
+First, which calls the Triton backend takes on this device (``targets``): its compute capability and shared memory
+per block, and the backend chosen at the published sizes and at the largest declared corner, float32 and bfloat16 /
+float16 autocast, inference and training, with the reason where the Triton backend declines (a GPU it is not built
+for, bfloat16 below sm_80, a kernel over the device's shared memory).
+
 Parts:
 
 1. correctness on the device: the Triton backend's outputs and gradients against the float64 reference at
@@ -28,7 +33,7 @@ Parts:
    device's real shared memory) (float32 within 3e-5, also with TF32 switched on globally as training scripts do;
    bfloat16 and float16 within half the error of the plain math in that dtype or twice the exact result's own
    rounding to it, the FlashAttention rule of :mod:`soft_mm.utils.precision_rule`); the exit status is 1 if any case
-   fails;
+   fails; a corner the dispatcher does not hand this device's Triton backend is recorded with the reason instead;
 2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16, float16 and float32,
    forward and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same
    q, v (softmax attention, what SOFT replaces), each with its peak memory, and the Triton time against the time to
@@ -71,9 +76,13 @@ from soft_mm.ops.precision import float32_matmul_precision
 from soft_mm.ops.soft.backends.triton.backend import (
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
+    TRITON,
     triton_available,
     unsupported_reason,
 )
+from soft_mm.ops.soft.backends.triton.targets import device_limits
+from soft_mm.ops.soft.dispatch import Call, select
+from soft_mm.ops.soft.policy import precision_policy
 from soft_mm.utils.atomic import atomic_write_text
 from soft_mm.utils.precision_rule import (
     outputs_and_grads,
@@ -100,6 +109,43 @@ def op_inputs(tokens: int, landmarks: int, cfg: dict, device: torch.device, dtyp
     (q, lm, v), grad = rule_inputs(tokens, landmarks, head_dim or cfg['head_dim'], cfg['batch'], cfg['heads'],
                                    seed=seed, dtype=torch.float64)
     return [t.to(device=device, dtype=dtype) for t in (q, lm, v, grad)]
+
+
+def triton_refusal(device: torch.device, tokens: int, landmarks: int, head_dim: int, products: torch.dtype | None,
+                   needs_grad: bool) -> str | None:
+    """Why the Triton backend would refuse a call on ``device`` even when forced (None: it takes it); ``products``
+    None for float32 inputs, else the autocast dtype."""
+    policy = precision_policy(device.type, products or torch.float32)
+    call = Call(device.type, torch.float32, policy, tokens, needs_grad, 'eager', landmarks, head_dim, head_dim,
+                device.index)
+    return ', '.join(TRITON.unsupported_reasons(call, forced=True)) or None
+
+
+def target_decisions(cfg: dict, device: torch.device) -> list[dict]:
+    """The dispatcher's choice on this device at the published sizes and at the backend's largest declared corner, for
+    float32 and bfloat16 / float16 autocast, inference and training: the backend taken automatically and, where it is
+    not the Triton backend, why (the device's capability and shared memory per block decide: see
+    ``soft_mm/ops/soft/backends/triton/targets.py``). Printed first, recorded as ``targets``."""
+    if device.type == 'cuda':
+        limits = device_limits(device.index)
+        print(f'  {limits}: compute capability {limits.capability[0]}.{limits.capability[1]}, '
+              f'{limits.shared_memory_per_block:,} B of shared memory per block', flush=True)
+    tokens = cfg['op_tokens'][0]
+    rows = []
+    corners = (('published', (cfg['landmarks'], cfg['head_dim'])), ('corner', (MAX_LANDMARKS, MAX_HEAD_DIM)))
+    for sizes, (m, d) in corners:
+        for dtype_name, products in (('float32', None), ('bfloat16', torch.bfloat16), ('float16', torch.float16)):
+            for needs_grad in (False, True):
+                policy = precision_policy(device.type, products or torch.float32)
+                backend, _ = select(device.type, torch.float32, policy, tokens, needs_grad, 'eager', num_landmarks=m,
+                                    head_dim=d, value_dim=d, device_index=device.index)
+                reason = None if backend.name == 'triton' else triton_refusal(device, tokens, m, d, products,
+                                                                              needs_grad)
+                rows.append(dict(sizes=sizes, landmarks=m, head_dim=d, dtype=dtype_name, training=needs_grad,
+                                 backend=backend.name, triton_reason=reason))
+                print(f"  m={m:>2} d={d:>2} {dtype_name:<8} {'training ' if needs_grad else 'inference'}: "
+                      f"{backend.name}{f' (triton {reason})' if reason else ''}", flush=True)
+    return rows
 
 
 def check_case(tokens: int, landmarks: int, head_dim: int, cfg: dict, device: torch.device) -> dict:
@@ -142,9 +188,18 @@ def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[d
     both measured against float64 on the same rounded inputs (the FlashAttention rule). A case that raises is recorded
     (``ok`` False, its error) and the next one runs; the report is saved after each case."""
     rows = report.part('correctness')
+    device = torch.device(device)
     cases = [(tokens, landmarks, cfg['head_dim']) for tokens, landmarks in cfg['check_cases']] + list(CORNER_CASES)
     for tokens, landmarks, head_dim in cases:
         row = dict(tokens=tokens, landmarks=landmarks, head_dim=head_dim)
+        refused = triton_refusal(device, tokens, landmarks, head_dim, None, True) if device.type == 'cuda' else None
+        if refused:  # e.g. a GPU with less shared memory: the reference math takes the call
+            row.update(ok=True, refused=refused)
+            print(f'  N={tokens:>5} m={landmarks:>2} d={head_dim:>3}: not taken by the Triton backend here '
+                  f'(it {refused})', flush=True)
+            rows.append(row)
+            report.save()
+            continue
         try:
             row.update(check_case(tokens, landmarks, head_dim, cfg, device))
         except Exception as err:  # recorded, and the check goes on
@@ -345,7 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     name = torch.cuda.get_device_name() if device.type == 'cuda' else 'cpu (Triton interpreter)'
     print(f'device {name}, torch {torch.__version__}', flush=True)
     report = Report(args.out, device=name, torch=torch.__version__, soft_mm=str(Path(soft_mm.__file__).parent))
-    report.save()
+    print('the Triton backend on this device (the backend each call gets, and why)', flush=True)
+    report.run_part('targets', lambda: target_decisions(cfg, device))
     parts = {
         'correctness': ('Triton backend against the float64 reference', lambda: check_correctness(cfg, device, report)),
         'op': ('the SOFT op', lambda: bench_op(cfg, device)),

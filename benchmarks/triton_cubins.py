@@ -1,24 +1,32 @@
-"""The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers and spills.
+"""The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers, spills and shared
+memory, and the table of shared memory the dispatcher decides with.
 
 Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``nystrom_fwd_kernel_context``,
 ``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
-:data:`LAUNCH_DTYPES`; ``nystrom_middle_fwd_kernel``, the m×m part, float32, plain and SOFT-Norm:
-:data:`MIDDLE_VARIANTS`) is compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a
-cubin for each target architecture (sm_80 Ampere, sm_90 Hopper by default) — the real GPU code, with the real bfloat16
-branches, not the interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as
-``ptxas`` is) reads each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled registers:
-``ptxas -v`` reports as many spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no
-spills.  The compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's
-own library functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the
-standard library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may
-specialise a stride of 1 or a multiple of 16, which only removes instructions).
+``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel``, the m×m part, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``) is
+compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
+architecture (by default every capability the backend is built for: sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada,
+sm_90 Hopper; sm_100 and sm_120 where the installed ptxas knows them), each with its own launch configuration (the
+blocks of ``config.kernel_block``) — the real GPU code, with the real bfloat16 branches, not the interpreter's
+emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads each cubin's
+registers per thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports as many
+spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no spills. The compilation
+runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own library functions
+are decorated for the interpreter and cannot be compiled); this file imports only triton and the standard library, so
+the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise a stride of
+1 or a multiple of 16, which only removes instructions; the shared memory is the same, checked at the published sizes
+on sm_80, sm_86 and sm_90).
 
-    python benchmarks/triton_cubins.py [--arch 80 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
+    python benchmarks/triton_cubins.py [--arch 75 80 86 89 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
+    python benchmarks/triton_cubins.py --write-table   # regenerate soft_mm/ops/soft/backends/triton/shared_memory.py
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
-(``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (an A100's
-166,912 B, an H100's 232,448 B); cuobjdump reports only the static part. Several sizes give every (m, d) corner and a
-second table of the largest request per corner.
+(``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (a T4's 65,536 B,
+an RTX 3090's or 4090's 101,376, an A100's 166,912, an H100's 232,448); cuobjdump reports only the static part.
+Several sizes give every (m, d) corner and a second table of the largest request per corner. ``--write-table``
+compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
+request per target, padded size, kernel and products dtype as the module the dispatcher reads
+(:mod:`soft_mm.ops.soft.backends.triton.targets`); ``tests/ops/test_triton_cubins.py`` compiles the same and holds it.
 """
 from __future__ import annotations
 
@@ -32,18 +40,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ['ARCHS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS', 'format_shared_memory', 'format_table', 'limit',
-           'resource_usage']
+__all__ = ['ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS',
+           'format_shared_memory', 'format_table', 'limit', 'resource_usage', 'shared_memory_table', 'table_module']
 
-ARCHS = (80, 90)
-KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
-# (q, v, products) of every launch the precision policy can make: float32 everything; bfloat16 or float16 products
-# with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever products are forced) and v
-# cast to the products' dtype
-LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
-                 *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
-# the m×m kernel's rows: (its name in the table, SOFT_NORM); its tensors are float32 whatever the inputs' dtype
-MIDDLE_VARIANTS = (('nystrom_middle_fwd_kernel', False), ('nystrom_middle_fwd_kernel_norm', True))
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
 _Q_POINTERS = ('q_ptr', 'dq_ptr')
@@ -61,6 +60,15 @@ def _load(name: str, path: Path):
 
 
 _CONFIG = _load('soft_mm_triton_config', _TRITON_BACKEND / 'config.py')
+ARCHS = _CONFIG.TARGETS
+KERNELS = _CONFIG.KERNELS
+LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES
+# the m×m kernel's rows: (its name in the table, SOFT_NORM); its tensors are float32 whatever the inputs' dtype
+MIDDLE_VARIANTS = _CONFIG.MIDDLE_KERNELS
+# every corner the backend declares it takes: m = 1 (16 padded), 49, 64 (64 padded); d = 16, 32, 64
+DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
+DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
+_TABLE_FILE = _TRITON_BACKEND / 'shared_memory.py'
 
 
 def _tool(name: str) -> str:
@@ -72,10 +80,11 @@ def _tool(name: str) -> str:
         return str(Path(triton.__file__).parent / 'backends' / 'nvidia' / 'bin' / name)
 
 
-def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
-    """``ASTSource``'s signature and constants of a launch of ``fn`` (as :mod:`.triton_nystrom` launches it)."""
+def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: int, arch: int,
+               ) -> tuple[dict, dict]:
+    """``ASTSource``'s signature and constants of a launch of ``fn`` on ``arch`` (as the backend launches it)."""
     pad = _CONFIG.padded
-    signature, constants = {}, dict(BLOCK=_CONFIG.KERNEL_BLOCKS[fn.__name__], MP=pad(num_landmarks),
+    signature, constants = {}, dict(BLOCK=_CONFIG.kernel_block(fn.__name__, arch), MP=pad(num_landmarks),
                                      DP=pad(head_dim), DVP=pad(head_dim),
                                      PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
     for name in fn.arg_names:
@@ -126,32 +135,47 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     from triton.compiler import ASTSource
 
     kernels = _load('soft_mm_triton_kernels_aot', _KERNELS_FILE)
-    launches = []  # (table name, kernel, q, v, products, signature, constants, warps)
-    for name in KERNELS:
-        fn = getattr(kernels, name)
-        for q, v, products in LAUNCH_DTYPES:
-            launches.append((name, fn, q, v, products,
-                             *_signature(fn, q, v, products, num_landmarks, head_dim), _CONFIG.NUM_WARPS))
-    for label, soft_norm in MIDDLE_VARIANTS:
-        fn = kernels.nystrom_middle_fwd_kernel
-        launches.append((label, fn, 'fp32', '-', 'fp32', *_middle_signature(fn, soft_norm, num_landmarks, head_dim),
-                         _CONFIG.middle_warps(num_landmarks)))
+    launches = []  # (table name, kernel, q, v, products, arch, signature, constants, warps)
+    for arch in archs:
+        for name in KERNELS:
+            fn = getattr(kernels, name)
+            for q, v, products in LAUNCH_DTYPES:
+                launches.append((name, fn, q, v, products, arch,
+                                 *_signature(fn, q, v, products, num_landmarks, head_dim, arch), _CONFIG.NUM_WARPS))
+        for label, soft_norm in MIDDLE_VARIANTS:
+            fn = kernels.nystrom_middle_fwd_kernel
+            launches.append((label, fn, 'fp32', '-', 'fp32', arch,
+                             *_middle_signature(fn, soft_norm, num_landmarks, head_dim),
+                             _CONFIG.middle_warps(num_landmarks)))
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for label, fn, q, v, products, signature, constants, warps in launches:
-            for arch in archs:
-                compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', arch, 32),
-                                          options=dict(num_warps=warps))
-                cubin = Path(folder) / f'{label}_{arch}.cubin'
-                cubin.write_bytes(compiled.asm['cubin'])
-                dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
-                                      capture_output=True, text=True).stdout
-                mma = sorted(set(re.findall(r'(?:wgmma\.mma_async|mma\.sync)\.\S+', compiled.asm['ptx'])))
-                rows.append(dict(kernel=label, q=q, v=v, products=products, arch=f'sm_{arch}',
-                                 num_landmarks=num_landmarks, head_dim=head_dim, num_warps=warps,
-                                 block=constants.get('BLOCK'), tensor_core_instructions=mma,
-                                 dynamic_shared_bytes=int(compiled.metadata.shared), **_parse_resources(dump)))
+        for label, fn, q, v, products, arch, signature, constants, warps in launches:
+            compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', arch, 32),
+                                      options=dict(num_warps=warps))
+            cubin = Path(folder) / f'{label}_{arch}.cubin'
+            cubin.write_bytes(compiled.asm['cubin'])
+            dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
+                                  capture_output=True, text=True).stdout
+            mma = sorted(set(re.findall(r'(?:wgmma\.mma_async|mma\.sync)\.\S+', compiled.asm['ptx'])))
+            rows.append(dict(kernel=label, q=q, v=v, products=products, arch=f'sm_{arch}',
+                             num_landmarks=num_landmarks, head_dim=head_dim, num_warps=warps,
+                             block=constants.get('BLOCK'), tensor_core_instructions=mma,
+                             dynamic_shared_bytes=int(compiled.metadata.shared), **_parse_resources(dump)))
     return rows
+
+
+def _compiles_for(arch: int) -> bool:
+    """Whether the installed triton and its ptxas build a cubin for ``arch`` (sm_100 and sm_120 need a recent one)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    fn = _load('soft_mm_triton_kernels_probe', _KERNELS_FILE).nystrom_middle_fwd_kernel
+    try:
+        triton.compile(ASTSource(fn, *_middle_signature(fn, False, 16, 16)), target=GPUTarget('cuda', arch, 32))
+    except Exception:  # (triton raises several kinds: no such target, ptxas failing)
+        return False
+    return True
 
 
 def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int | tuple[int, ...] = 49,
@@ -218,37 +242,94 @@ def format_shared_memory(rows: list[dict]) -> str:
         per_arch = largest.setdefault((row['num_landmarks'], row['head_dim']), {})
         if row['arch'] not in per_arch or row['dynamic_shared_bytes'] > per_arch[row['arch']]['dynamic_shared_bytes']:
             per_arch[row['arch']] = row
-    lines = [f'{"m":>4} {"d":>4}' + ''.join(f'{arch + " (limit " + format(limit(arch), ",") + " B)":>44}'
+    lines = [f'{"m":>4} {"d":>4}' + ''.join(f'{arch + " (limit " + format(limit(arch) or 0, ",") + " B)":>44}'
                                            for arch in archs)]
     for (m, d), per_arch in sorted(largest.items()):
         cells = ''
         for arch in archs:
             row = per_arch[arch]
-            fits = 'fits' if row['dynamic_shared_bytes'] <= limit(arch) else 'OVER'
+            fits = 'fits' if row['dynamic_shared_bytes'] <= (limit(arch) or 0) else 'OVER'
             cell = f'{format(row["dynamic_shared_bytes"], ","):>12} B {fits:<4} ({row["kernel"]} {row["q"]}/{row["v"]})'
             cells += cell.rjust(44)
         lines.append(f'{m:>4} {d:>4}{cells}')
     return '\n'.join(lines)
 
 
-def limit(arch: str) -> int:
-    """The opt-in shared memory per block of ``'sm_80'`` or ``'sm_90'``, bytes."""
-    return _CONFIG.SHARED_MEMORY_PER_BLOCK[int(arch[3:])]
+def limit(arch: str) -> int | None:
+    """The opt-in shared memory per block of an architecture such as ``'sm_86'``, bytes (None where the table of
+    :data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK` does not know it)."""
+    return _CONFIG.SHARED_MEMORY_PER_BLOCK.get(int(arch[3:]))
+
+
+def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str, object]]:
+    """The dispatcher's table from compiled rows: per ``(target, padded m, padded d)``, the dynamic shared memory
+    each kernel asks for, by products dtype (``'float32'``, ``'bfloat16'``, ``'float16'``; the largest over the dtypes
+    of q) for the three token kernels, one figure for the m×m kernel (the larger of plain and SOFT-Norm)."""
+    table: dict[tuple[int, int, int], dict[str, object]] = {}
+    middle_names = {name for name, _ in MIDDLE_VARIANTS}
+    for row in rows:
+        key = (int(row['arch'][3:]), _CONFIG.padded(row['num_landmarks']), _CONFIG.padded(row['head_dim']))
+        entry = table.setdefault(key, {})
+        need = row['dynamic_shared_bytes']
+        if row['kernel'] in middle_names:
+            entry['nystrom_middle_fwd_kernel'] = max(need, entry.get('nystrom_middle_fwd_kernel', 0))
+        else:
+            per_dtype = entry.setdefault(row['kernel'], {})
+            products = _DTYPE_NAMES[row['products']]
+            per_dtype[products] = max(need, per_dtype.get(products, 0))
+    return {key: dict(sorted(entry.items())) for key, entry in sorted(table.items())}
+
+
+def table_module(rows: list[dict]) -> str:
+    """The text of ``soft_mm/ops/soft/backends/triton/shared_memory.py`` from compiled rows (``--write-table``)."""
+    import triton
+
+    lines = ['"""The dynamic shared memory each Triton kernel asks for at launch, per target, padded size and products',
+             'dtype: generated by ``python benchmarks/triton_cubins.py --write-table`` (triton '
+             f'{triton.__version__}), held by',
+             '``tests/ops/test_triton_cubins.py``, read by :mod:`.targets`. Do not edit by hand."""',
+             '',
+             f'TRITON = {triton.__version__!r}  # the triton that compiled the table',
+             '# (target, padded m, padded d) -> kernel -> bytes by products dtype (the m×m kernel: one figure)',
+             'SHARED_MEMORY = {']
+    for key, entry in shared_memory_table(rows).items():
+        lines.append(f'    {key}: {{')
+        for kernel, need in entry.items():
+            lines.append(f'        {kernel!r}: {need!r},')
+        lines.append('    },')
+    lines.append('}')
+    return '\n'.join(lines) + '\n'
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS), help='compute capabilities, e.g. 80 90')
+    parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS),
+                        help='compute capabilities, e.g. 80 90 (default: the targets, ' + ' '.join(map(str, ARCHS))
+                        + '; 100 and 120 where the installed ptxas builds them)')
     parser.add_argument('--landmarks', type=int, nargs='+', default=[49],
                         help='m, one or more (padded to a power of two >= 16)')
     parser.add_argument('--head-dim', type=int, nargs='+', default=[32], help='d = d_v, one or more (padded likewise)')
     parser.add_argument('--json', action='store_true', help='print the rows as JSON instead of the tables')
+    parser.add_argument('--write-table', action='store_true',
+                        help=f'compile the declared corners for every target and write {_TABLE_FILE.name}, the '
+                             'dispatcher\'s shared-memory table (ignores --arch, --landmarks and --head-dim)')
     args = parser.parse_args(argv)
+    archs, landmarks, head_dims = tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim)
+    if args.write_table:
+        archs, landmarks, head_dims = ARCHS, DECLARED_LANDMARKS, DECLARED_HEAD_DIMS
     if os.environ.get('TRITON_INTERPRET', '0') == '1':
-        rows = resource_usage(tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim))
+        rows = resource_usage(archs, landmarks, head_dims)
     else:
-        rows = _compile_corners(tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim))
-    print(json.dumps(rows) if args.json else format_table(rows) + '\n\n' + format_shared_memory(rows))
+        unbuilt = [arch for arch in archs if arch not in ARCHS and not _compiles_for(arch)]
+        if unbuilt:
+            print(f'triton_cubins: the installed triton builds no cubin for sm_{", sm_".join(map(str, unbuilt))}; '
+                  'left out', file=sys.stderr)
+        rows = _compile_corners(tuple(a for a in archs if a not in unbuilt), landmarks, head_dims)
+    if args.write_table:
+        _TABLE_FILE.write_text(table_module(rows))
+        print(f'wrote {_TABLE_FILE}')
+    else:
+        print(json.dumps(rows) if args.json else format_table(rows) + '\n\n' + format_shared_memory(rows))
     return 0
 
 

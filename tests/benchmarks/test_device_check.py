@@ -35,6 +35,10 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     assert report['soft_mm'] == str(ROOT / 'soft_mm')
     assert not [key for key in report if key.endswith('_error')], report
     assert report['correctness'] and all(row['ok'] for row in report['correctness'])
+    # the decisions for the device: on CPU the interpreter is never chosen automatically, and forced it takes every
+    # call (no GPU's limits apply)
+    assert len(report['targets']) == 12 and {row['backend'] for row in report['targets']} <= {'reference', 'tiled'}
+    assert all(row['triton_reason'] is None for row in report['targets'])
     assert all(row['float32_error'] < 3e-5 for row in report['correctness'])
     assert {(row['landmarks'], row['head_dim']) for row in report['correctness']} >= {(MAX_LANDMARKS, MAX_HEAD_DIM),
                                                                                        (1, 16)}
@@ -83,6 +87,20 @@ def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_pa
     assert saved['op_error'] == 'MemoryError: out of memory' and len(saved['correctness']) == 5
 
 
+def test_a_corner_this_gpu_does_not_fit_is_recorded_with_the_dispatchers_reason(load_benchmark, tmp_path, monkeypatch):
+    tool = load_benchmark('device_check')
+    calls = []
+    reason = ('needs 163,840 B of shared memory per block at m = 64, d = 64 (nystrom_bwd_kernel_dq_dv_dl, float32 '
+              'products); this NVIDIA GeForce RTX 4090 (sm_89) allows 101,376')
+    monkeypatch.setattr(tool, 'triton_refusal', lambda device, tokens, m, *_: reason if m == MAX_LANDMARKS else None)
+    monkeypatch.setattr(tool, 'check_case', lambda *args: calls.append(args[:3]) or dict(ok=True))
+    report = tool.Report(str(tmp_path / 'report.json'), device='an RTX 4090')
+    rows = tool.check_correctness(tool.SMOKE, 'cuda', report)
+    assert (300, MAX_LANDMARKS, MAX_HEAD_DIM) not in calls and len(calls) == 4
+    (corner,) = [row for row in rows if row['landmarks'] == MAX_LANDMARKS]
+    assert corner['ok'] and corner['refused'] == reason
+
+
 def test_parts_run_in_their_order_and_alone(load_benchmark, tmp_path, monkeypatch, capsys):
     tool = load_benchmark('device_check')
     calls = []
@@ -93,7 +111,7 @@ def test_parts_run_in_their_order_and_alone(load_benchmark, tmp_path, monkeypatc
     out = tmp_path / 'report.json'
     assert tool.main(['--smoke', '--parts', 'profile', 'correctness', '--out', str(out)]) == 0
     assert calls == ['correctness', 'profile']
-    assert set(json.loads(out.read_text())) == {'device', 'torch', 'soft_mm', 'correctness', 'profile'}
+    assert set(json.loads(out.read_text())) == {'device', 'torch', 'soft_mm', 'targets', 'correctness', 'profile'}
     assert '1. Triton backend' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tool.main(['--smoke', '--parts', 'speed'])

@@ -8,6 +8,7 @@ from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
 from soft_mm.ops.soft import dispatch
 from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS
 from soft_mm.ops.soft.backends.triton.backend import triton_available
+from soft_mm.ops.soft.backends.triton.targets import DeviceLimits
 from soft_mm.ops.soft.dispatch import Backend, DispatchError, backends, select_backend
 from soft_mm.ops.soft.policy import Precision, precision_policy
 from soft_mm.utils.precision_rule import RULE_FRACTION, rule_errors, rule_inputs
@@ -15,6 +16,16 @@ from soft_mm.utils.precision_rule import RULE_FRACTION, rule_errors, rule_inputs
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
 F16_PRODUCTS = Precision(torch.float16, torch.float32, torch.float32, torch.float32)
+
+
+@pytest.fixture(autouse=True)
+def an_h100_where_there_is_no_gpu(monkeypatch):
+    """The calls on 'cuda' below ask the Triton backend's check which GPU it is: without one, an H100 (every declared
+    size fits it; tests/ops/test_triton_targets.py has the other GPUs)."""
+    if not torch.cuda.is_available():
+        import soft_mm.ops.soft.backends.triton.backend as triton_module
+        h100 = DeviceLimits('NVIDIA H100 80GB HBM3', (9, 0), 232_448)
+        monkeypatch.setattr(triton_module, 'device_limits', lambda index=None: h100)
 
 
 def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=True, mode='eager', name=None):

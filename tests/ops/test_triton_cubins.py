@@ -1,67 +1,117 @@
 """triton_cubins: every Triton kernel the backend launches (the m×m one included), in every dtype
-combination the precision policy hands it, compiled on this CPU machine to real cubins for sm_80 (Ampere) and sm_90
-(Hopper) — the GPU code with the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at
-the published sizes from triton 3.6 (triton 3.4's code generation spills 8-88 B in the backward: correct, slower), and
-at every size the backend declares a launch that fits each target's shared memory."""
+combination the precision policy hands it, compiled on this CPU machine to real cubins for every target the backend is
+built for (sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper), each with its own blocks — the GPU code with
+the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at the published sizes from
+triton 3.6 (triton 3.4's code generation spills 8-88 B in the backward: correct, slower) wherever the kernels are taken,
+and at every size the backend declares the shared memory each kernel asks for, which the dispatcher's table holds
+and decides with."""
+import importlib.metadata
+import re
+
 import pytest
 from op_checks import triton_kernels
 from triton_cubins import (
+    DECLARED_HEAD_DIMS,
+    DECLARED_LANDMARKS,
     KERNELS,
     LAUNCH_DTYPES,
     MIDDLE_VARIANTS,
     format_shared_memory,
     format_table,
     resource_usage,
+    shared_memory_table,
 )
 
 from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
 from soft_mm.ops.soft.backends.triton.config import (
-    BLOCK_N,
-    BLOCK_N_BACKWARD,
+    BFLOAT16_MIN_TARGET,
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
     NUM_WARPS,
     SHARED_MEMORY_PER_BLOCK,
+    TARGETS,
+    kernel_block,
     middle_warps,
 )
+from soft_mm.ops.soft.backends.triton.shared_memory import SHARED_MEMORY, TRITON
+from soft_mm.ops.soft.backends.triton.targets import DeviceLimits, launch_reasons, launched_kernels
 
 pytestmark = triton_kernels
 # the oldest triton whose cubins spill no register at the published sizes (3.6: the GPU image's; 3.8 the newest)
 SPILL_FREE_TRITON = (3, 6)
-
-
 PUBLISHED = (49, 32)  # the sizes every variant runs at: m = 49 landmarks (a 7×7 grid), head dim 32
-# every corner the backend declares it takes: m = 1 (16 padded), 49, 64 (64 padded); d = 16, 32, 64
-DECLARED_LANDMARKS = (1, 49, MAX_LANDMARKS)
-DECLARED_HEAD_DIMS = (16, 32, MAX_HEAD_DIM)
+LAUNCHES = len(KERNELS) * len(LAUNCH_DTYPES) + len(MIDDLE_VARIANTS)  # 23 per target and size
+_PRODUCTS = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 
 
-@pytest.mark.slow  # 276 compilations (6 padded sizes × 23 launches × 2 targets): minutes when triton's cache is cold
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r'\d+', version)[:3])
+
+
+def _decisions_match_the_compiled_kernels(rows: list[dict]) -> None:
+    """For every target, corner, products dtype and direction: the dispatcher (a fake device of that target with its
+    opt-in limit) takes the call exactly where every kernel the call launches fits, as compiled here."""
+    import torch
+    dtypes = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+    for target in TARGETS:
+        limit = SHARED_MEMORY_PER_BLOCK[target]
+        device = DeviceLimits(f'sm_{target} device', divmod(target, 10), limit)
+        for m in DECLARED_LANDMARKS:
+            for d in {r['head_dim'] for r in rows}:
+                for products, dtype in dtypes.items():
+                    for needs_grad in (False, True):
+                        kernels = set(launched_kernels(needs_grad))
+                        needs = [r['dynamic_shared_bytes'] for r in rows
+                                 if r['arch'] == f'sm_{target}' and (r['num_landmarks'], r['head_dim']) == (m, d)
+                                 and (r['kernel'] in kernels or r['kernel'].startswith('nystrom_middle'))
+                                 and (r['products'] == 'fp32' if r['kernel'].startswith('nystrom_middle')
+                                      else _PRODUCTS[r['products']] == products)]
+                        fits = max(needs) <= limit and not (products == 'bfloat16' and target < BFLOAT16_MIN_TARGET)
+                        reasons = launch_reasons(device, dtype, dtype, m, d, d, needs_grad)
+                        assert fits == (not reasons), (target, m, d, products, needs_grad, reasons)
+
+
+@pytest.mark.slow  # 690 compilations (6 padded sizes × 23 launches × 5 targets): minutes when triton's cache is cold
 @pytest.mark.parametrize('head_dim', DECLARED_HEAD_DIMS)  # a third each: xdist's workers compile them side by side
-def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_shared_memory(head_dim):
-    rows = resource_usage(archs=(80, 90), num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
-    assert len(rows) == 46 * len(DECLARED_LANDMARKS)
-    for row in rows:  # what a launch asks for (the compiled metadata), within each target's opt-in limit per block
-        assert row['dynamic_shared_bytes'] <= SHARED_MEMORY_PER_BLOCK[int(row['arch'][3:])], row
-    corners = format_shared_memory(rows).splitlines()
-    assert len(corners) == 1 + len(DECLARED_LANDMARKS) and all(line.count('fits') == 2 for line in corners[1:])
+def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_decides_by_its_fit(head_dim):
+    rows = resource_usage(archs=TARGETS, num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
+    assert len(rows) == LAUNCHES * len(TARGETS) * len(DECLARED_LANDMARKS)
+    # the table the dispatcher reads: exactly these figures from the triton that wrote it, an upper bound of them
+    # from any other (the decisions are then safe, never a launch that does not fit)
+    compiled = shared_memory_table(rows)
+    exact = _release(importlib.metadata.version('triton')) == _release(TRITON)
+    for key, entry in compiled.items():
+        held = SHARED_MEMORY[key]
+        if exact:
+            assert entry == held, key
+        for kernel, need in entry.items():
+            for products, bytes_ in (need.items() if isinstance(need, dict) else [(None, need)]):
+                assert bytes_ <= (held[kernel] if products is None else held[kernel][products]), (key, kernel)
+    if exact:
+        _decisions_match_the_compiled_kernels(rows)
+    # the largest declared tiles nearly fill an A100 (observed 163,840 of 166,912 B at m = d = 64) and fit every kernel
+    # an A100 and an H100 launch at every declared size
+    for row in rows:
+        if row['arch'] in ('sm_80', 'sm_90'):
+            assert row['dynamic_shared_bytes'] <= SHARED_MEMORY_PER_BLOCK[int(row['arch'][3:])], row
     if head_dim == MAX_HEAD_DIM:
-        # the largest declared tiles nearly fill an A100 (observed 163,840 of 166,912 B at m = d = 64)
         assert max(r['dynamic_shared_bytes'] for r in rows if r['arch'] == 'sm_80') > 0.9 * SHARED_MEMORY_PER_BLOCK[80]
     if head_dim != PUBLISHED[1]:
         return
     published = [r for r in rows if (r['num_landmarks'], r['head_dim']) == PUBLISHED]
-    archs = ('sm_80', 'sm_90')
+    archs = tuple(f'sm_{t}' for t in TARGETS)
     expected = {(kernel, *dtypes, arch) for kernel in KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
     # the m×m kernel (float32 whatever the inputs), plain and SOFT-Norm
     expected |= {(name, 'fp32', '-', 'fp32', arch) for name, _ in MIDDLE_VARIANTS for arch in archs}
     assert {(r['kernel'], r['q'], r['v'], r['products'], r['arch']) for r in published} == expected
-    assert len(published) == 46
+    assert len(published) == LAUNCHES * len(TARGETS)
     for row in published:
+        target = int(row['arch'][3:])
         assert 0 < row['registers'] <= 255, row
-        if TRITON_VERSION >= SPILL_FREE_TRITON:  # no spilled register
+        taken = target >= BFLOAT16_MIN_TARGET or 'bf16' not in (row['q'], row['products'])
+        if TRITON_VERSION >= SPILL_FREE_TRITON and taken:  # no spilled register wherever the kernels are taken
             assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
-        else:  # triton 3.4 (torch 2.8-2.10): the backward spills a little, the other kernels nothing
+        elif taken:  # triton 3.4 (torch 2.8-2.10): the backward spills a little, the other kernels nothing
             spilled = row['stack_bytes'] + row['local_bytes']
             assert spilled <= 128 and (row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl' or spilled == 0), row
         if row['kernel'].startswith('nystrom_middle_fwd_kernel'):
@@ -69,19 +119,20 @@ def test_every_declared_corner_compiles_for_ampere_and_hopper_and_fits_their_sha
             assert row['tensor_core_instructions'] == [], row  # IEEE float32: the iteration amplifies rounding
             continue
         assert row['num_warps'] == NUM_WARPS
-        assert row['block'] == (BLOCK_N_BACKWARD if row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl' else BLOCK_N)
+        assert row['block'] == kernel_block(row['kernel'], target)
         # the real low-precision branch: bfloat16 / float16 tensor-core products accumulating in float32 (sm_90:
-        # wgmma where the block has 64 rows), and none in float32 (IEEE FMAs: no TF32)
+        # wgmma where the block has 64 rows), and none in float32 (IEEE FMAs: no TF32); on sm_75 triton writes every
+        # dot as FMAs (the operands still rounded to float16 first, the same products)
         instructions = row['tensor_core_instructions']
-        if row['products'] == 'fp32':
-            assert instructions == [], row
-        else:
-            low = {'bf16': 'bf16', 'fp16': 'f16'}[row['products']]
-            assert instructions and all(f'.f32.{low}.{low}' in i for i in instructions), row
-            backward = row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl'
-            assert any(i.startswith('wgmma') for i in instructions) == (row['arch'] == 'sm_90' and not backward), row
+        if row['products'] == 'fp32' or not taken or target == 75:
+            assert (row['products'] != 'fp32' and target != 75) or instructions == [], row
+            continue
+        low = {'bf16': 'bf16', 'fp16': 'f16'}[row['products']]
+        assert instructions and all(f'.f32.{low}.{low}' in i for i in instructions), row
+        backward = row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl'
+        assert any(i.startswith('wgmma') for i in instructions) == (target == 90 and not backward), row
     table = format_table(published).splitlines()
-    assert len(table) == 1 + 23 and 'sm_80 regs / spill B / smem B' in table[0] and 'sm_90' in table[0]
+    assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 
 @pytest.mark.slow  # 46 compilations for sm_80

@@ -101,7 +101,8 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     preferred = precision_policy(q.device.type, input_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
     chosen, policy = select(q.device.type, input_dtype, preferred, q.shape[2], needs_grad, graph_mode(), backend,
-                            num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3])
+                            num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
+                            device_index=q.device.index)
     # under autocast the output takes the autocast dtype, as a matmul's does (CUDA autocast's float32 LayerNorm
     # makes the landmarks float32, which must not turn the output, and the residual stream after it, float32)
     autocast = autocast_dtype(q.device.type)

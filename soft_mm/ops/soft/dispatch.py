@@ -50,6 +50,7 @@ class Call:
         num_landmarks: m (None: not known, not checked).
         head_dim: d of q and the landmarks (None: not checked).
         value_dim: d_v of v (None: not checked).
+        device_index: the index of the inputs' device (None: the current device of its type).
     """
 
     device_type: str
@@ -61,6 +62,7 @@ class Call:
     num_landmarks: int | None = None
     head_dim: int | None = None
     value_dim: int | None = None
+    device_index: int | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +86,8 @@ class Backend:
         max_landmarks: the largest m it takes (None: any).
         max_head_dim: the largest head dim d and value dim d_v it takes (None: any).
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
-        check: ``check(device_type, forced) -> reason | None``, what the fields cannot say (e.g. a missing package).
+        check: ``check(call, forced) -> reason | None`` (``call`` a :class:`Call`), what the fields cannot say: a
+            missing package, which GPU the call's device is, whether its kernels fit that device.
         middle: ``middle(landmarks, num_iters, ridge, soft_norm) -> (B, h, m, m)`` float32, the whole m×m middle
             matrix in one kernel with the implicit backward (None: the op computes it in torch). Taken for the
             default ``backward='implicit'`` with a float32 inverse; within the backend's m and d limits.
@@ -104,7 +107,7 @@ class Backend:
     max_landmarks: int | None = None
     max_head_dim: int | None = None
     options: tuple[tuple[str, object], ...] = ()
-    check: Callable[[str, bool], str | None] | None = None
+    check: Callable[[Call, bool], str | None] | None = None
     middle: Callable[..., Tensor] | None = None
 
     def unsupported_reasons(self, call: Call, forced: bool) -> list[str]:
@@ -113,7 +116,7 @@ class Backend:
         if call.device_type not in self.devices:
             reasons.append(f'runs on {"/".join(self.devices)}, not {call.device_type}')
         elif self.check is not None:
-            reason = self.check(call.device_type, forced)
+            reason = self.check(call, forced)
             if reason:
                 reasons.append(reason)
         if call.dtype not in self.dtypes:
@@ -180,13 +183,15 @@ def backends() -> list[Backend]:
 
 def select(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
            mode: str = 'eager', name: str | None = None, *, num_landmarks: int | None = None,
-           head_dim: int | None = None, value_dim: int | None = None) -> tuple[Backend, Precision]:
+           head_dim: int | None = None, value_dim: int | None = None, device_index: int | None = None,
+           ) -> tuple[Backend, Precision]:
     """The backend for a call and the precision it runs: ``name`` if given and it fits, else the first that fits by
     priority; each policy of ``precision.chain()`` in turn (e.g. float16 products, else float32 where no backend that
     fits stores its sums in float32).
 
     ``mode`` is :func:`~soft_mm.ops.graph_mode.graph_mode`'s: ``'eager'``, ``'compile'`` or ``'export'``. The sizes m,
-    d and d_v are checked against each backend's limits when given (a backend above its limits is passed over).
+    d and d_v are checked against each backend's limits when given (a backend above its limits is passed over);
+    ``device_index`` names the device among those of its type (a backend's check may read which GPU it is).
 
     Raises:
         ValueError: ``name`` is not a registered backend.
@@ -200,7 +205,8 @@ def select(device_type: str, dtype: torch.dtype, precision: Precision, num_token
     candidates = [_BACKENDS[name]] if name is not None else backends()
     refusals: list[str] = []  # each backend's reasons for the preferred policy
     for policy in precision.chain():
-        call = Call(device_type, dtype, policy, num_tokens, needs_grad, mode, num_landmarks, head_dim, value_dim)
+        call = Call(device_type, dtype, policy, num_tokens, needs_grad, mode, num_landmarks, head_dim, value_dim,
+                    device_index)
         for backend in candidates:
             reasons = backend.unsupported_reasons(call, forced=name is not None)
             if not reasons:

@@ -22,7 +22,9 @@ accumulation, or float16 ones likewise (the m×d factor scaled into float16's ra
 otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is wrong,
 the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
 bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m and head dims up to 64 (what fits an
-A100's shared memory: :mod:`.config`); batch and heads are the second grid axis; inputs may be strided views.
+A100's shared memory: :mod:`.config`; a GPU with less takes the calls whose kernels fit it, and only the GPUs the
+kernels are built for take any: :mod:`.targets`); batch and heads are the second grid axis; inputs may be strided
+views.
 
 The kernels (``kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
 since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
@@ -40,7 +42,7 @@ from torch import Tensor
 
 from ....custom_ops import differentiable_op
 from ....precision import ieee_float32_matmuls
-from ...dispatch import Backend, register_backend
+from ...dispatch import Backend, Call, register_backend
 from ...kernel import augment_kernel_cols, augment_kernel_rows
 from ...middle import Middle
 from ...newton import alpha_floor
@@ -48,18 +50,20 @@ from ...policy import Precision
 from ..products_op import products_op
 from .config import (
     BLOCK_N,
-    BLOCK_N_BACKWARD,
+    KERNELS,
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
     NUM_WARPS,
     PRODUCTS_CODES,
+    kernel_block,
     middle_warps,
     padded,
     split_count,
 )
+from .targets import device_limits, device_target, launch_reasons
 
-__all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'triton_available',
-           'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
+__all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'call_reasons',
+           'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
 
 # The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
 # 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
@@ -90,8 +94,9 @@ def _interpreting() -> bool:
 
 
 def unsupported_reason(device_type: str, forced: bool) -> str | None:
-    """Why the Triton backend cannot run here (None if it can): triton missing or older than :data:`MIN_TRITON`, or
-    CPU outside the interpreter."""
+    """Why the Triton backend cannot run on this kind of device (None if it can): triton missing or older than
+    :data:`MIN_TRITON`, or CPU outside the interpreter. Which GPU, and the call's sizes and dtypes, are
+    :func:`call_reasons`'."""
     if not triton_available():
         if TRITON_VERSION is None:
             return 'needs triton (pip install triton)'
@@ -102,6 +107,20 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
     return None
 
 
+def call_reasons(call: Call, forced: bool) -> str | None:
+    """The backend's check (:attr:`~soft_mm.ops.soft.dispatch.Backend.check`): :func:`unsupported_reason`, then on a
+    GPU whether the device is a target of the kernels, runs the call's dtypes and has the shared memory every kernel
+    of the call asks for (:func:`~.targets.launch_reasons`, the device read once)."""
+    reason = unsupported_reason(call.device_type, forced)
+    if reason is not None or call.device_type != 'cuda':
+        return reason
+    products = call.precision.products if call.precision.mixed else torch.float32
+    reasons = launch_reasons(device_limits(call.device_index), call.dtype, products, call.num_landmarks,
+                             call.head_dim, call.value_dim, call.needs_grad)
+    return ', '.join(reasons) or None
+
+
+_CONTEXT, _OUTPUT, _BACKWARD = KERNELS
 _LOADED: dict[str, object] = {}
 
 
@@ -130,19 +149,22 @@ def _strides(t: Tensor) -> tuple[int, ...]:
 class _Launch:
     """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
     tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
-    block of its group (the reductions over the tokens, one partial sum per program)."""
+    block of its group (the reductions over the tokens, one partial sum per program). The block is the kernel's on the
+    device's target (:func:`~.config.kernel_block`; the default blocks under the interpreter)."""
 
-    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, block: int = BLOCK_N) -> None:
+    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, kernel: str) -> None:
         self.batch, self.heads, self.n, self.d = q.shape
         self.m, self.dv = landmarks.shape[2], v.shape[3]
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
+        self.interpret = _interpreting()
+        block = kernel_block(kernel, None if self.interpret or q.device.type != 'cuda' else device_target(q.device))
         self.block = block
         self.groups = self.batch * self.heads
         self.nblk = -(-self.n // block)
         self.grid = (self.nblk, self.groups)
         self.splits = split_count(self.n, block, self.groups)
         self.split_grid = (self.splits, self.groups)
-        self.kernels, self.interpret = _kernels(), _interpreting()
+        self.kernels = _kernels()
 
     def sizes(self) -> tuple[int, ...]:
         return self.heads, self.n, self.m, self.d, self.dv
@@ -162,9 +184,9 @@ class _Launch:
 def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
     """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel."""
     lm = landmarks.contiguous()
-    launch = _Launch(q, lm, v)
-    context = launch.context(q, lm, v, products)  # K1^T v
+    context = _Launch(q, lm, v, _CONTEXT).context(q, lm, v, products)  # K1^T v
     middle_context = middle.float() @ context  # contiguous (B, h, m, d_v), as the kernels read it
+    launch = _Launch(q, lm, v, _OUTPUT)
     out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
     launch.kernels.nystrom_fwd_kernel_o[launch.grid](
         q, lm, middle_context, out, *launch.sizes(), *_strides(q), *_strides(out), **launch.meta(products))
@@ -176,8 +198,8 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
     lm = landmarks.contiguous()
     grad_out = grad_out.to(v.dtype)
-    grad_middle_context = _Launch(q, lm, v).context(q, lm, grad_out, products)  # K1^T grad_out
-    launch = _Launch(q, lm, v, BLOCK_N_BACKWARD)
+    grad_middle_context = _Launch(q, lm, v, _CONTEXT).context(q, lm, grad_out, products)  # K1^T grad_out
+    launch = _Launch(q, lm, v, _BACKWARD)
     grad_middle = grad_middle_context @ context.transpose(-2, -1)
     grad_context = middle.float().transpose(-2, -1) @ grad_middle_context  # contiguous (B, h, m, d_v)
     grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.interpret))
@@ -312,5 +334,5 @@ def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, p
 TRITON = register_backend(Backend(
     name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
     dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
-    compile=True, max_landmarks=MAX_LANDMARKS, max_head_dim=MAX_HEAD_DIM, check=unsupported_reason,
+    compile=True, max_landmarks=MAX_LANDMARKS, max_head_dim=MAX_HEAD_DIM, check=call_reasons,
     middle=triton_nystrom_middle))

@@ -1,34 +1,64 @@
-"""The launch configuration of the Triton kernels, in one place for the launches (:mod:`.backend`) and their
-ahead-of-time compilation (``benchmarks/triton_cubins.py``, which runs without torch). Plain Python: no imports.
+"""The launch configuration of the Triton kernels and the GPUs they are built for, in one place for the launches
+(:mod:`.backend`), the dispatcher's device check (:mod:`.targets`) and their ahead-of-time compilation
+(``benchmarks/triton_cubins.py``, which runs without torch). Plain Python: nothing imported.
 
-The tile sizes and warps hold every kernel at 0 spilled registers at d = 32 on sm_80 and sm_90 in every dtype
-(``python benchmarks/triton_cubins.py`` prints the table; ``tests/ops/test_triton_cubins.py`` holds it). The backward
-holds the most at once (the kernel block, its gradient, q, v, grad_out and four m×d tiles), hence its smaller blocks;
-they cost no memory traffic, since its partial sums are one per program, not one per block.
+The tile sizes and warps hold every kernel at 0 spilled registers at the published sizes (m = 49, d = 32) on every
+target in :data:`TARGETS`, in every dtype the target runs (``python benchmarks/triton_cubins.py`` prints the table;
+``tests/ops/test_triton_cubins.py`` holds it). The backward holds the most at once (the kernel block, its gradient, q,
+v, grad_out and four m×d tiles), hence its smaller blocks; they cost no memory traffic, since its partial sums are one
+per program, not one per block. Turing (sm_75) and the GeForce-class Ampere and Ada parts (sm_86, sm_89), with fewer
+registers' worth of work per thread at the same code, take smaller forward blocks (:data:`TARGET_BLOCKS`).
 """
+from __future__ import annotations
 
-__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNEL_BLOCKS', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'NUM_WARPS',
-           'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK', 'SPLIT_PROGRAMS', 'middle_warps', 'padded', 'split_count']
+__all__ = ['BFLOAT16_MIN_TARGET', 'BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNELS', 'KERNEL_BLOCKS', 'LAUNCH_DTYPES',
+           'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_KERNELS', 'NUM_WARPS', 'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK',
+           'SPLIT_PROGRAMS', 'TARGETS', 'TARGET_BLOCKS', 'TARGET_GPUS', 'kernel_block', 'middle_warps', 'padded',
+           'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (context, o)
 BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
 NUM_WARPS = 8  # warps per program, every kernel
 # The largest m and the largest d and d_v the backend takes: those at which every kernel, in every dtype, fits the
-# shared memory a block may ask for on both targets (SHARED_MEMORY_PER_BLOCK). A launch asks for the dynamic shared
-# memory of the compiled kernel (its metadata), which grows with the padded tiles: at m, d <= 64 at most 163,840 B;
-# d = 128 needs 176,128 B even at m <= 16, and m = 65..128 the m×m kernel's 196,608 B, both over an A100's
-# 166,912 (the table: docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every
-# corner for both targets and holds it).
+# shared memory a block may ask for on an A100 (sm_80) and an H100 (sm_90). A launch asks for the dynamic shared memory
+# of the compiled kernel (its metadata), which grows with the padded tiles: at m, d <= 64 at most 163,840 B; d = 128
+# needs 176,128 B even at m <= 16, and m = 65..128 the m×m kernel's 196,608 B, both over an A100's 166,912. Targets
+# with less shared memory take a call within these limits only where its kernels fit them (:mod:`.targets`; the table:
+# docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every corner for every target).
 MAX_LANDMARKS = 64
 MAX_HEAD_DIM = 64
-# the opt-in shared memory per block of the targets the kernels are built for: sm_80 (A100), sm_90 (H100, H200)
-SHARED_MEMORY_PER_BLOCK = {80: 166_912, 90: 232_448}
+# The compute capabilities (10 * major + minor) the kernels are compiled and checked for, 0 spills at the published
+# sizes: a device of another capability gets the next backend. bfloat16 needs sm_80 (Turing has no bfloat16 arithmetic).
+TARGETS = (75, 80, 86, 89, 90)
+BFLOAT16_MIN_TARGET = 80
+# the opt-in shared memory per block of each capability (CUDA programming guide, compute capabilities table), bytes:
+# what the ahead-of-time tables compare against; a device's own limit is read from the device itself at run time.
+# sm_100 and sm_120 (not targets) for the cubin tool
+SHARED_MEMORY_PER_BLOCK = {75: 65_536, 80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448,
+                           120: 101_376}
+# GPUs of each target, for messages and docs
+TARGET_GPUS = {75: 'T4, RTX 20xx', 80: 'A100, A800', 86: 'RTX 30xx, A10, A40, A6000', 89: 'RTX 40xx, L4, L40S',
+               90: 'H100, H200, H20'}
 # programs of a reduction over the tokens (the context kernel, the backward), over all (sample, head) groups: a few per
 # streaming multiprocessor of a large GPU (132 on an H100/H200), so the partial sums are a few per group, not one per
 # block
 SPLIT_PROGRAMS = 512
+KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
+# the m×m kernel, in the tables under two names: plain and SOFT-Norm (its SOFT_NORM constant)
+MIDDLE_KERNELS = (('nystrom_middle_fwd_kernel', False), ('nystrom_middle_fwd_kernel_norm', True))
 KERNEL_BLOCKS = {'nystrom_fwd_kernel_context': BLOCK_N, 'nystrom_fwd_kernel_o': BLOCK_N,
                  'nystrom_bwd_kernel_dq_dv_dl': BLOCK_N_BACKWARD}
+# the targets whose blocks differ from KERNEL_BLOCKS: at 64 tokens a block, sm_75's forward kernels spill 152-264 B
+# and sm_86/sm_89's context kernel 8 B (float16 products); at 32 none does, and the context kernel's shared memory at
+# m = d = 64 halves (114,688 -> 65,536 B in float32 on sm_86, within its 101,376)
+TARGET_BLOCKS = {75: {'nystrom_fwd_kernel_context': 32, 'nystrom_fwd_kernel_o': 32},
+                 86: {'nystrom_fwd_kernel_context': 32},
+                 89: {'nystrom_fwd_kernel_context': 32}}
+# (q, v, products) of every launch the precision policy can make, by triton's dtype names: float32 everything;
+# bfloat16 or float16 products with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever
+# products are forced) and v cast to the products' dtype
+LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
+                 *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
 # the kernels' PRODUCTS constant: the dtype of the products with v (float32 accumulation in every case); the same
 # values as kernels.PRODUCTS_FLOAT32, PRODUCTS_BFLOAT16, PRODUCTS_FLOAT16
 PRODUCTS_CODES = {'float32': 0, 'bfloat16': 1, 'float16': 2}
@@ -51,3 +81,9 @@ def split_count(num_tokens: int, block: int, groups: int) -> int:
     sums (and their rounding) are the same on every run."""
     blocks = -(-int(num_tokens) // int(block))
     return max(1, min(blocks, SPLIT_PROGRAMS // max(1, int(groups))))
+
+
+def kernel_block(kernel: str, target: int | None) -> int:
+    """Tokens per block of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (a capability of :data:`TARGETS`;
+    None: the interpreter, which takes the default blocks)."""
+    return TARGET_BLOCKS.get(target, {}).get(kernel, KERNEL_BLOCKS[kernel])
