@@ -1,6 +1,6 @@
 """The prepared GPU check: the SOFT op's Triton backend tested on the device, then timed against the PyTorch paths
-and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command, about 4 minutes on an H200
-(219 s there, 2026-12-04, parts 1-5).
+and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command: parts 1-5 took 219 s on an
+H200 (2026-12-04), part 7 keeps within its own 240 s.
 
     python benchmarks/device_check.py            # on a CUDA machine: prints the tables, writes device_check.json
     python benchmarks/device_check.py --smoke    # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
@@ -47,9 +47,15 @@ Parts:
 5. the Triton kernels compiled for sm_80, sm_90 and the device's own architecture (cubins, no launch): registers
    and spilled bytes per kernel and dtypes (:mod:`triton_cubins`, the table its test holds at 0 spills);
 6. where the eager bfloat16 forward's time goes: SOFT-Norm-Small and Swin-T under ``torch.profiler``, the operators
-   with the most device time, the kernels per forward and their summed time beside the wall time.
+   with the most device time, the kernels per forward and their summed time beside the wall time;
+7. where detectors are trained (:func:`bench_training`): SOFT-Norm-Small, Swin-T and ConvNeXt-T, forward and training
+   step under bfloat16 autocast, eager, compiled and CUDA-graphed (``mode='reduce-overhead'``) at batch 2 x 800x1344,
+   eager and compiled at batch 1 x 1600x2688: times, compile times apart, kernels and their device time per call,
+   peak memory; within its own time budget (240 s), so that the whole check stays within a lease.
 
-``--parts correctness profile`` (any of the six, by name) runs only those, e.g. a rerun within a short lease.
+``--parts correctness profile`` (any of the seven, by name) runs only those, e.g. a rerun within a short lease;
+``--parts training op`` is issue 48's GPU table (about 4 minutes on an H100/H200: the training part's budget and the
+op's forward+backward at 16k, 67k and 267k tokens).
 """
 from __future__ import annotations
 
@@ -67,7 +73,7 @@ if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imp
 
 import torch
 import torch.nn.functional as F
-from harness import PeakMemory, build_backbone, median_time
+from harness import PeakMemory, build_backbone, median_time, sync
 from triton_cubins import format_table, resource_usage
 
 import soft_mm
@@ -92,9 +98,14 @@ from soft_mm.utils.precision_rule import (
 )
 
 FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),
-            batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5)
+            batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5,
+            # part 7: (batch, image, modes) in order, and the part's time budget in seconds (cases not begun by then
+            # are recorded as skipped)
+            training=(((2, (800, 1344)), ('eager', 'compile', 'reduce-overhead')),
+                      ((1, (1600, 2688)), ('eager', 'compile'))), training_budget_s=240, compile_backend='inductor')
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
-             image=(64, 96), repeats=1)
+             image=(64, 96), repeats=1, training=(((1, (64, 96)), ('eager', 'compile')),), training_budget_s=600,
+             compile_backend='eager')
 # (N, m, d) at the Triton backend's declared limits: the largest tiles (every kernel's shared memory at its most) and
 # the smallest; run after the check cases, in both modes
 CORNER_CASES = ((300, MAX_LANDMARKS, MAX_HEAD_DIM), (300, 1, 16))
@@ -338,6 +349,90 @@ def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
+def _kernels_of(fn: Callable[[], object], device: torch.device) -> dict:
+    """The kernels one call of ``fn`` launches and their summed device time (``torch.profiler``; on CPU none)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    on_gpu = device.type == 'cuda'
+    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
+        fn()
+        if on_gpu:
+            torch.cuda.synchronize(device)
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return dict(kernels=len(kernels), kernel_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1e3)
+
+
+def _training_case(name: str, model: torch.nn.Module, x: torch.Tensor, mode: str, cfg: dict,
+                   device: torch.device) -> dict:
+    """One model in one mode: the forward (eval, no grad) and the training step (forward and backward of the maps'
+    means) under bfloat16 autocast, each run's compile time apart (its first call against a steady call), the kernels
+    and device time of one call, the step's peak memory."""
+    if mode == 'eager':
+        run = model
+    else:  # the same way for every model: torch.compile default, or CUDA graphs through mode='reduce-overhead'
+        options = dict(backend=cfg['compile_backend'])
+        if mode != 'compile':
+            options['mode'] = mode
+        run = torch.compile(model, **options)
+
+    def forward():
+        with torch.no_grad():
+            model.eval()
+            return run(x)
+
+    def step():
+        model.train()
+        torch.autograd.backward([o.float().mean() for o in run(x)])
+        model.zero_grad(set_to_none=True)
+
+    row = dict(model=name, input=f'{x.shape[0]}x{x.shape[2]}x{x.shape[3]}', mode=mode)
+    with torch.autocast(device.type, dtype=torch.bfloat16):
+        for kind, fn in (('step', step), ('fwd', forward)):
+            start = time.perf_counter()
+            fn()
+            sync(device)
+            first = time.perf_counter() - start
+            fn()  # (reduce-overhead records its CUDA graph on a later call)
+            row[f'{kind}_ms'] = 1e3 * median_time(fn, device, cfg['repeats'])
+            row[f'{kind}_compile_s'] = max(0.0, first - row[f'{kind}_ms'] / 1e3) if mode != 'eager' else 0.0
+            counts = _kernels_of(fn, device)
+            row[f'{kind}_kernels'], row[f'{kind}_kernel_ms'] = counts['kernels'], counts['kernel_ms']
+        memory = PeakMemory(device)
+        memory.start()
+        step()
+        row['step_peak_mib'] = memory.peak_mib()
+    return row
+
+
+def bench_training(cfg: dict, device: torch.device) -> list[dict]:
+    """Part 7: where detectors are trained. SOFT-Norm-Small, Swin-T and ConvNeXt-T, bfloat16 autocast, forward and
+    training step, eager, compiled (``torch.compile`` default) and CUDA-graphed (``mode='reduce-overhead'``), the same
+    way for every model, at each input of ``cfg['training']``: the times, the compile times apart, the kernels and
+    their device time per call, the step's peak memory. Cases in order, rounds per model interleaved by mode; a case
+    not begun within ``cfg['training_budget_s']`` is recorded as skipped, a case that fails with its error."""
+    rows, start = [], time.perf_counter()
+    for (batch, image), modes in cfg['training']:
+        x = torch.randn(batch, 3, *image, device=device)
+        for name in BACKBONES:
+            model = build_backbone(name, image).to(device)
+            for mode in modes:
+                base = dict(model=name, input=f'{batch}x{image[0]}x{image[1]}', mode=mode)
+                if time.perf_counter() - start > cfg['training_budget_s']:
+                    rows.append(dict(base, skipped=f"the part's {cfg['training_budget_s']} s were spent"))
+                    continue
+                try:
+                    row = _training_case(name, model, x, mode, cfg, device)
+                except Exception as err:  # out of memory, a compile failure: recorded, the next case runs
+                    row = dict(base, error=error_line(err))
+                torch._dynamo.reset()
+                print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
+                                       for k, v in row.items()), flush=True)
+                rows.append(row)
+            model.cpu()
+            del model
+    return rows
+
+
 def compiled_kernels(device: torch.device) -> list[dict]:
     """Registers and spills of every kernel compiled for sm_80, sm_90 and the device's architecture; prints the
     table."""
@@ -380,7 +475,7 @@ class Report:
         self.save()
 
 
-PARTS = ('correctness', 'op', 'backbones', 'compile', 'cubins', 'profile')
+PARTS = ('correctness', 'op', 'backbones', 'compile', 'cubins', 'profile', 'training')
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -411,6 +506,7 @@ def main(argv: list[str] | None = None) -> int:
         'cubins': ('the Triton kernels compiled (registers / spilled bytes per thread)',
                    lambda: compiled_kernels(device)),
         'profile': ('where the eager bfloat16 forward\'s time goes', lambda: profile_forward(cfg, device)),
+        'training': ('forward and training step: eager, compiled, CUDA-graphed', lambda: bench_training(cfg, device)),
     }
     for number, part in enumerate(PARTS, 1):
         if part in args.parts:

@@ -3,7 +3,9 @@ memory, and the table of shared memory the dispatcher decides with.
 
 Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``nystrom_fwd_kernel_context``,
 ``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
-``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel``, the m×m part, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``) is
+``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel`` and ``nystrom_middle_bwd_kernel_dl``, the m×m part and its
+backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the three float32 kernels
+that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
 architecture (by default every capability the backend is built for: sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada,
 sm_90 Hopper; sm_100 and sm_120 where the installed ptxas knows them), each with its own launch configuration (the
@@ -19,6 +21,7 @@ on sm_80, sm_86 and sm_90).
 
     python benchmarks/triton_cubins.py [--arch 75 80 86 89 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
     python benchmarks/triton_cubins.py --write-table   # regenerate soft_mm/ops/soft/backends/triton/shared_memory.py
+    python benchmarks/triton_cubins.py --layers [--width 64 128 320 1024]   # the blocks' add + LayerNorm kernels
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
 (``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (a T4's 65,536 B,
@@ -27,6 +30,10 @@ Several sizes give every (m, d) corner and a second table of the largest request
 compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
 (:mod:`soft_mm.ops.soft.backends.triton.targets`); ``tests/ops/test_triton_cubins.py`` compiles the same and holds it.
+
+``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (:mod:`soft_mm.ops.layers.add_norm_kernels`,
+forward and backward, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
+that :mod:`soft_mm.ops.layers.add_norm_config` gives each width.
 """
 from __future__ import annotations
 
@@ -40,8 +47,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ['ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'KERNELS', 'LAUNCH_DTYPES', 'MIDDLE_VARIANTS',
-           'format_shared_memory', 'format_table', 'limit', 'resource_usage', 'shared_memory_table', 'table_module']
+__all__ = ['ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS', 'LAUNCH_DTYPES',
+           'LAYER_KERNELS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS', 'format_shared_memory',
+           'format_table', 'layer_resource_usage', 'limit', 'resource_usage', 'shared_memory_table', 'table_module']
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
@@ -63,12 +71,21 @@ _CONFIG = _load('soft_mm_triton_config', _TRITON_BACKEND / 'config.py')
 ARCHS = _CONFIG.TARGETS
 KERNELS = _CONFIG.KERNELS
 LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES
-# the m×m kernel's rows: (its name in the table, SOFT_NORM); its tensors are float32 whatever the inputs' dtype
+# the m×m kernels' rows: (the name in the table, SOFT_NORM); their tensors are float32 whatever the inputs' dtype
 MIDDLE_VARIANTS = _CONFIG.MIDDLE_KERNELS
+MIDDLE_BACKWARD_VARIANTS = _CONFIG.MIDDLE_BACKWARD_KERNELS
+GROUP_KERNELS = _CONFIG.GROUP_KERNELS
 # every corner the backend declares it takes: m = 1 (16 padded), 49, 64 (64 padded); d = 16, 32, 64
 DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
 _TABLE_FILE = _TRITON_BACKEND / 'shared_memory.py'
+_LAYERS = Path(__file__).resolve().parents[1] / 'soft_mm/ops/layers'
+_ADD_NORM = _load('soft_mm_add_norm_config', _LAYERS / 'add_norm_config.py')
+LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
+# SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
+LAYER_WIDTHS = (64, 128, 320, _ADD_NORM.MAX_ADD_NORM_WIDTH)
+# the tensors of the stream (the addends, the output and their gradients), in the stream's dtype; the rest float32
+_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'y_ptr', 'dy_ptr', 'dx_ptr')
 
 
 def _tool(name: str) -> str:
@@ -98,9 +115,11 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
 
 
 def _middle_signature(fn, soft_norm: bool, num_landmarks: int, head_dim: int) -> tuple[dict, dict]:
-    """``ASTSource``'s signature and constants of a launch of ``nystrom_middle_fwd_kernel``."""
-    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), SOFT_NORM=soft_norm,
-                     INTERPRET=False)
+    """``ASTSource``'s signature and constants of a launch of a float32 kernel with one program per group (the m×m
+    kernels, those of :data:`GROUP_KERNELS`)."""
+    constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), DVP=_CONFIG.padded(head_dim),
+                     SOFT_NORM=soft_norm, INTERPRET=False)
+    constants = {name: value for name, value in constants.items() if name in fn.arg_names}
     floats = ('ridge', 'floor')
     signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')
                  else 'fp32' if name in floats else 'i32' for name in fn.arg_names}
@@ -142,8 +161,10 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
             for q, v, products in LAUNCH_DTYPES:
                 launches.append((name, fn, q, v, products, arch,
                                  *_signature(fn, q, v, products, num_landmarks, head_dim, arch), _CONFIG.NUM_WARPS))
-        for label, soft_norm in MIDDLE_VARIANTS:
-            fn = kernels.nystrom_middle_fwd_kernel
+        for (label, soft_norm), fn in [*((variant, kernels.nystrom_middle_fwd_kernel) for variant in MIDDLE_VARIANTS),
+                                       *((variant, kernels.nystrom_middle_bwd_kernel_dl)
+                                         for variant in MIDDLE_BACKWARD_VARIANTS),
+                                       *(((name, False), getattr(kernels, name)) for name in GROUP_KERNELS)]:
             launches.append((label, fn, 'fp32', '-', 'fp32', arch,
                              *_middle_signature(fn, soft_norm, num_landmarks, head_dim),
                              _CONFIG.middle_warps(num_landmarks)))
@@ -162,6 +183,70 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
                              block=constants.get('BLOCK'), tensor_core_instructions=mma,
                              dynamic_shared_bytes=int(compiled.metadata.shared), **_parse_resources(dump)))
     return rows
+
+
+def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dict]:
+    """One row per add + LayerNorm kernel, stream dtype, architecture and width, compiled in this process (which
+    must not interpret), as :mod:`soft_mm.ops.layers.add_norm` launches them (triton's default 4 warps)."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernels = _load('soft_mm_add_norm_kernels_aot', _LAYERS / 'add_norm_kernels.py')
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for arch in archs:
+            for width in widths:
+                constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width),
+                                 INTERPRET=False)
+                for dtype in _DTYPE_NAMES:
+                    for name in LAYER_KERNELS:
+                        fn = getattr(kernels, name)
+                        used = {key: value for key, value in constants.items() if key in fn.arg_names}
+                        signature = {arg: 'constexpr' if arg in used else '*' + dtype if arg in _STREAM_POINTERS
+                                     else '*fp32' if arg.endswith('_ptr') else 'fp32' if arg == 'eps' else 'i32'
+                                     for arg in fn.arg_names}
+                        compiled = triton.compile(ASTSource(fn, signature, used), target=GPUTarget('cuda', arch, 32))
+                        cubin = Path(folder) / f'{name}_{arch}.cubin'
+                        cubin.write_bytes(compiled.asm['cubin'])
+                        dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
+                                              capture_output=True, text=True).stdout
+                        rows.append(dict(kernel=name, dtype=dtype, arch=f'sm_{arch}', width=width,
+                                         rows=constants['ROWS'], num_warps=compiled.metadata.num_warps,
+                                         dynamic_shared_bytes=int(compiled.metadata.shared),
+                                         **_parse_resources(dump)))
+    return rows
+
+
+def layer_resource_usage(archs: tuple[int, ...] = ARCHS, widths: tuple[int, ...] = LAYER_WIDTHS,
+                         timeout: float = 1800) -> list[dict]:
+    """The rows of :func:`_compile_layers` (``kernel``, ``dtype``, ``arch``, ``width``, ``rows``, ``num_warps``,
+    ``registers``, ``stack_bytes``, ``local_bytes``, ``shared_bytes``, ``dynamic_shared_bytes``), compiled in a child
+    process without ``TRITON_INTERPRET`` as :func:`resource_usage` does.
+
+    Raises:
+        ValueError: an architecture below 75, or a width outside 1..MAX_ADD_NORM_WIDTH.
+        RuntimeError: the compilation failed (its output in the message).
+    """
+    archs, widths = tuple(archs), tuple(widths)
+    if not archs or any(isinstance(a, bool) or not isinstance(a, int) or a < 75 for a in archs):
+        raise ValueError(f'layer_resource_usage: archs must be compute capabilities >= 75 such as 80 or 90, '
+                         f'got {archs!r}')
+    top = _ADD_NORM.MAX_ADD_NORM_WIDTH
+    if not widths or any(isinstance(w, bool) or not isinstance(w, int) or not 1 <= w <= top for w in widths):
+        raise ValueError(f'layer_resource_usage: widths must be ints in 1..{top} (the kernels\' limit), got {widths!r}')
+    return _child(['--layers', '--width', *map(str, widths), '--arch', *map(str, archs)], timeout)
+
+
+def _child(arguments: list[str], timeout: float) -> list[dict]:
+    """The JSON rows this tool prints with ``arguments`` and ``--json``, run in a child process without
+    ``TRITON_INTERPRET``."""
+    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
+    command = [sys.executable, str(Path(__file__).resolve()), '--json', *arguments]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if proc.returncode != 0:
+        raise RuntimeError(f'compiling the Triton kernels failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
+    return json.loads(proc.stdout)
 
 
 def _compiles_for(arch: int) -> bool:
@@ -205,14 +290,8 @@ def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int | tuple[in
             if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 128:
                 raise ValueError(f'resource_usage: {name} must be an int in 1..128 (the kernels\' limit), '
                                  f'got {size!r}')
-    env = {k: v for k, v in os.environ.items() if k != 'TRITON_INTERPRET'}
-    command = [sys.executable, str(Path(__file__).resolve()), '--json', '--landmarks',
-               *map(str, sizes['num_landmarks']), '--head-dim', *map(str, sizes['head_dim']), '--arch',
-               *map(str, archs)]
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout, check=False)
-    if proc.returncode != 0:
-        raise RuntimeError(f'compiling the Triton kernels failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}')
-    return json.loads(proc.stdout)
+    return _child(['--landmarks', *map(str, sizes['num_landmarks']), '--head-dim', *map(str, sizes['head_dim']),
+                   '--arch', *map(str, archs)], timeout)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -255,6 +334,23 @@ def format_shared_memory(rows: list[dict]) -> str:
     return '\n'.join(lines)
 
 
+def format_layer_table(rows: list[dict]) -> str:
+    """The add + LayerNorm rows as a text table: per kernel, dtype and width, per architecture the registers per
+    thread, the spilled bytes and the dynamic shared memory."""
+    archs = sorted({r['arch'] for r in rows}, key=lambda a: int(a[3:]))
+    lines = ['kernel dtype width rows ' + ' '.join(f'{a} regs / spill B / smem B' for a in archs)]
+    by_key = {(r['kernel'], r['dtype'], r['width'], r['arch']): r for r in rows}
+    for kernel, dtype, width in sorted({(r['kernel'], r['dtype'], r['width']) for r in rows}):
+        cells = []
+        for arch in archs:
+            r = by_key.get((kernel, dtype, width, arch))
+            cells.append('-' if r is None else
+                         f"{r['registers']} / {r['stack_bytes'] + r['local_bytes']} / {r['dynamic_shared_bytes']}")
+        rows_per_program = next(r['rows'] for r in rows if (r['kernel'], r['width']) == (kernel, width))
+        lines.append(f'{kernel} {dtype} {width} {rows_per_program} ' + ' '.join(cells))
+    return '\n'.join(lines)
+
+
 def limit(arch: str) -> int | None:
     """The opt-in shared memory per block of an architecture such as ``'sm_86'``, bytes (None where the table of
     :data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK` does not know it)."""
@@ -264,15 +360,18 @@ def limit(arch: str) -> int | None:
 def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str, object]]:
     """The dispatcher's table from compiled rows: per ``(target, padded m, padded d)``, the dynamic shared memory
     each kernel asks for, by products dtype (``'float32'``, ``'bfloat16'``, ``'float16'``; the largest over the dtypes
-    of q) for the three token kernels, one figure for the m×m kernel (the larger of plain and SOFT-Norm)."""
+    of q) for the three token kernels, one figure for each m×m kernel (the larger of plain and SOFT-Norm)."""
     table: dict[tuple[int, int, int], dict[str, object]] = {}
-    middle_names = {name for name, _ in MIDDLE_VARIANTS}
+    middle_names = {name: 'nystrom_middle_fwd_kernel' for name, _ in MIDDLE_VARIANTS}
+    middle_names.update({name: 'nystrom_middle_bwd_kernel_dl' for name, _ in MIDDLE_BACKWARD_VARIANTS})
+    middle_names.update({name: name for name in GROUP_KERNELS})
     for row in rows:
         key = (int(row['arch'][3:]), _CONFIG.padded(row['num_landmarks']), _CONFIG.padded(row['head_dim']))
         entry = table.setdefault(key, {})
         need = row['dynamic_shared_bytes']
         if row['kernel'] in middle_names:
-            entry['nystrom_middle_fwd_kernel'] = max(need, entry.get('nystrom_middle_fwd_kernel', 0))
+            kernel = middle_names[row['kernel']]
+            entry[kernel] = max(need, entry.get(kernel, 0))
         else:
             per_dtype = entry.setdefault(row['kernel'], {})
             products = _DTYPE_NAMES[row['products']]
@@ -310,11 +409,22 @@ def main(argv: list[str] | None = None) -> int:
                         help='m, one or more (padded to a power of two >= 16)')
     parser.add_argument('--head-dim', type=int, nargs='+', default=[32], help='d = d_v, one or more (padded likewise)')
     parser.add_argument('--json', action='store_true', help='print the rows as JSON instead of the tables')
+    parser.add_argument('--layers', action='store_true',
+                        help='compile the blocks\' fused add + LayerNorm kernels instead, at the --width values')
+    parser.add_argument('--width', type=int, nargs='+', default=list(LAYER_WIDTHS),
+                        help='row widths for --layers (default: ' + ' '.join(map(str, LAYER_WIDTHS)) + ')')
     parser.add_argument('--write-table', action='store_true',
                         help=f'compile the declared corners for every target and write {_TABLE_FILE.name}, the '
                              'dispatcher\'s shared-memory table (ignores --arch, --landmarks and --head-dim)')
     args = parser.parse_args(argv)
     archs, landmarks, head_dims = tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim)
+    if args.layers:
+        if os.environ.get('TRITON_INTERPRET', '0') == '1':
+            rows = layer_resource_usage(archs, tuple(args.width))
+        else:
+            rows = _compile_layers(archs, tuple(args.width))
+        print(json.dumps(rows) if args.json else format_layer_table(rows))
+        return 0
     if args.write_table:
         archs, landmarks, head_dims = ARCHS, DECLARED_LANDMARKS, DECLARED_HEAD_DIMS
     if os.environ.get('TRITON_INTERPRET', '0') == '1':

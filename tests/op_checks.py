@@ -28,11 +28,12 @@ def check_custom_op(op, args: tuple) -> None:
     :class:`~soft_mm.ops.compat.FunctionOp`: its outputs equal its kernel's bit for bit, its backward gives every input
     that requires grad a gradient of that input's shape and dtype, and for float64 inputs the gradient of the first
     output equals the numerical one (``torch.autograd.gradcheck``)."""
-    if HAS_CUSTOM_OP:
-        results = torch.library.opcheck(op, args)
-        assert set(results.values()) == {'SUCCESS'}, results
-        return
     assert isinstance(op, FunctionOp), op
+    if HAS_CUSTOM_OP:
+        results = torch.library.opcheck(op.library_op, args)
+        assert set(results.values()) == {'SUCCESS'}, results
+        _check_eager_path(op, args)
+        return
     outputs = op(*args)
     outputs = outputs if isinstance(outputs, tuple) else (outputs,)
     with torch.no_grad():
@@ -50,6 +51,24 @@ def check_custom_op(op, args: tuple) -> None:
             return out[0] if isinstance(out, tuple) else out
 
         assert torch.autograd.gradcheck(first_output, tuple(leaves), atol=1e-6, rtol=1e-5, fast_mode=True)
+
+
+def _check_eager_path(op: FunctionOp, args: tuple) -> None:
+    """An eager call runs the kernels under an ``autograd.Function``, not through the custom op's dispatch: outputs and
+    gradients equal those of the custom op, bit for bit."""
+    leaves = [a for a in args if isinstance(a, Tensor) and a.requires_grad]
+    results = []
+    for run in (op, op.library_op):
+        outputs = run(*args)
+        outputs = outputs if isinstance(outputs, tuple) else (outputs,)
+        grads = (torch.autograd.grad(outputs[0], leaves, torch.ones_like(outputs[0]), allow_unused=True)
+                 if leaves else ())
+        results.append((outputs, grads))
+    (eager, eager_grads), (library, library_grads) = results
+    if leaves and op.function is not None:  # made by the op's own autograd.Function, not by the custom op's autograd
+        assert type(eager[0].grad_fn).__name__.startswith(op.name.replace('::', '_')), type(eager[0].grad_fn)
+    assert all(torch.equal(a, b) for a, b in zip(eager, library))
+    assert all((a is None and b is None) or torch.equal(a, b) for a, b in zip(eager_grads, library_grads))
 
 
 def grad_fn_name(tensor: Tensor) -> str:

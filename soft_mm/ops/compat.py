@@ -192,21 +192,31 @@ _FP32_SWITCHES = _fp32_switches()
 
 
 class FunctionOp:
-    """The fallback of :func:`custom_op` on torch < 2.4: calling it runs the real kernel, under an
-    ``autograd.Function`` when a backward is registered; ``torch.compile`` breaks its graph there and runs the op
-    eagerly. ``name`` is the op's would-be qualified name."""
+    """A custom op of soft_mm as called: in an eager call on plain tensors, its real kernel run directly, under an
+    ``autograd.Function`` when a backward is registered (no ``torch.library`` dispatch: tens of microseconds a call
+    fewer where an eager GPU step waits for Python); wherever a graph is traced, compiled or exported, or tensors are
+    fake, the ``torch.library`` custom op ``library_op`` (torch >= 2.4: one node, its fake kernel). On torch < 2.4
+    there is no ``library_op``: the kernel runs eagerly everywhere and ``torch.compile`` breaks its graph there.
+    ``name`` is the op's qualified name."""
 
     def __init__(self, name: str, forward: Callable, backward: Callable | None,
-                 setup_context: Callable | None) -> None:
+                 setup_context: Callable | None, library_op: Callable | None = None) -> None:
         self.name = name
         self.forward = forward
+        self.library_op = library_op
         self.function = None if backward is None else _autograd_function(name, forward, backward, setup_context)
         self.recorders: list[list[tuple]] = []  # :func:`recorded_calls`
+        if library_op is None:  # dynamo < 2.4 cannot trace these kernels: a graph break, the op run eagerly
+            self._run = torch._dynamo.disable(self._run)
 
-    @torch._dynamo.disable  # dynamo < 2.4 cannot trace these kernels: a graph break, the op run eagerly
     def __call__(self, *args):
         for calls in self.recorders:
             calls.append(args)
+        if self.library_op is not None and not _plain_eager_call(args):
+            return self.library_op(*args)
+        return self._run(*args)
+
+    def _run(self, *args):
         if self.function is None:
             with torch.no_grad():
                 return self.forward(*args)
@@ -214,6 +224,14 @@ class FunctionOp:
 
     def __repr__(self) -> str:
         return f'FunctionOp({self.name!r})'
+
+
+def _plain_eager_call(args: tuple) -> bool:
+    """An eager call (no compile, export or trace; no dispatch mode that records or replaces operators) whose tensors
+    are plain: where the kernels may run without the custom op's dispatch."""
+    from .graph_mode import eager_tensors  # (graph_mode imports this module)
+
+    return eager_tensors(*(a for a in args if isinstance(a, torch.Tensor)))
 
 
 def _autograd_function(name: str, forward: Callable, backward: Callable, setup_context: Callable) -> type:
@@ -244,7 +262,7 @@ class _RecordCalls(TorchDispatchMode):
 @contextlib.contextmanager
 def recorded_calls(op) -> Iterator[list[tuple]]:
     """The arguments of every call of the op ``op`` (what :func:`custom_op` returned) made inside the block, in
-    order: seen by a dispatch mode on a custom op, by the op itself on a :class:`FunctionOp`."""
+    order: seen by the op itself (a :class:`FunctionOp`), or by a dispatch mode on a bare custom op."""
     calls: list[tuple] = []
     if isinstance(op, FunctionOp):
         op.recorders.append(calls)
@@ -271,9 +289,10 @@ def custom_op(name: str, forward: Callable, schema: str, fake: Callable, backwar
     ``backward(ctx, *grads) -> grads of the inputs`` needs (``torch.library.register_autograd``'s contract). The
     fake gives the real kernel's output layouts.
 
-    Returns the callable op: a ``torch.library`` custom op on torch >= 2.4 (one node under ``torch.compile``,
-    checked by ``torch.library.opcheck``), else a :class:`FunctionOp` that runs the same kernels (the fake unused).
-    :func:`recorded_calls` sees the calls of either.
+    Returns the callable op, a :class:`FunctionOp`: eager calls run the kernels directly; on torch >= 2.4 its
+    ``library_op`` is the ``torch.library`` custom op (one node under ``torch.compile``, checked by
+    ``torch.library.opcheck``) that traced, compiled and exported calls take. :func:`recorded_calls` sees every
+    call.
     """
     if not HAS_CUSTOM_OP:
         return FunctionOp(name, forward, backward, setup_context)
@@ -281,4 +300,4 @@ def custom_op(name: str, forward: Callable, schema: str, fake: Callable, backwar
     op.register_fake(fake)
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
-    return op
+    return FunctionOp(name, forward, backward, setup_context, library_op=op)

@@ -44,8 +44,13 @@ def differentiable_op(name: str, kernel: Callable, schema: str, fake: Callable, 
         tensors, ctx.options = save(inputs, output)
         ctx.num_inputs = len(inputs)
         ctx.save_for_backward(*tensors)
+        # the outputs kept for the backward get no gradient: autograd hands None for them instead of a zero tensor
+        # each (one launch apiece, on every backward)
+        ctx.set_materialize_grads(False)
 
     def backward_fn(ctx, grad_output, *grads_of_saved_outputs) -> tuple:
+        if grad_output is None:  # nothing downstream used the result
+            return (None,) * ctx.num_inputs
         grads = backward_op(grad_output, *ctx.saved_tensors, *ctx.options)
         grads = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
         return (*grads, *([None] * (ctx.num_inputs - len(grads))))

@@ -14,8 +14,9 @@ from __future__ import annotations
 import torch
 
 from .compat import is_compiling, is_exporting
+from .triton_route import gpu_route
 
-__all__ = ['GRAPH_MODES', 'eager_cpu_inference', 'exporting', 'graph_mode']
+__all__ = ['GRAPH_MODES', 'eager_cpu_inference', 'eager_tensors', 'exporting', 'graph_mode', 'tracing_dispatch']
 
 GRAPH_MODES = ('eager', 'compile', 'export')
 
@@ -33,9 +34,29 @@ def graph_mode() -> str:
 
 
 def eager_cpu_inference(*tensors: torch.Tensor | None) -> bool:
-    """True for an eager call (:func:`graph_mode`) on CPU tensors that records no gradient: where a layer may compute
-    in place and pick kernels that have no backward (the first tensor decides the device; None entries are skipped)."""
+    """True for an eager call (:func:`graph_mode`) on CPU tensors that records no gradient, off the GPU route
+    (:func:`~soft_mm.ops.triton_route.gpu_route`): where a layer may compute in place and pick kernels that have no
+    backward (the first tensor decides the device; None entries are skipped)."""
     present = [t for t in tensors if t is not None]
-    if present[0].device.type != 'cpu' or graph_mode() != 'eager':
+    if present[0].device.type != 'cpu' or graph_mode() != 'eager' or gpu_route(present[0]):
         return False
     return not (torch.is_grad_enabled() and any(t.requires_grad for t in present))
+
+
+def tracing_dispatch() -> bool:
+    """Whether a dispatch mode that records or replaces operators is active (fake tensors, a tracer such as
+    ``make_fx``): eager caches and eager-only paths then stand aside. A mode that only watches declares
+    ``observes_only = True`` (the launch counters of ``benchmarks/launch_counts.py``)."""
+    if not torch._C._len_torch_dispatch_stack():
+        return False
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+    return not all(getattr(mode, 'observes_only', False) for mode in _get_current_dispatch_mode_stack())
+
+
+def eager_tensors(*tensors: torch.Tensor) -> bool:
+    """True for an eager call (:func:`graph_mode`, no tracing dispatch mode) on plain tensors or parameters (no fake or
+    functional tensor subclass): where Python may run the real kernels directly instead of through a traceable op."""
+    return graph_mode() == 'eager' and not tracing_dispatch() and all(type(t) in _PLAIN for t in tensors)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)

@@ -49,9 +49,15 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
                                                                                      'convnext_t'}
     (compiled,) = report['compile']  # one graph (fullgraph=True), the eager backend in the smoke run
     assert compiled['backend'] == 'eager' and compiled['max_rel_diff'] < 5e-2 and compiled['compiled_fwd_ms'] > 0
-    # the table tests/ops/test_triton_cubins.py holds: 23 kernels (the m×m one, triton_nystrom_middle, among them) × 2
-    assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 46
+    # the table tests/ops/test_triton_cubins.py holds: 28 kernels (the m×m one and its backward among them) × 2
+    assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 56
     assert 'sm_80 regs / spill B' in proc.stdout
+    # the training part: every model eager and compiled (the eager backend in the smoke run), forward and step
+    training = report['training']
+    assert {(row['model'], row['mode']) for row in training} == {(m, mode) for m in ('soft_norm_small', 'swin_t',
+                                                                                     'convnext_t')
+                                                                 for mode in ('eager', 'compile')}, training
+    assert all(row['fwd_ms'] > 0 and row['step_ms'] > 0 and row['step_peak_mib'] >= 0 for row in training), training
     # where the forward's time goes, per model: the operators with the most time (on CPU no kernel launches)
     assert [row['model'] for row in report['profile']] == ['soft_norm_small', 'swin_t']
     for row in report['profile']:
@@ -106,12 +112,13 @@ def test_parts_run_in_their_order_and_alone(load_benchmark, tmp_path, monkeypatc
     calls = []
     for name, part in (('check_correctness', 'correctness'), ('bench_op', 'op'), ('bench_backbones', 'backbones'),
                        ('compiled_backbone', 'compile'), ('compiled_kernels', 'cubins'),
-                       ('profile_forward', 'profile')):
+                       ('profile_forward', 'profile'), ('bench_training', 'training')):
         monkeypatch.setattr(tool, name, lambda *args, part=part: calls.append(part) or [dict(ok=True)])
     out = tmp_path / 'report.json'
-    assert tool.main(['--smoke', '--parts', 'profile', 'correctness', '--out', str(out)]) == 0
-    assert calls == ['correctness', 'profile']
-    assert set(json.loads(out.read_text())) == {'device', 'torch', 'soft_mm', 'targets', 'correctness', 'profile'}
+    assert tool.main(['--smoke', '--parts', 'training', 'profile', 'correctness', '--out', str(out)]) == 0
+    assert calls == ['correctness', 'profile', 'training']
+    assert set(json.loads(out.read_text())) == {'device', 'torch', 'soft_mm', 'targets', 'correctness', 'profile',
+                                                'training'}
     assert '1. Triton backend' in capsys.readouterr().out
     with pytest.raises(SystemExit):
         tool.main(['--smoke', '--parts', 'speed'])

@@ -59,8 +59,8 @@ def test_automatic_choice():
 
 
 def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
-    import soft_mm.ops.soft.backends.triton.backend as triton_module
-    monkeypatch.setattr(triton_module, 'TRITON_VERSION', None)
+    from soft_mm.ops import triton_route
+    monkeypatch.setattr(triton_route, 'TRITON_VERSION', None)
     assert pick(device='cuda', tokens=10 ** 6) == 'reference'
     with pytest.raises(DispatchError, match=r"backend 'triton' needs triton \(pip install triton\)"):
         pick(device='cuda', name='triton')
@@ -69,9 +69,9 @@ def test_without_triton_cuda_gets_the_reference_math(monkeypatch):
 @pytest.mark.parametrize('version', [(2, 1), (3, 0)])
 def test_a_triton_older_than_the_kernels_need_is_declined_with_its_version(monkeypatch, version):
     # torch 2.1 ships triton 2.1, torch 2.4 triton 3.0: the kernels need triton_nystrom.MIN_TRITON (3.4)
-    import soft_mm.ops.soft.backends.triton.backend as triton_module
-    monkeypatch.setattr(triton_module, 'TRITON_VERSION', version)
-    assert triton_module.MIN_TRITON == (3, 4)
+    from soft_mm.ops import triton_route
+    monkeypatch.setattr(triton_route, 'TRITON_VERSION', version)
+    assert triton_route.MIN_TRITON == (3, 4)
     assert pick(device='cuda', tokens=10 ** 6) == 'reference'
     found = '.'.join(map(str, version))
     with pytest.raises(DispatchError, match=rf"backend 'triton' needs triton >= 3.4 \(found {found}: torch < 2.8 "):
@@ -120,14 +120,14 @@ def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkey
     triton = {b.name: b for b in backends()}['triton']
     assert (triton.max_landmarks, triton.max_head_dim) == (64, 64) and 'm <= 64; d, d_v <= 64' in triton.describe()
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
-    monkeypatch.setattr('soft_mm.ops.soft.backends.triton.backend.triton_available', lambda: True)
+    monkeypatch.setattr('soft_mm.ops.triton_route.triton_available', lambda: True)
     with pytest.raises(DispatchError) as info:
         select_backend('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160,
                        value_dim=32)
     assert str(info.value) == (
         "soft_attention: backend 'triton' runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for "
-        "tests), does not take torch.float64 inputs, takes at most 64 landmarks (got m = 196), takes a head dim d of "
-        "at most 64 (got 160)")
+        "tests) or inside soft_mm.ops.triton_route.interpreted_triton_route(), does not take torch.float64 inputs, "
+        "takes at most 64 landmarks (got m = 196), takes a head dim d of at most 64 (got 160)")
 
 
 def test_soft_attention_passes_its_sizes_to_the_dispatcher(monkeypatch):

@@ -2,8 +2,8 @@
 combination the precision policy hands it, compiled on this CPU machine to real cubins for every target the backend is
 built for (sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper), each with its own blocks — the GPU code with
 the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at the published sizes from
-triton 3.6 (triton 3.4's code generation spills 8-88 B in the backward: correct, slower) wherever the kernels are taken,
-and at every size the backend declares the shared memory each kernel asks for, which the dispatcher's table holds
+triton 3.6 (sm_75: 3.8; older code generation spills 8-88 B in the backward: correct, slower) wherever the kernels are
+taken, and at every size the backend declares the shared memory each kernel asks for, which the dispatcher's table holds
 and decides with."""
 import importlib.metadata
 import re
@@ -13,11 +13,17 @@ from op_checks import triton_kernels
 from triton_cubins import (
     DECLARED_HEAD_DIMS,
     DECLARED_LANDMARKS,
+    GROUP_KERNELS,
     KERNELS,
     LAUNCH_DTYPES,
+    LAYER_KERNELS,
+    LAYER_WIDTHS,
+    MIDDLE_BACKWARD_VARIANTS,
     MIDDLE_VARIANTS,
+    format_layer_table,
     format_shared_memory,
     format_table,
+    layer_resource_usage,
     resource_usage,
     shared_memory_table,
 )
@@ -37,10 +43,12 @@ from soft_mm.ops.soft.backends.triton.shared_memory import SHARED_MEMORY, TRITON
 from soft_mm.ops.soft.backends.triton.targets import DeviceLimits, launch_reasons, launched_kernels
 
 pytestmark = triton_kernels
-# the oldest triton whose cubins spill no register at the published sizes (3.6: the GPU image's; 3.8 the newest)
-SPILL_FREE_TRITON = (3, 6)
+# the oldest triton whose cubins spill no register at the published sizes, per target: 3.6 (the GPU image's) for
+# sm_80..sm_90; sm_75 3.8 (the newest: triton 3.6 spills 8 B in its float16-products backward, where every dot is FMAs)
+SPILL_FREE_TRITON = {75: (3, 8), 80: (3, 6), 86: (3, 6), 89: (3, 6), 90: (3, 6)}
 PUBLISHED = (49, 32)  # the sizes every variant runs at: m = 49 landmarks (a 7×7 grid), head dim 32
-LAUNCHES = len(KERNELS) * len(LAUNCH_DTYPES) + len(MIDDLE_VARIANTS)  # 23 per target and size
+# 28 a size and target: 3 token kernels × 7 dtype combinations, 2 + 2 m×m ones, 3 that finish the split sums
+LAUNCHES = len(KERNELS) * len(LAUNCH_DTYPES) + len(MIDDLE_VARIANTS) + len(MIDDLE_BACKWARD_VARIANTS) + len(GROUP_KERNELS)
 _PRODUCTS = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 
 
@@ -63,15 +71,14 @@ def _decisions_match_the_compiled_kernels(rows: list[dict]) -> None:
                         kernels = set(launched_kernels(needs_grad))
                         needs = [r['dynamic_shared_bytes'] for r in rows
                                  if r['arch'] == f'sm_{target}' and (r['num_landmarks'], r['head_dim']) == (m, d)
-                                 and (r['kernel'] in kernels or r['kernel'].startswith('nystrom_middle'))
-                                 and (r['products'] == 'fp32' if r['kernel'].startswith('nystrom_middle')
-                                      else _PRODUCTS[r['products']] == products)]
+                                 and r['kernel'].replace('_norm', '') in kernels
+                                 and (r['v'] == '-' or _PRODUCTS[r['products']] == products)]
                         fits = max(needs) <= limit and not (products == 'bfloat16' and target < BFLOAT16_MIN_TARGET)
                         reasons = launch_reasons(device, dtype, dtype, m, d, d, needs_grad)
                         assert fits == (not reasons), (target, m, d, products, needs_grad, reasons)
 
 
-@pytest.mark.slow  # 690 compilations (6 padded sizes × 23 launches × 5 targets): minutes when triton's cache is cold
+@pytest.mark.slow  # 840 compilations (6 padded sizes × 28 launches × 5 targets): minutes when triton's cache is cold
 @pytest.mark.parametrize('head_dim', DECLARED_HEAD_DIMS)  # a third each: xdist's workers compile them side by side
 def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_decides_by_its_fit(head_dim):
     rows = resource_usage(archs=TARGETS, num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
@@ -101,20 +108,21 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
     published = [r for r in rows if (r['num_landmarks'], r['head_dim']) == PUBLISHED]
     archs = tuple(f'sm_{t}' for t in TARGETS)
     expected = {(kernel, *dtypes, arch) for kernel in KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
-    # the m×m kernel (float32 whatever the inputs), plain and SOFT-Norm
-    expected |= {(name, 'fp32', '-', 'fp32', arch) for name, _ in MIDDLE_VARIANTS for arch in archs}
+    # the m×m kernel and its backward (float32 whatever the inputs), plain and SOFT-Norm
+    group_names = [*(name for name, _ in MIDDLE_VARIANTS + MIDDLE_BACKWARD_VARIANTS), *GROUP_KERNELS]
+    expected |= {(name, 'fp32', '-', 'fp32', arch) for name in group_names for arch in archs}
     assert {(r['kernel'], r['q'], r['v'], r['products'], r['arch']) for r in published} == expected
     assert len(published) == LAUNCHES * len(TARGETS)
     for row in published:
         target = int(row['arch'][3:])
         assert 0 < row['registers'] <= 255, row
         taken = target >= BFLOAT16_MIN_TARGET or 'bf16' not in (row['q'], row['products'])
-        if TRITON_VERSION >= SPILL_FREE_TRITON and taken:  # no spilled register wherever the kernels are taken
+        if SPILL_FREE_TRITON[target] <= TRITON_VERSION and taken:  # no spilled register wherever the kernels are taken
             assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
-        elif taken:  # triton 3.4 (torch 2.8-2.10): the backward spills a little, the other kernels nothing
+        elif taken:  # older triton (3.4 on torch 2.8-2.10; 3.6 on sm_75): the backward spills a little, nothing else
             spilled = row['stack_bytes'] + row['local_bytes']
             assert spilled <= 128 and (row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl' or spilled == 0), row
-        if row['kernel'].startswith('nystrom_middle_fwd_kernel'):
+        if row['kernel'].startswith('nystrom_middle_') or row['kernel'] in GROUP_KERNELS:
             assert row['num_warps'] == middle_warps(49) == 8 and row['block'] is None
             assert row['tensor_core_instructions'] == [], row  # IEEE float32: the iteration amplifies rounding
             continue
@@ -135,6 +143,24 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
     assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 
+@pytest.mark.slow  # 120 compilations: 2 kernels × 3 dtypes × 4 widths × 5 targets
+def test_the_blocks_add_norm_kernels_compile_for_every_target_without_spills():
+    # the post-norm blocks' fused add + LayerNorm at SOFT's widths (64, 128; 320 padded to 512) and the widest the
+    # kernels take (1,024), with the rows per program of add_norm_config: no spilled register anywhere (at 16 rows of
+    # 512 channels the backward spilled 24-104 B on every target), shared memory a few KiB (reductions only)
+    rows = layer_resource_usage()
+    archs = {f'sm_{t}' for t in TARGETS}
+    assert {(r['kernel'], r['dtype'], r['arch'], r['width']) for r in rows} == {
+        (kernel, dtype, arch, width) for kernel in LAYER_KERNELS for dtype in _PRODUCTS for arch in archs
+        for width in LAYER_WIDTHS}
+    for row in rows:
+        assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
+        assert 0 < row['registers'] <= 255 and row['dynamic_shared_bytes'] <= 8192, row
+        assert row['rows'] == {64: 16, 128: 8, 320: 2, 1024: 1}[row['width']], row
+    table = format_layer_table(rows).splitlines()
+    assert len(table) == 1 + len(LAYER_KERNELS) * len(_PRODUCTS) * len(LAYER_WIDTHS)
+
+
 @pytest.mark.slow  # 46 compilations for sm_80
 def test_the_declared_limits_are_the_largest_that_fit_an_a100():
     # one step beyond either limit (the next padded tile: m = 65..128, or d = 65..128) some kernel asks an A100 for
@@ -147,6 +173,8 @@ def test_the_declared_limits_are_the_largest_that_fit_an_a100():
 def test_bad_arguments_are_named():
     with pytest.raises(ValueError, match=r'archs must be compute capabilities >= 75 such as 80 or 90, got \(70,\)'):
         resource_usage(archs=(70,))
+    with pytest.raises(ValueError, match=r"widths must be ints in 1..1024 \(the kernels' limit\), got \(2048,\)"):
+        layer_resource_usage(widths=(2048,))
     with pytest.raises(ValueError, match=r"head_dim must be an int in 1..128 \(the kernels' limit\), got 129"):
         resource_usage(head_dim=129)
 

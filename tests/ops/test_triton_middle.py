@@ -15,8 +15,10 @@ from soft_mm.ops.soft.backends.triton.backend import _middle_op, triton_nystrom_
 
 pytestmark = triton_kernels
 
-# the most kernels one forward of the op may launch on the CUDA path (it launches 5, 6 with a cast)
-MAX_FORWARD_LAUNCHES = 12
+# the most kernels one forward of the op may launch on the CUDA path (it launches 4, 5 or 6 with casts)
+MAX_FORWARD_LAUNCHES = 6
+# and one training step of the op, forward and backward (observed 9: the forward's 4, the backward's 5)
+MAX_STEP_LAUNCHES = 12
 
 
 @pytest.fixture(autouse=True)
@@ -96,10 +98,10 @@ def op_inputs(num_tokens=300, num_landmarks=49, seed=3):
 
 @pytest.mark.parametrize('dtype, autocast', [(torch.float32, None), (torch.bfloat16, None),
                                              (torch.float32, torch.float16)])
-def test_one_cuda_path_forward_launches_at_most_twelve_kernels(monkeypatch, dtype, autocast):
-    # the Triton backend as on a GPU (forced here under the interpreter): 5 launches, 6 where a cast is due (the
-    # landmarks to float32, or v to float16 under float16 autocast); the Newton–Schulz loop alone, run as ATen
-    # matmuls, would be 40
+def test_one_cuda_path_forward_launches_at_most_six_kernels(monkeypatch, dtype, autocast):
+    # the Triton backend as on a GPU (forced here under the interpreter): 4 launches, 5 or 6 where casts are due (the
+    # landmarks to float32, the output to bfloat16, or v to float16 under float16 autocast); the Newton–Schulz loop
+    # alone, run as ATen matmuls, would be 40
     q, landmarks, v = (t.to(dtype) for t in op_inputs())
     with counted_launches(monkeypatch) as record, torch.autocast('cpu', dtype=autocast or torch.bfloat16,
                                                                  enabled=autocast is not None):
@@ -108,9 +110,23 @@ def test_one_cuda_path_forward_launches_at_most_twelve_kernels(monkeypatch, dtyp
     assert len(record) <= MAX_FORWARD_LAUNCHES, counts
     assert [r for r in record if r.startswith('triton.')] == ['triton.nystrom_middle_fwd_kernel',
                                                                'triton.nystrom_fwd_kernel_context',
+                                                               'triton.nystrom_fwd_kernel_mc',
                                                                'triton.nystrom_fwd_kernel_o'], counts
-    # one product in torch, middle @ (K1^T v): no Newton–Schulz iteration left
-    assert counts.get('aten.matmul', 0) + counts.get('aten.bmm', 0) == 1, counts
+    # no product left in torch: the Newton–Schulz iteration, the partial sums and middle @ (K1^T v) are kernels'
+    assert not {'aten.matmul', 'aten.bmm', 'aten.mm', 'aten.sum'} & set(counts), counts
+
+
+def test_one_cuda_path_training_step_of_the_op_launches_at_most_twelve_kernels(monkeypatch):
+    q, landmarks, v = (t.requires_grad_() for t in op_inputs())
+    with counted_launches(monkeypatch) as record:
+        out = soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01, backend='triton')
+        torch.autograd.backward(out, torch.ones_like(out))
+    counts = summary(record)
+    assert len(record) <= MAX_STEP_LAUNCHES, counts
+    backward = ['triton.nystrom_fwd_kernel_context', 'triton.nystrom_bwd_kernel_dmid_dctx',
+                'triton.nystrom_bwd_kernel_dq_dv_dl', 'triton.nystrom_bwd_kernel_dl_sum',
+                'triton.nystrom_middle_bwd_kernel_dl']
+    assert [r for r in record if r.startswith('triton.')][4:] == backward, counts
 
 
 def test_unrolled_backward_keeps_the_pytorch_iteration(monkeypatch):

@@ -8,6 +8,7 @@ from op_checks import triton_kernels
 
 import soft_mm.ops.soft.backends.triton.backend as triton_backend
 from soft_mm.ops.soft.backends.triton.config import (
+    KERNELS,
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
     SHARED_MEMORY_PER_BLOCK,
@@ -59,7 +60,7 @@ def test_the_table_covers_every_target_and_declared_corner():
     assert {(m, d) for _, m, d in SHARED_MEMORY} == {(m, d) for m in (16, 64) for d in (16, 32, 64)}
     for entry in SHARED_MEMORY.values():
         assert set(entry) == set(launched_kernels(needs_grad=True))
-        for kernel in launched_kernels(needs_grad=False)[:2] + launched_kernels(needs_grad=True)[3:]:
+        for kernel in KERNELS:  # the token kernels by products dtype, the m×m ones one figure each
             assert set(entry[kernel]) == {'float32', 'bfloat16', 'float16'}
 
 
@@ -158,3 +159,23 @@ def test_the_device_is_read_once(monkeypatch):
     assert device_limits(1) is RTX_3090 and device_limits(1) is RTX_3090 and str(device_limits(1)) == \
         'NVIDIA GeForce RTX 3090 (sm_86)'
     assert reads == [1]
+
+
+@pytest.mark.parametrize('capability, takes_float32, takes_bfloat16', [
+    ((7, 5), True, False), ((8, 0), True, True), ((8, 6), True, True), ((8, 9), True, True), ((9, 0), True, True),
+    ((7, 0), False, False), ((10, 0), False, False), ((12, 0), False, False)])
+def test_the_layers_fused_kernels_run_on_the_same_targets(monkeypatch, capability, takes_float32, takes_bfloat16):
+    # the blocks' fused kernels (add + LayerNorm) check the device as the SOFT op's backend does: its targets, no
+    # bfloat16 below sm_80 (tests/ops/test_triton_cubins.py compiles them for every target without spills)
+    from types import SimpleNamespace
+
+    from soft_mm.ops import triton_route
+
+    assert triton_route.TARGETS == TARGETS  # (config.py repeats them: plain Python, read by the cubin tool)
+    monkeypatch.setattr(triton_route, '_CUDA_TARGETS', {})
+    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda index=None: capability)
+    cuda = torch.device('cuda', 0)
+    float32, bfloat16 = (SimpleNamespace(device=cuda, dtype=dtype) for dtype in (torch.float32, torch.bfloat16))
+    assert triton_route.takes_triton(float32) is takes_float32
+    assert triton_route.takes_triton(bfloat16, float32) is takes_bfloat16
+    assert triton_route.takes_triton(float32, float32) is takes_float32

@@ -23,7 +23,9 @@ from torch import Tensor
 
 from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
+from ..graph_mode import graph_mode
 from ..precision import autocast_cast
+from ..triton_route import route_device_type
 
 __all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'nchw_conv',
            'uses_custom_backward', 'uses_nchw_route']
@@ -99,8 +101,12 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
     if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
         raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
-    if uses_nchw_route(x.device.type, weight.shape[-1]):
+    device_type = route_device_type(x)  # (CPU tensors counting a GPU's launches take CUDA's route)
+    if uses_nchw_route(device_type, weight.shape[-1]):
         return nchw_conv(x, weight, head_dim)
-    if not uses_custom_backward(x.device.type, weight.shape[-1]):
+    # under torch.compile the custom op for every filter size: inductor's lowering of this depthwise conv on a
+    # channels-last map with symbolic sizes fails (torch 2.14, dynamic=True: "cannot determine truth value of
+    # Relational"); as one opaque node it runs the eager kernels
+    if not uses_custom_backward(device_type, weight.shape[-1]) and graph_mode() != 'compile':
         return _conv(x, weight, head_dim)
     return _head_conv_op(*autocast_cast(x, weight), head_dim)

@@ -10,7 +10,7 @@ import functools
 import torch
 from torch import Tensor
 
-from ..graph_mode import graph_mode
+from ..graph_mode import eager_tensors
 
 __all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens']
 
@@ -37,10 +37,10 @@ def _cached_pool_matrix(in_size: int, out_size: int, device: torch.device, dtype
 
 def _eager_pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
     """:func:`_pool_matrix`, built once per size, device and dtype in eager runs (a dozen small kernels fewer per call
-    on a GPU, where eager time goes to launches); traced and compiled graphs, calls under a dispatch mode (fake
-    tensors, counters) and a CUDA graph's capture build it as they go."""
-    if (not CACHE_MATRICES or graph_mode() != 'eager' or torch._C._len_torch_dispatch_stack()
-            or type(like) is not Tensor or (like.is_cuda and torch.cuda.is_current_stream_capturing())):
+    on a GPU, where eager time goes to launches); traced and compiled graphs, calls under a dispatch mode that traces
+    (fake tensors, a tracer) and a CUDA graph's capture build it as they go."""
+    if (not CACHE_MATRICES or not eager_tensors(like)
+            or (like.is_cuda and torch.cuda.is_current_stream_capturing())):
         return _pool_matrix(in_size, out_size, like)
     return _cached_pool_matrix(int(in_size), int(out_size), like.device, like.dtype)
 

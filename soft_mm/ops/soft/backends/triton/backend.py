@@ -32,18 +32,13 @@ triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.p
 """
 from __future__ import annotations
 
-import importlib.metadata
-import importlib.util
-import os
-import re
-
 import torch
 from torch import Tensor
 
+from .... import triton_route
 from ....custom_ops import differentiable_op
-from ....precision import ieee_float32_matmuls
+from ....triton_route import MIN_TRITON, TRITON_VERSION, triton_available
 from ...dispatch import Backend, Call, register_backend
-from ...kernel import augment_kernel_cols, augment_kernel_rows
 from ...middle import Middle
 from ...newton import alpha_floor
 from ...policy import Precision
@@ -65,45 +60,22 @@ from .targets import device_limits, device_target, launch_reasons
 __all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'call_reasons',
            'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
 
-# The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
-# 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
-MIN_TRITON = (3, 4)
-
-
-def _installed_triton() -> tuple[int, ...] | None:
-    """triton's version from its package metadata (without importing it), None when it is not installed; read once."""
-    if importlib.util.find_spec('triton') is None:
-        return None
-    try:
-        version = importlib.metadata.version('triton')
-    except importlib.metadata.PackageNotFoundError:  # a build without metadata (e.g. from source): assume recent
-        return MIN_TRITON
-    return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
-
-
-TRITON_VERSION = _installed_triton()
-
-
-def triton_available() -> bool:
-    """Whether a triton the kernels can use is installed (>= :data:`MIN_TRITON`)."""
-    return TRITON_VERSION is not None and TRITON_VERSION >= MIN_TRITON
-
-
 def _interpreting() -> bool:
-    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+    return triton_route.interpreting()
 
 
 def unsupported_reason(device_type: str, forced: bool) -> str | None:
     """Why the Triton backend cannot run on this kind of device (None if it can): triton missing or older than
     :data:`MIN_TRITON`, or CPU outside the interpreter. Which GPU, and the call's sizes and dtypes, are
     :func:`call_reasons`'."""
-    if not triton_available():
-        if TRITON_VERSION is None:
+    if not triton_route.triton_available():
+        if triton_route.TRITON_VERSION is None:
             return 'needs triton (pip install triton)'
-        found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, MIN_TRITON))
+        found, needed = ('.'.join(map(str, v)) for v in (triton_route.TRITON_VERSION, MIN_TRITON))
         return f'needs triton >= {needed} (found {found}: torch < 2.8 ships an older one)'
-    if device_type == 'cpu' and not (forced and _interpreting()):
-        return 'runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests)'
+    if device_type == 'cpu' and not ((forced or triton_route.cpu_route()) and _interpreting()):
+        return ('runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests) or inside '
+                'soft_mm.ops.triton_route.interpreted_triton_route()')
     return None
 
 
@@ -121,25 +93,10 @@ def call_reasons(call: Call, forced: bool) -> str | None:
 
 
 _CONTEXT, _OUTPUT, _BACKWARD = KERNELS
-_LOADED: dict[str, object] = {}
-
-
 def _kernels():
-    """The kernel module, (re-)imported under the current ``TRITON_INTERPRET`` setting."""
-    interpret = _interpreting()
-    module = _LOADED.get('module')
-    if module is None or _LOADED.get('interpret') != interpret:
-        module = importlib.import_module('.kernels', __package__)
-        if 'interpret' in _LOADED:
-            module = importlib.reload(module)
-        _LOADED.update(module=module, interpret=interpret)
-    return module
-
-
-def _store_dtype(dtype: torch.dtype, interpret: bool) -> torch.dtype:
-    """What a kernel writes: the tensor's dtype, or float32 for bfloat16 under the interpreter (whose cast to bfloat16
-    is wrong; torch casts afterwards)."""
-    return torch.float32 if interpret and dtype == torch.bfloat16 else dtype
+    """The kernel module, loaded under the current ``TRITON_INTERPRET`` setting
+    (:func:`~soft_mm.ops.triton_route.load_kernels`)."""
+    return triton_route.load_kernels(f'{__package__}.kernels')
 
 
 def _strides(t: Tensor) -> tuple[int, ...]:
@@ -173,21 +130,27 @@ class _Launch:
         return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, INTERPRET=self.interpret,
                     num_warps=NUM_WARPS)
 
-    def context(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
-        """``K1^T x`` as ``(B, h, m, d_v)`` float32, contiguous: the kernel's per-program partial sums, summed here."""
+    def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
+        """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),
+        for :func:`_mc_kernel` or :func:`_dmid_kernel` to sum."""
         parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.nystrom_fwd_kernel_context[self.split_grid](
             q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x), **self.meta(products))
-        return parts[..., :self.m, :self.dv].sum(2)  # the padding dropped by the sum itself
+        return parts
 
 
 def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel."""
+    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel (three launches: the partial sums of the
+    context, their sum with its product by the middle matrix, the output)."""
     lm = landmarks.contiguous()
-    context = _Launch(q, lm, v, _CONTEXT).context(q, lm, v, products)  # K1^T v
-    middle_context = middle.float() @ context  # contiguous (B, h, m, d_v), as the kernels read it
+    launch = _Launch(q, lm, v, _CONTEXT)
+    parts = launch.partials(q, lm, v, products)  # K1^T v, one partial sum per program
+    context, middle_context = (lm.new_empty(*lm.shape[:3], launch.dv) for _ in range(2))
+    launch.kernels.nystrom_fwd_kernel_mc[(launch.groups,)](
+        parts, middle.float().contiguous(), context, middle_context, launch.splits, launch.m, launch.dv, MP=launch.mp,
+        DVP=launch.dvp, INTERPRET=launch.interpret, num_warps=middle_warps(launch.m))
     launch = _Launch(q, lm, v, _OUTPUT)
-    out = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
+    out = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
     launch.kernels.nystrom_fwd_kernel_o[launch.grid](
         q, lm, middle_context, out, *launch.sizes(), *_strides(q), *_strides(out), **launch.meta(products))
     return out.to(v.dtype), context, middle_context
@@ -195,23 +158,32 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: 
 
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
               middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of q, landmarks, v and middle: the custom op's backward kernel."""
+    """The gradients of q, landmarks, v and middle: the custom op's backward kernel (four launches: the partial sums
+    of ``K1^T grad_out``, the m×m and m×d gradients from them, the tokens' gradients with the landmarks' partial sums,
+    and the landmarks' gradient from those)."""
     lm = landmarks.contiguous()
     grad_out = grad_out.to(v.dtype)
-    grad_middle_context = _Launch(q, lm, v, _CONTEXT).context(q, lm, grad_out, products)  # K1^T grad_out
+    launch = _Launch(q, lm, v, _CONTEXT)
+    parts = launch.partials(q, lm, grad_out, products)  # K1^T grad_out
+    grad_middle = middle.new_empty(middle.shape, dtype=torch.float32)
+    grad_context = torch.empty_like(context)  # contiguous (B, h, m, d_v) float32, as the backward kernel reads it
+    launch.kernels.nystrom_bwd_kernel_dmid_dctx[(launch.groups,)](
+        parts, middle.float().contiguous(), context, grad_middle, grad_context, launch.splits, launch.m, launch.dv,
+        MP=launch.mp, DVP=launch.dvp, INTERPRET=launch.interpret, num_warps=middle_warps(launch.m))
     launch = _Launch(q, lm, v, _BACKWARD)
-    grad_middle = grad_middle_context @ context.transpose(-2, -1)
-    grad_context = middle.float().transpose(-2, -1) @ grad_middle_context  # contiguous (B, h, m, d_v)
-    grad_q = torch.empty_like(q, dtype=_store_dtype(q.dtype, launch.interpret))
-    grad_v = torch.empty_like(v, dtype=_store_dtype(v.dtype, launch.interpret))
+    grad_q = torch.empty_like(q, dtype=triton_route.store_dtype(q.dtype))
+    grad_v = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
     batch, heads, m, d = lm.shape
     lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
     lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
-        q, lm, v, grad_out, middle_context.contiguous(), grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
+        q, lm, v, grad_out, middle_context, grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
         *_strides(q), *_strides(v), *_strides(grad_out), *_strides(grad_q), *_strides(grad_v), **launch.meta(products))
-    grad_landmarks = (lsum[..., :m, :d].sum(2) - lm * lcnt[..., :m, :].sum(2)).to(lm.dtype)
-    return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle.to(middle.dtype)
+    grad_landmarks = torch.empty_like(lm, dtype=torch.float32)
+    launch.kernels.nystrom_bwd_kernel_dl_sum[(launch.groups,)](
+        lsum, lcnt, lm.float(), grad_landmarks, launch.splits, m, d, MP=launch.mp, DP=launch.dp,
+        INTERPRET=launch.interpret, num_warps=middle_warps(m))
+    return grad_q.to(q.dtype), grad_landmarks.to(lm.dtype), grad_v.to(v.dtype), grad_middle.to(middle.dtype)
 
 
 # one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
@@ -258,27 +230,18 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: 
 
 def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool) -> Tensor:
     """The landmarks' gradient through the middle matrix (the real kernel of
-    ``soft_mm::triton_nystrom_middle_backward``), in torch, IEEE float32: the inverse's gradient is the exact
-    inverse's at the final iterate, ``-V^T grad_V V^T``, as :func:`~soft_mm.ops.soft.newton.newton_inverse`'s implicit
-    backward (alpha is not differentiated); SOFT-Norm adds the row sums' share; ``A = exp(min(E, 0))`` passes it to
-    the exponent where ``E <= 0``, and ``E_ij = l_i . l_j - |l_i|^2 / 2 - |l_j|^2 / 2`` to the landmarks."""
-    with ieee_float32_matmuls():
-        lm = landmarks.float()
-        exponent = augment_kernel_rows(lm) @ augment_kernel_cols(lm).transpose(-2, -1)
-        kernel = exponent.clamp_max(0.0).exp()
-        grad_middle = grad_middle.float()
-        grad_kernel = torch.zeros_like(kernel)
-        if soft_norm:
-            scale = kernel.sum(-1, keepdim=True).rsqrt()  # D^-1/2, (B, h, m, 1)
-            weighted = grad_middle * inverse
-            grad_scale = weighted @ scale + weighted.transpose(-2, -1) @ scale
-            grad_kernel = grad_kernel + (-0.5 * scale.pow(3) * grad_scale)  # dD_i / dA_ij = 1: along each row
-            grad_middle = scale * grad_middle * scale.transpose(-2, -1)
-        inverse_t = inverse.transpose(-2, -1)
-        grad_kernel = grad_kernel - inverse_t @ grad_middle @ inverse_t
-        grad_exponent = torch.where(exponent <= 0.0, grad_kernel * kernel, 0.0)
-        both = grad_exponent + grad_exponent.transpose(-2, -1)
-        return (both @ lm - both.sum(-1, keepdim=True) * lm).to(landmarks.dtype)
+    ``soft_mm::triton_nystrom_middle_backward``): one launch of ``nystrom_middle_bwd_kernel_dl``, IEEE float32. The
+    inverse's gradient is the exact inverse's at the final iterate, ``-V^T grad_V V^T``, as
+    :func:`~soft_mm.ops.soft.newton.newton_inverse`'s implicit backward (alpha is not differentiated); SOFT-Norm adds
+    the row sums' share; ``A = exp(min(E, 0))`` passes it to the exponent where ``E <= 0``, and ``E_ij = l_i . l_j -
+    |l_i|^2 / 2 - |l_j|^2 / 2`` to the landmarks."""
+    lm = landmarks.float().contiguous()
+    batch, heads, m, d = lm.shape
+    grad_landmarks = torch.empty_like(lm)
+    _kernels().nystrom_middle_bwd_kernel_dl[(batch * heads,)](
+        grad_middle.float().contiguous(), lm, inverse.float().contiguous(), grad_landmarks, m, d, MP=padded(m),
+        DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
+    return grad_landmarks.to(landmarks.dtype)
 
 
 def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:

@@ -11,10 +11,10 @@ registers' worth of work per thread at the same code, take smaller forward block
 """
 from __future__ import annotations
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'BLOCK_N', 'BLOCK_N_BACKWARD', 'KERNELS', 'KERNEL_BLOCKS', 'LAUNCH_DTYPES',
-           'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_KERNELS', 'NUM_WARPS', 'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK',
-           'SPLIT_PROGRAMS', 'TARGETS', 'TARGET_BLOCKS', 'TARGET_GPUS', 'kernel_block', 'middle_warps', 'padded',
-           'split_count']
+__all__ = ['BFLOAT16_MIN_TARGET', 'BLOCK_N', 'BLOCK_N_BACKWARD', 'GROUP_KERNELS', 'KERNELS', 'KERNEL_BLOCKS',
+           'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS', 'MIDDLE_KERNELS', 'NUM_WARPS',
+           'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK', 'SPLIT_PROGRAMS', 'TARGETS', 'TARGET_BLOCKS', 'TARGET_GPUS',
+           'kernel_block', 'middle_warps', 'padded', 'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (context, o)
 BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
@@ -27,8 +27,10 @@ NUM_WARPS = 8  # warps per program, every kernel
 # docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every corner for every target).
 MAX_LANDMARKS = 64
 MAX_HEAD_DIM = 64
-# The compute capabilities (10 * major + minor) the kernels are compiled and checked for, 0 spills at the published
-# sizes: a device of another capability gets the next backend. bfloat16 needs sm_80 (Turing has no bfloat16 arithmetic).
+# The compute capabilities the kernels are compiled and checked for (0 spills at the published sizes) are the package's
+# Triton targets, soft_mm.ops.triton_route.TARGETS (sm_75, sm_80, sm_86, sm_89, sm_90; bfloat16 from sm_80): a device
+# of another capability gets the next backend. They are repeated here because this module is plain Python (the cubin
+# tool loads it by its path, without torch); tests/ops/test_triton_targets.py holds the two equal.
 TARGETS = (75, 80, 86, 89, 90)
 BFLOAT16_MIN_TARGET = 80
 # the opt-in shared memory per block of each capability (CUDA programming guide, compute capabilities table), bytes:
@@ -44,8 +46,13 @@ TARGET_GPUS = {75: 'T4, RTX 20xx', 80: 'A100, A800', 86: 'RTX 30xx, A10, A40, A6
 # block
 SPLIT_PROGRAMS = 512
 KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
-# the m×m kernel, in the tables under two names: plain and SOFT-Norm (its SOFT_NORM constant)
+# the m×m kernel and its backward, each in the cubin tables under two names: plain and SOFT-Norm (their SOFT_NORM
+# constant)
 MIDDLE_KERNELS = (('nystrom_middle_fwd_kernel', False), ('nystrom_middle_fwd_kernel_norm', True))
+MIDDLE_BACKWARD_KERNELS = (('nystrom_middle_bwd_kernel_dl', False), ('nystrom_middle_bwd_kernel_dl_norm', True))
+# the kernels that finish a split reduction, one program per (sample, head) group, float32: the forward's context and
+# middle_context, the backward's m×m and m×d gradients, the landmarks' gradient
+GROUP_KERNELS = ('nystrom_fwd_kernel_mc', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dl_sum')
 KERNEL_BLOCKS = {'nystrom_fwd_kernel_context': BLOCK_N, 'nystrom_fwd_kernel_o': BLOCK_N,
                  'nystrom_bwd_kernel_dq_dv_dl': BLOCK_N_BACKWARD}
 # the targets whose blocks differ from KERNEL_BLOCKS: at 64 tokens a block, sm_75's forward kernels spill 152-264 B

@@ -7,7 +7,11 @@ Kernels, named by op, direction and output:
   launches it for ``K1^T grad_out``);
 * :func:`nystrom_fwd_kernel_o` — ``o = K1 @ middle_context``;
 * :func:`nystrom_bwd_kernel_dq_dv_dl` — grad q, grad v and partial sums of grad landmarks;
-* :func:`nystrom_middle_fwd_kernel` — the m×m middle matrix and the inverse (Newton–Schulz) in one program.
+* :func:`nystrom_middle_fwd_kernel` — the m×m middle matrix and the inverse (Newton–Schulz) in one program;
+* :func:`nystrom_middle_bwd_kernel_dl` — the landmarks' gradient through the middle matrix, in one program;
+* :func:`nystrom_fwd_kernel_mc`, :func:`nystrom_bwd_kernel_dmid_dctx`, :func:`nystrom_bwd_kernel_dl_sum` — what
+  follows a split reduction, one program per group: its partial sums summed and the m-sized products formed
+  (``middle_context``; ``grad_middle`` and ``grad_context``; the landmarks' gradient).
 
 ``K1`` is the Gaussian kernel of the tokens against the m landmarks; every kernel rebuilds its block of ``K1`` in
 registers from q and the landmarks (:func:`kernel_block`), so no N×m tensor is ever written to memory. A group ``g =
@@ -26,15 +30,19 @@ compiles the ``for`` loops (which triton can pipeline)."""
 import triton
 import triton.language as tl
 
-__all__ = ['PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block', 'group_base',
-           'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
-           'nystrom_bwd_kernel_dq_dv_dl', 'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o',
-           'nystrom_middle_fwd_kernel', 'pdot', 'pdot_scaled', 'pow2_above', 'round_bf16', 'store_tokens']
+__all__ = ['MIDDLE_BWD_ROWS', 'PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block',
+           'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
+           'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dq_dv_dl',
+           'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
+           'nystrom_middle_bwd_kernel_dl', 'nystrom_middle_fwd_kernel', 'pdot', 'pdot_scaled', 'pow2_above',
+           'round_bf16', 'store_group_tile', 'store_tokens', 'sum_partials']
 
 # the values of PRODUCTS (the launches pass config.PRODUCTS_CODES[name])
 PRODUCTS_FLOAT32 = tl.constexpr(0)
 PRODUCTS_BFLOAT16 = tl.constexpr(1)
 PRODUCTS_FLOAT16 = tl.constexpr(2)
+# rows of the landmarks' gradient that nystrom_middle_bwd_kernel_dl builds at a time
+MIDDLE_BWD_ROWS = tl.constexpr(16)
 
 
 @triton.jit
@@ -344,3 +352,142 @@ def nystrom_middle_fwd_kernel(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, f
         scale = tl.where(ok, 1.0 / tl.sqrt(tl.where(ok, row_sums, 1.0)), 0.0)
         v = scale[:, None] * v * scale[None, :]
     tl.store(mid_ptr + offsets, v, mask=valid)
+
+
+@triton.jit
+def nystrom_middle_bwd_kernel_dl(dm_ptr, l_ptr, inv_ptr, dl_ptr, M, D, MP: tl.constexpr, DP: tl.constexpr,
+                                 SOFT_NORM: tl.constexpr):
+    """The landmarks' gradient through the m×m middle matrix, one (sample, head) group per program.
+
+    Grid ``(B * H,)``; IEEE float32: from the middle matrix's gradient ``G`` (``dm_ptr``), the landmarks ``l`` and the
+    final Newton–Schulz iterate ``V`` (``inv_ptr``), contiguous ``(B*H, M, M)`` and ``(B*H, M, D)`` float32, the
+    gradient of ``A = exp(min(E, 0))`` (``E_ij = l_i . l_j - |l_i|^2 / 2 - |l_j|^2 / 2``) is the exact inverse's at
+    ``V``, ``-V^T G V^T`` (the implicit backward of the iteration: alpha is not differentiated), plus with SOFT-Norm
+    (``SOFT_NORM``; then ``G`` is first taken through ``D^-1/2 V D^-1/2``: ``G' = s G s``) the row sums' share,
+    ``-s_i^3 / 2 (sum_j W_ij s_j + sum_j W_ji s_j)`` along row ``i`` with ``s = D^-1/2`` and ``W = G * V``. The
+    exponent passes it on where ``E <= 0`` (``gE``), and ``dl = (gE + gE^T) l - (rowsum(gE) + colsum(gE)) l`` is
+    written to ``dl_ptr`` (contiguous ``(B*H, M, D)`` float32).
+
+    ``gE`` is built :data:`MIDDLE_BWD_ROWS` rows at a time (its rows of ``V^T`` and of the landmarks loaded as they
+    are needed, the loop not unrolled), so that only ``G'``, ``V^T`` and the landmarks are held whole: 0 spilled
+    registers at the published sizes (the whole tiles at once spilled 280-770 B). Each block's own rows of ``dl`` are
+    stored as they are done, the transposed term summed over the blocks in registers and added at the end."""
+    g = tl.program_id(0)
+    marks = tl.arange(0, MP)
+    ok = marks < M
+    valid = ok[:, None] & ok[None, :]
+    cols = tl.arange(0, DP)
+    group_mm = g * M * M
+    grad_middle = tl.load(dm_ptr + group_mm + marks[:, None] * M + marks[None, :], mask=valid, other=0.0)
+    lm = load_group_tile(l_ptr + g * M * D, M, D, MP, DP)
+    half_sq = 0.5 * tl.sum(lm * lm, axis=1)
+    if SOFT_NORM:
+        a = tl.where(valid, tl.exp(tl.minimum(tl.dot(lm, tl.trans(lm), input_precision='ieee')
+                                              - half_sq[:, None] - half_sq[None, :], 0.0)), 0.0)
+        scale = tl.where(ok, 1.0 / tl.sqrt(tl.where(ok, tl.sum(a, axis=1), 1.0)), 0.0)  # D^-1/2
+        weighted = grad_middle * tl.load(inv_ptr + group_mm + marks[:, None] * M + marks[None, :], mask=valid,
+                                         other=0.0)
+        grad_scale = tl.sum(weighted * scale[None, :], axis=1) + tl.sum(weighted * scale[:, None], axis=0)
+        row_term = -0.5 * scale * scale * scale * grad_scale  # added along each row of the gradient of A
+        grad_middle = scale[:, None] * grad_middle * scale[None, :]
+    v_t = tl.load(inv_ptr + group_mm + marks[None, :] * M + marks[:, None], mask=valid, other=0.0)  # V^T
+    transposed = tl.zeros((MP, DP), dtype=tl.float32)  # sum over the blocks of gE_block^T l_block
+    for start in range(0, MP, MIDDLE_BWD_ROWS):
+        rows = start + tl.arange(0, MIDDLE_BWD_ROWS)
+        rows_ok = rows < M
+        block_valid = rows_ok[:, None] & ok[None, :]
+        # rows of V^T (columns of V) and of the landmarks
+        v_t_rows = tl.load(inv_ptr + group_mm + marks[None, :] * M + rows[:, None], mask=block_valid, other=0.0)
+        lm_rows = load_f32(l_ptr + g * M * D + rows[:, None] * D + cols[None, :],
+                           rows_ok[:, None] & (cols[None, :] < D))
+        grad_a = -tl.dot(tl.dot(v_t_rows, grad_middle, input_precision='ieee'), v_t, input_precision='ieee')
+        if SOFT_NORM:
+            grad_a += tl.sum(tl.where(marks[None, :] == rows[:, None], row_term[None, :], 0.0), axis=1)[:, None]
+        exponent = (tl.dot(lm_rows, tl.trans(lm), input_precision='ieee') - 0.5 * tl.sum(lm_rows * lm_rows, axis=1)
+                    [:, None] - half_sq[None, :])
+        grad_exponent = tl.where(block_valid & (exponent <= 0.0), grad_a * tl.exp(tl.minimum(exponent, 0.0)), 0.0)
+        own = tl.dot(grad_exponent, lm, input_precision='ieee') - tl.sum(grad_exponent, axis=1)[:, None] * lm_rows
+        tl.store(dl_ptr + g * M * D + rows[:, None] * D + cols[None, :], own,
+                 mask=rows_ok[:, None] & (cols[None, :] < D))
+        transposed += tl.dot(tl.trans(grad_exponent), lm_rows, input_precision='ieee')
+        transposed -= tl.sum(grad_exponent, axis=0)[:, None] * lm
+    tl.debug_barrier()  # every block's own rows stored before they are read back
+    offsets = g * M * D + marks[:, None] * D + cols[None, :]
+    mask = ok[:, None] & (cols[None, :] < D)
+    tl.store(dl_ptr + offsets, tl.load(dl_ptr + offsets, mask=mask, other=0.0) + transposed, mask=mask)
+
+
+@triton.jit
+def sum_partials(part_ptr, g, splits, RP: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr):
+    """The sum of group ``g``'s ``splits`` partial ``(RP, CP)`` float32 tiles, stored contiguously at ``part_ptr``
+    as ``(groups, splits, RP, CP)`` (padded: what the split reductions write), in the order of the splits."""
+    offsets = tl.arange(0, RP)[:, None] * CP + tl.arange(0, CP)[None, :]
+    base = part_ptr + g * splits * RP * CP
+    total = tl.zeros((RP, CP), dtype=tl.float32)
+    if INTERPRET:
+        split = 0
+        while split < splits:
+            total += tl.load(base + split * RP * CP + offsets)
+            split += 1
+    else:
+        for split in range(0, splits):
+            total += tl.load(base + split * RP * CP + offsets)
+    return total
+
+
+@triton.jit
+def store_group_tile(ptr, tile, rows, cols, RP: tl.constexpr, CP: tl.constexpr):
+    """:func:`load_group_tile`'s counterpart: the ``(rows, cols)`` corner of ``tile`` written to a group's contiguous
+    matrix (``ptr`` at the group)."""
+    r = tl.arange(0, RP)
+    c = tl.arange(0, CP)
+    tl.store(ptr + r[:, None] * cols + c[None, :], tile, mask=(r[:, None] < rows) & (c[None, :] < cols))
+
+
+@triton.jit
+def nystrom_fwd_kernel_mc(part_ptr, mid_ptr, ctx_ptr, mc_ptr, splits, M, DV, MP: tl.constexpr, DVP: tl.constexpr,
+                          INTERPRET: tl.constexpr):
+    """The forward's m×d factors from the context kernel's partial sums, one (sample, head) group per program.
+
+    Grid ``(B * H,)``: ``context = sum of the splits' partials of K1^T v`` (``part_ptr``: ``(B*H, splits, MP, DVP)``
+    float32) and ``middle_context = middle @ context`` (``mid_ptr``: contiguous ``(B*H, M, M)`` float32), IEEE
+    float32, written contiguous ``(B*H, M, DV)`` to ``ctx_ptr`` and ``mc_ptr``."""
+    g = tl.program_id(0)
+    context = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET)
+    middle = load_group_tile(mid_ptr + g * M * M, M, M, MP, MP)
+    store_group_tile(ctx_ptr + g * M * DV, context, M, DV, MP, DVP)
+    store_group_tile(mc_ptr + g * M * DV, tl.dot(middle, context, input_precision='ieee'), M, DV, MP, DVP)
+
+
+@triton.jit
+def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr, splits, M, DV, MP: tl.constexpr,
+                                 DVP: tl.constexpr, INTERPRET: tl.constexpr):
+    """The backward's m×m and m×d gradients from the partial sums of ``K1^T grad_out``, one group per program.
+
+    Grid ``(B * H,)``: ``gmc = sum of the splits' partials`` (the gradient of ``middle_context``; ``part_ptr`` as in
+    :func:`nystrom_fwd_kernel_mc`), ``grad_middle = gmc context^T`` and ``grad_context = middle^T gmc`` (``mid_ptr``,
+    ``ctx_ptr``: contiguous ``(B*H, M, M)`` and ``(B*H, M, DV)`` float32), IEEE float32, written contiguous to
+    ``dmid_ptr`` and ``dctx_ptr``."""
+    g = tl.program_id(0)
+    grad_mc = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET)
+    context = load_group_tile(ctx_ptr + g * M * DV, M, DV, MP, DVP)
+    store_group_tile(dmid_ptr + g * M * M, tl.dot(grad_mc, tl.trans(context), input_precision='ieee'), M, M, MP, MP)
+    marks = tl.arange(0, MP)
+    middle_t = load_f32(mid_ptr + g * M * M + marks[None, :] * M + marks[:, None],
+                        (marks[:, None] < M) & (marks[None, :] < M))  # middle^T, loaded transposed
+    store_group_tile(dctx_ptr + g * M * DV, tl.dot(middle_t, grad_mc, input_precision='ieee'), M, DV, MP, DVP)
+
+
+@triton.jit
+def nystrom_bwd_kernel_dl_sum(dl_sum_ptr, dl_colsum_ptr, l_ptr, dl_ptr, splits, M, D, MP: tl.constexpr,
+                              DP: tl.constexpr, INTERPRET: tl.constexpr):
+    """The landmarks' gradient from :func:`nystrom_bwd_kernel_dq_dv_dl`'s partial sums, one group per program.
+
+    Grid ``(B * H,)``: ``dl = sum(grad_s^T q) - l * sum(colsum(grad_s))`` over the splits (``dl_sum_ptr``:
+    ``(B*H, splits, MP, DP)``, ``dl_colsum_ptr``: ``(B*H, splits, MP)`` float32; the landmarks contiguous ``(B*H, M,
+    D)`` float32), written contiguous ``(B*H, M, D)`` float32 to ``dl_ptr``."""
+    g = tl.program_id(0)
+    total = sum_partials(dl_sum_ptr, g, splits, MP, DP, INTERPRET)
+    counts = tl.sum(sum_partials(dl_colsum_ptr, g, splits, MP, 1, INTERPRET), axis=1)
+    lm = load_group_tile(l_ptr + g * M * D, M, D, MP, DP)
+    store_group_tile(dl_ptr + g * M * D, total - counts[:, None] * lm, M, D, MP, DP)

@@ -1,0 +1,143 @@
+"""Where the package's Triton kernels run, in one place: on CUDA tensors when a triton the kernels can use is
+installed; on CPU tensors only inside :func:`interpreted_triton_route`, under ``TRITON_INTERPRET=1`` (the tests, and
+the tools that count what a GPU would launch, run the GPU's route there); and how a kernel module is loaded.
+
+``TRITON_INTERPRET`` is read when a kernel is decorated, so :func:`load_kernels` re-imports a kernel module when the
+setting has changed since it was last loaded; to interpret at all, the variable must be set before triton is first
+imported (triton decorates its own library functions, ``tl.sum``, then).
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+from collections.abc import Iterator
+from types import ModuleType
+
+import torch
+
+__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'TARGETS', 'TRITON_VERSION', 'cpu_route', 'cuda_target', 'gpu_route',
+           'interpreted_triton_route', 'interpreting', 'load_kernels', 'route_device_type', 'store_dtype',
+           'takes_triton', 'triton_available']
+
+# The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
+# 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
+MIN_TRITON = (3, 4)
+# The compute capabilities (10 * major + minor) every Triton kernel of the package is compiled and checked for
+# (benchmarks/triton_cubins.py; tests/ops/test_triton_cubins.py: 0 spills): sm_75 Turing, sm_80 / sm_86 Ampere,
+# sm_89 Ada, sm_90 Hopper. A device of another capability runs the PyTorch forms. bfloat16 needs sm_80 (Turing has no
+# bfloat16 arithmetic).
+TARGETS = (75, 80, 86, 89, 90)
+BFLOAT16_MIN_TARGET = 80
+
+
+def _installed_triton() -> tuple[int, ...] | None:
+    """triton's version from its package metadata (without importing it), None when it is not installed; read once."""
+    if importlib.util.find_spec('triton') is None:
+        return None
+    try:
+        version = importlib.metadata.version('triton')
+    except importlib.metadata.PackageNotFoundError:  # a build without metadata (e.g. from source): assume recent
+        return MIN_TRITON
+    return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
+
+
+TRITON_VERSION = _installed_triton()
+_ROUTE = {'cpu': False}  # whether CPU tensors take the Triton route (inside interpreted_triton_route)
+_LOADED: dict[str, tuple[ModuleType, bool]] = {}
+_CUDA_TARGETS: dict[int, int] = {}
+
+
+def triton_available() -> bool:
+    """Whether a triton the kernels can use is installed (>= :data:`MIN_TRITON`)."""
+    return TRITON_VERSION is not None and TRITON_VERSION >= MIN_TRITON
+
+
+def interpreting() -> bool:
+    """Whether triton runs kernels in its interpreter (``TRITON_INTERPRET=1``)."""
+    return os.environ.get('TRITON_INTERPRET', '0') == '1'
+
+
+@contextlib.contextmanager
+def interpreted_triton_route() -> Iterator[None]:
+    """Inside, CPU tensors take every Triton route a CUDA tensor takes (the SOFT op's backend, the blocks' fused
+    kernels), run by triton's interpreter: what the tests check the kernels with, and how a CPU machine counts a GPU's
+    launches. Needs ``TRITON_INTERPRET=1`` set before triton was first imported, and a triton the kernels can use.
+
+    Raises:
+        RuntimeError: ``TRITON_INTERPRET`` is not 1, or no usable triton is installed.
+    """
+    if not (interpreting() and triton_available()):
+        raise RuntimeError('interpreted_triton_route: needs TRITON_INTERPRET=1 (set before triton is imported) and '
+                           f'triton >= {".".join(map(str, MIN_TRITON))}')
+    before = _ROUTE['cpu']
+    _ROUTE['cpu'] = True
+    try:
+        yield
+    finally:
+        _ROUTE['cpu'] = before
+
+
+def cpu_route() -> bool:
+    """Whether CPU tensors take the Triton routes now (inside :func:`interpreted_triton_route`)."""
+    return _ROUTE['cpu']
+
+
+def gpu_route(tensor: torch.Tensor) -> bool:
+    """Whether ``tensor`` takes the package's GPU route (where an eager step's time goes to kernel launches, so the
+    layers launch as few as they can): a CUDA tensor, or a CPU tensor inside :func:`interpreted_triton_route`."""
+    return tensor.device.type == 'cuda' or (tensor.device.type == 'cpu' and _ROUTE['cpu'])
+
+
+def route_device_type(tensor: torch.Tensor) -> str:
+    """The device type whose route ``tensor`` takes: ``'cuda'`` on the GPU route (:func:`gpu_route`), else its own."""
+    return 'cuda' if gpu_route(tensor) else tensor.device.type
+
+
+def cuda_target(device: torch.device) -> int:
+    """The compute capability of a CUDA device as ``10 * major + minor`` (e.g. 89), read once per device."""
+    index = torch.cuda.current_device() if device.index is None else device.index
+    target = _CUDA_TARGETS.get(index)
+    if target is None:
+        major, minor = torch.cuda.get_device_capability(index)
+        target = _CUDA_TARGETS[index] = 10 * major + minor
+    return target
+
+
+def takes_triton(*tensors: torch.Tensor) -> bool:
+    """Whether a fused Triton kernel of the package's layers takes ``tensors``: a usable triton, and either CPU
+    tensors inside :func:`interpreted_triton_route` or CUDA tensors on a device of :data:`TARGETS`, bfloat16 ones only
+    from :data:`BFLOAT16_MIN_TARGET` (the SOFT op's backend checks its own calls, shared memory included)."""
+    if not triton_available() or not tensors:
+        return False
+    device = tensors[0].device
+    if device.type == 'cpu':
+        return _ROUTE['cpu']
+    if device.type != 'cuda':
+        return False
+    target = cuda_target(device)
+    bfloat16 = any(t.dtype == torch.bfloat16 for t in tensors)
+    return target in TARGETS and not (bfloat16 and target < BFLOAT16_MIN_TARGET)
+
+
+def store_dtype(dtype: torch.dtype) -> torch.dtype:
+    """What a kernel writes for a result of ``dtype``: ``dtype``, or float32 for bfloat16 under the interpreter, whose
+    cast to bfloat16 truncates instead of rounding to nearest (numpy has no bfloat16); torch casts afterwards."""
+    return torch.float32 if dtype == torch.bfloat16 and interpreting() else dtype
+
+
+def load_kernels(module: str) -> ModuleType:
+    """The kernel module ``module`` (a dotted name), imported under the current ``TRITON_INTERPRET`` setting: again
+    when it has changed since the last import. Every Triton launch of the package goes through a module loaded here
+    (the launch counters of ``benchmarks/launch_counts.py`` wrap it)."""
+    interpret = interpreting()
+    loaded = _LOADED.get(module)
+    if loaded is None or loaded[1] != interpret:
+        kernels = importlib.import_module(module)
+        if loaded is not None:
+            kernels = importlib.reload(kernels)
+        _LOADED[module] = loaded = (kernels, interpret)
+    return loaded[0]
