@@ -150,6 +150,9 @@ class SoftAttention(nn.Module):
         # a hook point with no parameters: forward hooks on it see the (B, h, m, d) landmarks of every forward
         # (soft_mm.models.health records them there without changing any result)
         self.landmark_probe = nn.Identity()
+        # the query projection's weight and bias, scaled and cast once for this forward ('query_weight',
+        # 'query_bias'), while soft_mm.models.weight_cast.weights_cast_once holds them; empty otherwise
+        self.cast_queries: dict[str, torch.Tensor] = {}
 
     # forward takes ``residual`` (the blocks hand it their sum; False on an instance: they add it themselves)
     adds_residual = True
@@ -216,9 +219,13 @@ class SoftAttention(nn.Module):
         of the token-major projection. The scale is folded into the projection's C x C weight and bias rather than
         applied as a pass over the N x C queries."""
         b, n, _ = x.shape
-        scale = self.head_dim ** -0.25
-        bias = None if self.qk.bias is None else self.qk.bias * scale
-        return F.linear(x, self.qk.weight * scale, bias).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        weight = self.cast_queries.get('query_weight')
+        if weight is None:
+            scale = self.head_dim ** -0.25
+            weight, bias = self.qk.weight * scale, None if self.qk.bias is None else self.qk.bias * scale
+        else:  # scaled and cast with the model's other weights (soft_mm.models.weight_cast)
+            bias = self.cast_queries.get('query_bias')
+        return F.linear(x, weight, bias).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor | None = None,
                 ) -> torch.Tensor:

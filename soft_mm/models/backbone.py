@@ -30,6 +30,10 @@ class SOFT(SoftPyramid, BaseModule):
         drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
         soft_block_norm: ``'post'`` (the authors') or ``'pre'`` norm blocks in the SOFT stages (see ``SoftPyramid``).
         qk_init_std: initial std of the SOFT layers' q/k projection (the authors' 0.02; from-scratch training only).
+        compile_stages: None (eager), True or a dict of ``torch.compile`` keywords: each stage compiled as its own
+            graph on its first forward, forward and backward (``True``: ``dict(dynamic=True)``, one graph for every
+            image size mmdet's batches come in; ``dict(mode='reduce-overhead')`` adds CUDA graphs, one per size).
+            The neck, heads and losses stay eager (see :mod:`soft_mm.models.compiled`).
         **attention: the SOFT attention settings, keywords of :class:`~soft_mm.models.settings.AttentionSettings`
             (``landmark_mode``, ``landmark_grid``, ``newton_iters``, ``newton_ridge``, ``newton_backward``); the
             defaults are the authors'.
@@ -42,7 +46,8 @@ class SOFT(SoftPyramid, BaseModule):
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, drop_path_rate: float = 0.1, soft_block_norm: str = 'post',
-                 qk_init_std: float = 0.02, init_cfg: dict | list[dict] | None = None, **attention: Any) -> None:
+                 qk_init_std: float = 0.02, compile_stages: bool | dict | None = None,
+                 init_cfg: dict | list[dict] | None = None, **attention: Any) -> None:
         if isinstance(out_indices, int):
             out_indices = (out_indices,)
         out_indices = tuple(out_indices)
@@ -52,7 +57,7 @@ class SOFT(SoftPyramid, BaseModule):
             raise ValueError(f'frozen_stages must be an int in -1..4, got {frozen_stages!r}')
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
                          with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
-                         qk_init_std=qk_init_std, init_cfg=init_cfg)
+                         qk_init_std=qk_init_std, compile_stages=compile_stages, init_cfg=init_cfg)
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval

@@ -5,6 +5,7 @@ import torch
 from timm.layers import DropPath, Mlp, register_notrace_function
 from torch import nn
 
+from ..ops.layers.add_norm import add_layer_norm, fuses_add_norm
 from ..ops.layers.gelu import linear_gelu
 from ..ops.layers.residual import hooked, linear_residual
 
@@ -46,7 +47,8 @@ class GeluMlp(Mlp):
 class Block(nn.Module):
     """A transformer block around any token-mixing ``attn(x, hw_shape)``: ``(B, N, C) -> (B, N, C)``.
 
-    ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``.
+    ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``, each sum and norm one fused kernel
+    on the GPU route (:func:`~soft_mm.ops.layers.add_norm.add_layer_norm`).
     ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``.
     Both residual branches go through stochastic depth with probability ``drop_path``. Where that is the identity
     (``drop_path=0`` or eval mode) the sums are handed to the branches' last linear layers (``residual=``), which start
@@ -81,7 +83,19 @@ class Block(nn.Module):
         """Whether stochastic depth is the identity here (none, or eval mode), so a branch may add its residual."""
         return isinstance(self.drop_path, nn.Identity) or not self.training
 
+    def _fuses_add_norm(self, x: torch.Tensor) -> bool:
+        """Whether the post-norm sums and norms run as :func:`~soft_mm.ops.layers.add_norm.add_layer_norm`'s fused
+        kernels (the GPU route, eager; not where a hook watches a norm or a branch, or the norms are not plain)."""
+        return (type(self.norm1) is nn.LayerNorm and type(self.norm2) is nn.LayerNorm
+                and fuses_add_norm(x, x, self.norm1.weight) and not hooked(self.norm1, self.norm2, self.attn, self.mlp))
+
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+        if self.post_norm and self._fuses_add_norm(x):
+            # on the GPU route: each sum, its LayerNorm (float32 statistics) and the cast back to the stream's dtype in
+            # one kernel
+            x = add_layer_norm(self.drop_path(self.attn(x, hw_shape)), x, self.norm1.weight, self.norm1.bias,
+                               self.norm1.eps)
+            return add_layer_norm(self.drop_path(self.mlp(x)), x, self.norm2.weight, self.norm2.bias, self.norm2.eps)
         if self.post_norm:
             # the stream keeps its dtype: CUDA autocast runs LayerNorm in float32 and returns float32, which would
             # turn the residual stream float32 (every linear then casts it back); a no-op elsewhere

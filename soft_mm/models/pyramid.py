@@ -38,65 +38,13 @@ from ..ops.graph_mode import exporting
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU
+from .compiled import CompiledStages, check_compile_stages
+from .conv import STEM_CHANNELS, ConvBNAct, conv_stem, like_input  # noqa: F401 (where they were)
 from .official_layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
+from .weight_cast import weights_cast_once
 
 PRETRAIN_IMG_SIZE = 224
-STEM_CHANNELS = 32
-
-
-class ConvBNAct(nn.Sequential):
-    """``conv(k, stride, bias) -> BatchNorm -> ReLU``.
-
-    While the BatchNorm normalises with its running statistics (eval mode, e.g. inference or ``norm_eval=True``
-    training) it is an affine map per channel, and the forward folds it into the conv's weight and bias
-    (``W * s``, ``(b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)``): one pass over the output map instead
-    of two. The same function of the same parameters, so gradients reach the conv and the BatchNorm's affine
-    parameters as unfolded. In training mode, or once something replaced ``bn`` (e.g. mmcv's ``fuse_conv_bn``), the
-    three modules run one after the other.
-    """
-
-    def __init__(self, in_channels: int, out_channels: int, stride: int, kernel_size: int = 3) -> None:
-        super().__init__()
-        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2)
-        self.bn = nn.BatchNorm2d(out_channels)
-        self.act = nn.ReLU(inplace=True)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        conv, bn = self.conv, self.bn
-        if (not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.training or bn.running_var is None
-                or type(conv) is not nn.Conv2d):
-            if type(conv) is nn.Conv2d:
-                return self.act(bn(conv._conv_forward(x, like_input(conv.weight, x), conv.bias)))
-            return self.act(bn(conv(x)))
-        scale = torch.rsqrt(bn.running_var + bn.eps)
-        if bn.weight is not None:
-            scale = scale * bn.weight
-        bias = -bn.running_mean if conv.bias is None else conv.bias - bn.running_mean
-        bias = bias * scale
-        if bn.bias is not None:
-            bias = bias + bn.bias
-        return self.act(conv._conv_forward(x, like_input(conv.weight * scale.reshape(-1, 1, 1, 1), x), bias))
-
-
-@torch.fx.wrap
-@register_notrace_function  # reason: branches on the input's memory layout
-def like_input(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
-    """A conv ``weight`` in channels-last memory where the input ``x`` is channels-last (and not also
-    NCHW-contiguous, as a 1-channel or 1x1 map is), else as it is; as it is while a graph is exported (whose maps are
-    NCHW). A conv takes the channels-last kernels when input or weight has that layout, but a batch of one is
-    ambiguous to it (the stride of a size-1 batch dim is arbitrary, e.g. a stage's map viewed from its tokens), and
-    with an NCHW weight it copies such an input to NCHW first and writes NCHW; the weight (a few thousand elements) is
-    the cheap one to convert."""
-    if exporting() or x.dim() != 4 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
-        return weight
-    return weight.contiguous(memory_format=torch.channels_last)
-
-
-def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:
-    """Stride-4 stem: conv3x3 s2 (-> 32), conv3x3 s1 (32), conv3x3 s2 (-> out), each with BN + ReLU."""
-    return nn.Sequential(ConvBNAct(in_channels, STEM_CHANNELS, 2), ConvBNAct(STEM_CHANNELS, STEM_CHANNELS, 1),
-                         ConvBNAct(STEM_CHANNELS, out_channels, 2))
 
 
 # torch.fx (timm's ``feature_cls='fx'``, torchvision's ``create_feature_extractor``, FX quantization): the functions
@@ -219,8 +167,11 @@ class SoftPyramid(nn.Module):
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  drop_path_rate: float = 0.1, with_cp: bool = False, attention: AttentionSettings = AUTHORS_SETTINGS,
-                 soft_block_norm: str = 'post', qk_init_std: float = 0.02, **base_kwargs: Any) -> None:
+                 soft_block_norm: str = 'post', qk_init_std: float = 0.02, compile_stages: bool | dict | None = None,
+                 **base_kwargs: Any) -> None:
         super().__init__(**base_kwargs)
+        self.compile_stages = check_compile_stages(compile_stages)
+        self._compiled = CompiledStages()
         settings = resolve_arch(arch)
         if soft_block_norm not in SOFT_BLOCK_NORMS:
             raise ValueError(f'soft_block_norm={soft_block_norm!r} is not one of {SOFT_BLOCK_NORMS}')
@@ -319,10 +270,12 @@ class SoftPyramid(nn.Module):
         final = len(self.embed_dims) - 1  # the arch's last stage (a pruned classifier may hold fewer)
         last_stage = len(self.stages) - 1 if last_stage is None else min(last_stage, len(self.stages) - 1)
         maps, prefix_out = [], None
-        for i, stage in enumerate(self.stages[:last_stage + 1]):
-            is_final = i == final
-            x, prefix_out = stage(x, prefix_tokens if is_final else None, self.norm if is_final else None)
-            # contiguous NCHW: the stage's channels-last view is what mmcv's RoIAlign (and other C++/CUDA ops that
-            # read the raw buffer as NCHW) silently misreads
-            maps.append(x.contiguous())
+        with weights_cast_once(self, x):  # on the GPU route under autocast: one cast of the weights, not one a layer
+            for i, stage in enumerate(self.stages[:last_stage + 1]):
+                is_final = i == final
+                run = self._compiled.runner(stage, self.compile_stages) if self.compile_stages else stage
+                x, prefix_out = run(x, prefix_tokens if is_final else None, self.norm if is_final else None)
+                # contiguous NCHW: the stage's channels-last view is what mmcv's RoIAlign (and other C++/CUDA ops
+                # that read the raw buffer as NCHW) silently misreads
+                maps.append(x.contiguous())
         return maps, prefix_out

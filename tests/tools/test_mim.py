@@ -219,7 +219,7 @@ def test_wheel_in_fresh_venv_mim_train_test_search_soft_mm(tmp_path: Path, wheel
 
     listed = _run([*mim, 'search', 'soft_mm', '--valid-config'], run_dir, env)
     names = _metafile_names()
-    assert len(names) == 27 and all(f"'{name}'" in listed for name in names), listed[-3000:]
+    assert len(names) == 28 and all(f"'{name}'" in listed for name in names), listed[-3000:]
     shown = _run([*mim, 'search', 'soft_mm', '--config', 'retinanet_soft_small_coco', 'soft_small_in1k', '--field',
                   'backbone', 'soft-norm', 'parameters(millions)', 'coco/box_ap', 'imagenet-1k/top_1_accuracy'],
                  run_dir, env)

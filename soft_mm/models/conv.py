@@ -1,0 +1,67 @@
+"""The pyramid's convolutions: conv + BatchNorm + ReLU with the BatchNorm folded into the conv in eval mode, the
+stride-4 stem built of three of them, and conv weights in the input's memory layout."""
+from __future__ import annotations
+
+import torch
+from timm.layers import register_notrace_function
+from torch import nn
+
+from ..ops.graph_mode import exporting
+
+__all__ = ['STEM_CHANNELS', 'ConvBNAct', 'conv_stem', 'like_input']
+
+STEM_CHANNELS = 32
+
+
+class ConvBNAct(nn.Sequential):
+    """``conv(k, stride, bias) -> BatchNorm -> ReLU``.
+
+    While the BatchNorm normalises with its running statistics (eval mode, e.g. inference or ``norm_eval=True``
+    training) it is an affine map per channel, and the forward folds it into the conv's weight and bias
+    (``W * s``, ``(b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)``): one pass over the output map instead
+    of two. The same function of the same parameters, so gradients reach the conv and the BatchNorm's affine
+    parameters as unfolded. In training mode, or once something replaced ``bn`` (e.g. mmcv's ``fuse_conv_bn``), the
+    three modules run one after the other.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, stride: int, kernel_size: int = 3) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2)
+        self.bn = nn.BatchNorm2d(out_channels)
+        self.act = nn.ReLU(inplace=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        conv, bn = self.conv, self.bn
+        if (not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.training or bn.running_var is None
+                or type(conv) is not nn.Conv2d):
+            if type(conv) is nn.Conv2d:
+                return self.act(bn(conv._conv_forward(x, like_input(conv.weight, x), conv.bias)))
+            return self.act(bn(conv(x)))
+        scale = torch.rsqrt(bn.running_var + bn.eps)
+        if bn.weight is not None:
+            scale = scale * bn.weight
+        bias = -bn.running_mean if conv.bias is None else conv.bias - bn.running_mean
+        bias = bias * scale
+        if bn.bias is not None:
+            bias = bias + bn.bias
+        return self.act(conv._conv_forward(x, like_input(conv.weight * scale.reshape(-1, 1, 1, 1), x), bias))
+
+
+@torch.fx.wrap
+@register_notrace_function  # reason: branches on the input's memory layout
+def like_input(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """A conv ``weight`` in channels-last memory where the input ``x`` is channels-last (and not also
+    NCHW-contiguous, as a 1-channel or 1x1 map is), else as it is; as it is while a graph is exported (whose maps are
+    NCHW). A conv takes the channels-last kernels when input or weight has that layout, but a batch of one is
+    ambiguous to it (the stride of a size-1 batch dim is arbitrary, e.g. a stage's map viewed from its tokens), and
+    with an NCHW weight it copies such an input to NCHW first and writes NCHW; the weight (a few thousand elements) is
+    the cheap one to convert."""
+    if exporting() or x.dim() != 4 or x.is_contiguous() or not x.is_contiguous(memory_format=torch.channels_last):
+        return weight
+    return weight.contiguous(memory_format=torch.channels_last)
+
+
+def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:
+    """Stride-4 stem: conv3x3 s2 (-> 32), conv3x3 s1 (32), conv3x3 s2 (-> out), each with BN + ReLU."""
+    return nn.Sequential(ConvBNAct(in_channels, STEM_CHANNELS, 2), ConvBNAct(STEM_CHANNELS, STEM_CHANNELS, 1),
+                         ConvBNAct(STEM_CHANNELS, out_channels, 2))
