@@ -2,7 +2,8 @@
 
 * ``type='SOFT'`` from any OpenMMLab scope (mmdet, mmseg, mmpretrain, ...) and ``type='soft_mm.SOFT'``: the backbone
   is registered in mmengine's root ``MODELS``, which every downstream registry falls back to, and in soft_mm's own
-  child registry (scope ``soft_mm``).
+  child registry (scope ``soft_mm``); where another package already registered a different ``SOFT`` there, ``import
+  soft_mm`` stops with a one-sentence :class:`RegistryConflictError` instead of replacing it.
 * The demo datasets (``SyntheticShapesDataset`` for mmdet, ``SyntheticShapesSegDataset`` for mmseg,
   ``SyntheticClassesDataset`` for mmpretrain: the list is :data:`soft_mm.datasets.DATASET_CLASSES`) and mmpretrain's
   ``SoftTimmClassifier`` are registered in mmengine's root registries as small factories that import their module on
@@ -53,6 +54,26 @@ def _lazy(name: str, **attributes: Any) -> Callable[..., Any]:
     return build
 
 
+class RegistryConflictError(RuntimeError):
+    """Another package registered a different class under a name soft_mm registers."""
+
+
+def register_backbone(registry: Registry, name: str, cls: type) -> None:
+    """Register ``cls`` under ``name`` in ``registry``: again (a re-import of soft_mm's own module replaces its
+    earlier class), never over another package's class of that name.
+
+    Raises:
+        RegistryConflictError: ``registry`` holds another package's ``name``.
+    """
+    held = registry.module_dict.get(name)
+    if held is not None and (held.__module__, held.__qualname__) != (cls.__module__, cls.__qualname__):
+        raise RegistryConflictError(
+            f'soft_mm: {registry.name} registry {registry.scope!r} already holds {name!r} from '
+            f'{held.__module__}.{held.__qualname__}; soft_mm does not replace it: import soft_mm before that '
+            f'package, or give one of the two another name')
+    registry.register_module(name=name, module=cls, force=held is not None)
+
+
 def register_all() -> None:
     """Register soft_mm's backbone, datasets and image loading and allow-list mmengine's checkpoint globals
     (idempotent)."""
@@ -60,7 +81,7 @@ def register_all() -> None:
     from .utils.checkpoint import allow_mmengine_checkpoint_globals
 
     for registry in (MMENGINE_MODELS, MODELS):
-        registry.register_module(name='SOFT', module=SOFT, force=True)
+        register_backbone(registry, 'SOFT', SOFT)
     for name in LAZY_DATASETS:  # every soft_mm dataset writes its data when it is missing
         if MMENGINE_DATASETS.get(name) is None:
             MMENGINE_DATASETS.register_module(name=name, module=_lazy(name, generates_missing_data=True))

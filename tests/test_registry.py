@@ -2,6 +2,7 @@
 ``custom_imports=dict(imports=['soft_mm'])`` in a config."""
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -25,6 +26,36 @@ def test_registered_in_the_root_and_soft_mm_registries():
     assert SOFT_MM_MODELS.get('SOFT') is SOFT
     assert SOFT_MM_MODELS.scope == 'soft_mm' and SOFT_MM_MODELS.parent is MMENGINE_MODELS
     assert soft_mm.SOFT is SOFT
+
+
+def test_another_packages_soft_is_not_replaced(tmp_path):
+    # a package that registered its own SOFT in mmengine's root registry first: importing soft_mm stops with one
+    # sentence and leaves that class in place (a fresh interpreter: this one has soft_mm's registered)
+    script = textwrap.dedent('''
+        from mmengine.registry import MODELS
+
+        @MODELS.register_module(name='SOFT')
+        class OtherSOFT:
+            pass
+
+        try:
+            import soft_mm
+        except RuntimeError as error:
+            print(type(error).__name__, '|', error)
+        print(MODELS.get('SOFT').__qualname__)
+    ''')
+    out = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True, text=True, check=True,
+                         env={**os.environ, 'PYTHONPATH': str(ROOT)}).stdout.splitlines()
+    assert out == ["RegistryConflictError | soft_mm: model registry 'mmengine' already holds 'SOFT' from "
+                   "__main__.OtherSOFT; soft_mm does not replace it: import soft_mm before that package, or give one "
+                   "of the two another name", 'OtherSOFT'], out
+
+
+def test_registering_again_keeps_one_soft():
+    from soft_mm.registry import register_all
+
+    register_all()  # (what a second `import soft_mm` after a reload does): no error, the same class
+    assert MMENGINE_MODELS.get('SOFT') is SOFT and SOFT_MM_MODELS.get('SOFT') is SOFT
 
 
 @pytest.mark.parametrize('registry', [MMENGINE_MODELS, SOFT_MM_MODELS], ids=['mmengine', 'soft_mm'])
