@@ -12,11 +12,12 @@ state dict; older layouts are migrated by ``SoftPyramid._load_from_state_dict``)
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from timm.models import PretrainedCfg, build_model_with_cfg, generate_default_cfgs, register_model
+from timm.models._features import feature_take_indices  # (where timm's own models import it from)
 from torch import nn
 
 from ..ops.compat import HAS_SAFE_GLOBALS
@@ -27,22 +28,6 @@ from .pyramid import SoftPyramid
 from .settings import attention_settings
 
 GLOBAL_POOLS = ('token', 'avg')
-
-
-def feature_take_indices(num_stages: int, indices: int | Sequence[int] | None) -> tuple[list[int], int]:
-    """timm's feature-index convention: an int n takes the last n stages, a sequence the listed ones (negative
-    counts from the end), None all. Returns the indices and the largest one."""
-    if indices is None:
-        indices = num_stages
-    if isinstance(indices, int):
-        if not 0 < indices <= num_stages:
-            raise ValueError(f'indices={indices} must take 1..{num_stages} stages')
-        take = list(range(num_stages - indices, num_stages))
-    else:
-        take = [i + num_stages if i < 0 else i for i in indices]
-        if not take or any(not 0 <= i < num_stages for i in take):
-            raise ValueError(f'indices={list(indices)} must be stage indices in {-num_stages}..{num_stages - 1}')
-    return take, max(take)
 
 
 def _check_global_pool(global_pool: str) -> None:
@@ -91,6 +76,18 @@ class SoftVisionTransformer(SoftPyramid):
     @torch.jit.ignore
     def no_weight_decay(self) -> set[str]:
         return {'cls_token', 'cls_pos_embed'} | {f'stages.{i}.pos_embed' for i in range(len(self.stages))}
+
+    @torch.jit.ignore
+    def group_matcher(self, coarse: bool = False) -> dict[str, Any]:
+        """timm's parameter groups (layer-wise learning-rate decay, ``timm.optim.create_optimizer_v2(...,
+        layer_decay=...)``): the stem (stage 1's conv downsampling, its position embedding, the cls token and its
+        position embedding) first; then per stage (``coarse``: the final norm with the head) or per block (each stage's
+        downsampling with its first block, the final norm with the last block); the head last."""
+        stem = r'^cls_token|^cls_pos_embed|^stages\.0\.(?:downsample|pos_embed)'
+        if coarse:
+            return dict(stem=stem, blocks=r'^stages\.(\d+)')
+        return dict(stem=stem, blocks=[(r'^stages\.(\d+)\.(?:downsample|pos_embed)', (0,)),
+                                       (r'^stages\.(\d+)\.blocks\.(\d+)', None), (r'^norm', (99999,))])
 
     @torch.jit.ignore
     def set_grad_checkpointing(self, enable: bool = True) -> None:

@@ -200,3 +200,31 @@ def test_any_input_size():
         for hw in ((224, 224), (33, 47), (8, 8)):
             logits = model(torch.randn(1, 3, *hw))
             assert logits.shape == (1, 7) and logits.isfinite().all()
+
+
+@pytest.mark.parametrize('coarse', [True, False])
+def test_group_matcher_orders_the_parameters_for_layer_decay(coarse):
+    # timm's layer-wise learning-rate decay (create_optimizer_v2(..., layer_decay=...)) reads group_matcher: every
+    # parameter in one group, the stem first, then the stages (coarse) or blocks in depth order, the head last
+    from timm.models import group_parameters
+    from timm.optim import param_groups_layer_decay
+
+    model = timm.create_model('soft_norm_small')
+    groups = list(group_parameters(model, model.group_matcher(coarse=coarse)).values())
+    names = [name for name, _ in model.named_parameters()]
+    assert sorted(name for group in groups for name in group) == sorted(names)
+    assert {'cls_token', 'cls_pos_embed', 'stages.0.pos_embed', 'stages.0.downsample.0.conv.weight'} <= set(groups[0])
+    assert 'head.weight' in groups[-1]
+    depths = ARCH_SETTINGS['small']['depths']
+    where = {name: i for i, group in enumerate(groups) for name in group}
+    if coarse:  # the stem, the four stages (each with its downsampling), the final norm with the head
+        assert len(groups) == 1 + 4 + 1
+        assert [where[f'stages.{s}.blocks.0.attn.proj.weight'] for s in range(4)] == [1, 2, 3, 4]
+    else:  # the stem, one group per block (a stage's downsampling with its first block, the final norm with the
+        # last: timm's "the previous group"), the head
+        blocks = [f'stages.{s}.blocks.{b}.mlp.fc1.weight' for s, depth in enumerate(depths) for b in range(depth)]
+        assert [where[name] for name in blocks] == list(range(1, 1 + sum(depths)))
+        assert where['stages.2.downsample.conv.weight'] == where['stages.2.blocks.0.norm1.weight']
+        assert where['norm.weight'] == sum(depths) and len(groups) == 2 + sum(depths)
+    scales = param_groups_layer_decay(model, weight_decay=0.05, layer_decay=0.75)
+    assert max(g['lr_scale'] for g in scales) == 1.0 and min(g['lr_scale'] for g in scales) < 0.75 ** (len(groups) - 2)
