@@ -37,6 +37,7 @@ from harness import (
     check_positive,
     cpu_model,
     interleaved_medians,
+    patched,
     sync,
     write_results,
 )
@@ -69,23 +70,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-_NCHW_MIN_KERNEL = head_conv.CUDA_NCHW_MIN_KERNEL
-
-
-def switch_savings(on: bool) -> None:
-    """The package's eager savings on (as shipped) or off."""
-    pooling.CACHE_MATRICES = on
-    head_conv.CUDA_NCHW_MIN_KERNEL = _NCHW_MIN_KERNEL if on else sys.maxsize
-
-
 @contextlib.contextmanager
 def savings(on: bool) -> Iterator[None]:
-    """The savings on or off inside the block, on again after it."""
-    switch_savings(on)
-    try:
+    """The package's eager savings as shipped (on) or off inside the block (patched by this benchmark, restored
+    after it)."""
+    if on:
         yield
-    finally:
-        switch_savings(True)
+        return
+    with patched(pooling, CACHE_MATRICES=False), patched(head_conv, CUDA_NCHW_MIN_KERNEL=sys.maxsize):
+        yield
+
+
+def with_savings(on: bool, fn: Callable[[], object]) -> Callable[[], object]:
+    """``fn`` run inside :func:`savings` ``(on)``."""
+    def run() -> object:
+        with savings(on):
+            return fn()
+    return run
 
 
 def conv_rows(args: argparse.Namespace, dtype: torch.dtype) -> list[dict]:
@@ -168,23 +169,16 @@ def backbone_rows(args: argparse.Namespace, dtype: torch.dtype, hw: tuple[int, i
             model.zero_grad(set_to_none=True)
         return run
 
-    cases, setups = {}, {}
+    cases = {f'{name} {kind}': with_savings(name != SAVINGS_OFF, make(model))
+             for name, model in models.items() for kind, make in (('forward', forward), ('step', step))}
+    times = interleaved_medians(cases, args.rounds, args.repeats, device)
+    rows = []
     for name, model in models.items():
-        for kind, make in (('forward', forward), ('step', step)):
-            cases[f'{name} {kind}'] = make(model)
-            setups[f'{name} {kind}'] = lambda on=name != SAVINGS_OFF: switch_savings(on)
-    try:
-        times = interleaved_medians(cases, args.rounds, args.repeats, device, setups)
-        rows = []
-        for name, model in models.items():
-            with savings(name != SAVINGS_OFF):
-                counts = {kind: launches(make(model), device) for kind, make in (('forward', forward),
-                                                                                       ('step', step))}
-            rows.append(dict(hw=list(hw), model=name, forward_ms=1e3 * times[f'{name} forward'],
-                             step_ms=1e3 * times[f'{name} step'], forward_launches=counts['forward'],
-                             step_launches=counts['step']))
-    finally:
-        switch_savings(True)
+        with savings(name != SAVINGS_OFF):
+            counts = {kind: launches(make(model), device) for kind, make in (('forward', forward), ('step', step))}
+        rows.append(dict(hw=list(hw), model=name, forward_ms=1e3 * times[f'{name} forward'],
+                         step_ms=1e3 * times[f'{name} step'], forward_launches=counts['forward'],
+                         step_launches=counts['step']))
     return rows
 
 

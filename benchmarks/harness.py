@@ -24,9 +24,11 @@ import statistics
 import subprocess
 import sys
 import time
+import types
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import torch
 from torch import nn
@@ -58,10 +60,12 @@ __all__ = [
     'inductor_freezing',
     'interleaved_medians',
     'median_time',
+    'patched',
     'run_in_fresh_process',
     'save_figure',
     'sync',
     'timed',
+    'unfuse_blocks',
     'write_results',
 ]
 
@@ -274,25 +278,67 @@ class PyramidMaps(nn.Module):
         return tuple(self.pyramid.forward_pyramid(x)[0])
 
 
+@contextlib.contextmanager
+def patched(owner: Any, **values: Any) -> Iterator[None]:
+    """``owner``'s attributes (a library module's settings, for an A/B run) set to ``values`` inside the block and
+    restored after it: the benchmark's own switch, never a lasting change of the library."""
+    with mock.patch.multiple(owner, **values):
+        yield
+
+
+def _plain_mlp_forward(mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    """timm's ``Mlp.forward`` (no fused GEMM epilogue), plus ``residual`` added as a separate sum."""
+    from timm.layers import Mlp
+
+    out = Mlp.forward(mlp, x)
+    return out if residual is None else residual + out
+
+
+def _without_float32_core(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
+    """A softmax attention's forward with its bfloat16 operands attended as they are (no float32 core)."""
+    import functools
+
+    from soft_mm.models import attention
+    from soft_mm.ops.layers.sdpa import softmax_attention
+
+    plain = functools.partial(softmax_attention, float32_core=False)
+
+    def run(*args: Any, **kwargs: Any) -> torch.Tensor:
+        with patched(attention, softmax_attention=plain):
+            return forward(*args, **kwargs)
+    return run
+
+
+def unfuse_blocks(model: nn.Module) -> nn.Module:
+    """The A/B variant of a SOFT model without the blocks' CPU fusions, patched per instance in place: each MLP's
+    first linear and GELU as two operators and its residual sum apart (:func:`_plain_mlp_forward`), the attention
+    layers adding no residual in their GEMMs (``adds_residual = False``, the blocks' protocol for mixers that take
+    none), stage 4's softmax attention without the float32 core."""
+    from soft_mm.models.attention import SoftmaxAttention
+    from soft_mm.models.blocks import GeluMlp
+
+    for module in model.modules():
+        if isinstance(module, GeluMlp):
+            module.forward = types.MethodType(_plain_mlp_forward, module)
+        elif hasattr(module, 'adds_residual'):
+            module.adds_residual = False
+        if isinstance(module, SoftmaxAttention):
+            module.forward = _without_float32_core(module.forward)
+    return model
+
+
 def build_backbone(name: str, image_size: tuple[int, int] | None = None) -> nn.Module:
     """The backbone ``name`` of :data:`BACKBONES`, without stochastic depth, its ``forward(x)`` giving the stride-4..32
     maps: SOFT (``soft_*``, torch and timm only), timm's Swin-T (built for ``image_size``), ConvNeXt-T and
     EfficientViT-B2, or mmdet's PVT and PVTv2 (mmdet needed)."""
     if name in SOFT_BACKBONES:
-        from soft_mm.models.blocks import GeluMlp
         from soft_mm.models.pyramid import SoftPyramid
 
         arch, soft_norm = SOFT_BACKBONES[name]
         pyramid = SoftPyramid(arch, soft_norm=soft_norm, drop_path_rate=0.0)
         pyramid.init_pyramid_weights()
-        fused = not name.endswith(UNFUSED_SUFFIX)
-        for module in pyramid.modules():
-            if isinstance(module, GeluMlp):
-                module.fuse = fused
-            elif hasattr(module, 'adds_residual'):
-                module.adds_residual = fused
-            if hasattr(module, 'float32_core'):
-                module.float32_core = fused
+        if name.endswith(UNFUSED_SUFFIX):
+            unfuse_blocks(pyramid)
         return PyramidMaps(pyramid)
     if name in TIMM_BACKBONES:
         import timm

@@ -30,6 +30,7 @@ from harness import (
     gemm_gflops,
     glibc_malloc_note,
     interleaved_medians,
+    patched,
     write_results,
 )
 
@@ -96,15 +97,12 @@ def time_backbone(model: torch.nn.Module, image: torch.Tensor, rounds: int, repe
     """Seconds of the backbone's forward under each setting of :data:`SETTINGS`."""
 
     def setting(bound: int, tanh: str):
-        def apply():
-            gelu.FUSED_FLOAT32_MAX_IN_FEATURES, gelu.FLOAT32_TANH_GELU = bound, tanh
-        return apply
+        def run():
+            with patched(gelu, FUSED_FLOAT32_MAX_IN_FEATURES=bound, FLOAT32_TANH_GELU=tanh):
+                return model(image)
+        return run
 
-    try:
-        return interleaved({name: (setting(*values), lambda: model(image)) for name, values in SETTINGS.items()},
-                           rounds, repeats)
-    finally:
-        setting(*SETTINGS['rule'])()
+    return interleaved({name: (lambda: None, setting(*values)) for name, values in SETTINGS.items()}, rounds, repeats)
 
 
 def layer_row(r: dict) -> str:

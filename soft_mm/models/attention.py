@@ -283,8 +283,6 @@ class SoftmaxAttention(nn.Module):
         self.proj = nn.Linear(dim, dim)
 
     adds_residual = True  # as SoftAttention's
-    # bfloat16 operands attended in float32 in eager CPU inference (soft_mm.ops.layers.sdpa); False: as written
-    float32_core = True
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None,
                 residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -295,5 +293,6 @@ class SoftmaxAttention(nn.Module):
         # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of
         # F.scaled_dot_product_attention (what an export calls) divides by a given `scale` where PyTorch multiplies
         # by it (a head_dim-times sharper softmax in the exported graph)
-        out = softmax_attention(q, k, v, self.float32_core)
+        # (bfloat16 operands attended in float32 in eager CPU inference: soft_mm.ops.layers.sdpa)
+        out = softmax_attention(q, k, v)
         return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual)
