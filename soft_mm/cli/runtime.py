@@ -86,11 +86,10 @@ def compile_backbone_for_inference(model: torch.nn.Module, backend: str = 'induc
     of ``tools/test.py`` loads it) lands in the compiled module. With ``'inductor'`` the weights are frozen into the
     graph (inductor's ``freezing``, passed as this module's own compile option, so inductor's global setting is left
     as it is): the graph serves only no-grad inference, and the compilation happens at the first forward, after the
-    weights are loaded. Measured on the 2-core CPU (``benchmarks/torch_compile.py``), SOFT-Norm-Small
-    at 800x1344 under bfloat16 autocast: 1.05-1.29x faster than eager in four runs (1.14x and 1.22x with the rounds
-    interleaved) after a compile of about a minute, at the same error against float64; in float32 no faster. Every
-    new input size compiles again (a second size took 150 s even with dynamic shapes), so it pays for inputs of one
-    size (mmseg's sliding-window crops, a fixed-size resize), not for keep-ratio detection inputs.
+    weights are loaded. It pays under bfloat16 autocast on a CPU (``benchmarks/torch_compile.py``; the runs:
+    docs/benchmarks/torch_compile.md), not in float32, and every new input size compiles again, even with dynamic
+    shapes: so for inputs of one size (mmseg's sliding-window crops, a fixed-size resize), not for keep-ratio detection
+    inputs.
     """
     if backend not in COMPILE_BACKENDS:
         raise ValueError(f'--compile takes one of {COMPILE_BACKENDS}, got {backend!r}')

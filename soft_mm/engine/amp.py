@@ -19,7 +19,6 @@ from mmengine.optim import OptimWrapper
 from mmengine.registry import OPTIM_WRAPPERS
 from torch import nn
 
-from ..utils.cpu_bf16 import _float32_fallback as _float32_fallback  # (tests import it from here)
 from ..utils.cpu_bf16 import enable_cpu_bf16_ops
 
 __all__ = ['CPUAmpOptimWrapper', 'enable_cpu_bf16_ops']

@@ -8,12 +8,11 @@ per filter tap. Here it is one more depthwise conv, of the input map with the ou
 channels: the same sums in another order. That pays from k = 5 (``benchmarks/head_conv.py``,
 docs/benchmarks/layer_kernels.md), so 3×3 filters take PyTorch's own backward.
 
-On a CUDA device a channels-last depthwise conv goes to cuDNN, whose kernel for large filters is slow: the 9×9 conv of
-stage 1 at 800×1344 (batch 2, 64 channels) took 3.1 ms forward and 10.5 ms forward+backward on an H200, against
-0.58 / 2.4 ms for PyTorch's own depthwise kernel, which takes contiguous NCHW maps (copies in and out included), while
-at k = 5 and 3 cuDNN's channels-last kernel was the faster (``benchmarks/eager_launches.py``,
-docs/benchmarks/device/2026-12-04_h200_eager.md). So from k = :data:`CUDA_NCHW_MIN_KERNEL` (7, between the two
-measured sizes) the map is copied to NCHW for the conv on CUDA, and the result handed back channels-last.
+On a CUDA device a channels-last depthwise conv goes to cuDNN, whose kernel for large filters is slower than
+PyTorch's own depthwise kernel on contiguous NCHW maps even with the copies in and out, while for small filters
+cuDNN's channels-last kernel is the faster (``benchmarks/eager_launches.py``; the times:
+docs/benchmarks/device/2026-12-04_h200_eager.md). So from k = :data:`CUDA_NCHW_MIN_KERNEL` (between the measured
+sizes) the map is copied to NCHW for the conv on CUDA, and the result handed back channels-last.
 """
 from __future__ import annotations
 

@@ -37,7 +37,7 @@ from .products_op import products_op
 __all__ = ['AUTO_TILING_MIN_TOKENS', 'DEFAULT_TILE_SIZE', 'TILED', 'tiled_nystrom_products']
 
 # Tokens per tile: a 4096 × 49 float32 block per head is 0.8 MB, and the Python loop over tiles costs little next to
-# the matmuls (docs/benchmarks/attention.md).
+# the matmuls (docs/benchmarks/attention/attention_benchmark.md).
 DEFAULT_TILE_SIZE = 4096
 # The automatic threshold: below it the reference's N×m temporaries still fit in cache and the reference is as fast
 # with less Python overhead.
