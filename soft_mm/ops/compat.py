@@ -197,13 +197,16 @@ class FunctionOp:
     fewer where an eager GPU step waits for Python); wherever a graph is traced, compiled or exported, or tensors are
     fake, the ``torch.library`` custom op ``library_op`` (torch >= 2.4: one node, its fake kernel). On torch < 2.4
     there is no ``library_op``: the kernel runs eagerly everywhere and ``torch.compile`` breaks its graph there.
-    ``name`` is the op's qualified name."""
+    ``name`` is the op's qualified name; ``eager_call(args)`` tells an eager call on plain tensors
+    (:func:`soft_mm.ops.custom_ops.plain_eager_call`; None: every call takes ``library_op`` where there is one)."""
 
     def __init__(self, name: str, forward: Callable, backward: Callable | None,
-                 setup_context: Callable | None, library_op: Callable | None = None) -> None:
+                 setup_context: Callable | None, library_op: Callable | None = None,
+                 eager_call: Callable[[tuple], bool] | None = None) -> None:
         self.name = name
         self.forward = forward
         self.library_op = library_op
+        self.eager_call = eager_call
         self.function = None if backward is None else _autograd_function(name, forward, backward, setup_context)
         self.recorders: list[list[tuple]] = []  # :func:`recorded_calls`
         if library_op is None:  # dynamo < 2.4 cannot trace these kernels: a graph break, the op run eagerly
@@ -212,7 +215,7 @@ class FunctionOp:
     def __call__(self, *args):
         for calls in self.recorders:
             calls.append(args)
-        if self.library_op is not None and not _plain_eager_call(args):
+        if self.library_op is not None and not (self.eager_call is not None and self.eager_call(args)):
             return self.library_op(*args)
         return self._run(*args)
 
@@ -224,14 +227,6 @@ class FunctionOp:
 
     def __repr__(self) -> str:
         return f'FunctionOp({self.name!r})'
-
-
-def _plain_eager_call(args: tuple) -> bool:
-    """An eager call (no compile, export or trace; no dispatch mode that records or replaces operators) whose tensors
-    are plain: where the kernels may run without the custom op's dispatch."""
-    from .graph_mode import eager_tensors  # (graph_mode imports this module)
-
-    return eager_tensors(*(a for a in args if isinstance(a, torch.Tensor)))
 
 
 def _autograd_function(name: str, forward: Callable, backward: Callable, setup_context: Callable) -> type:
@@ -283,16 +278,16 @@ def eager_without_custom_ops(fn: Callable) -> Callable:
 
 
 def custom_op(name: str, forward: Callable, schema: str, fake: Callable, backward: Callable | None = None,
-              setup_context: Callable | None = None):
+              setup_context: Callable | None = None, eager_call: Callable[[tuple], bool] | None = None):
     """Register ``forward`` as the op ``name`` (``'soft_mm::...'``) with the schema ``schema``, its fake (shape-only)
     kernel ``fake`` and, optionally, its first-order backward: ``setup_context(ctx, inputs, output)`` saves what
     ``backward(ctx, *grads) -> grads of the inputs`` needs (``torch.library.register_autograd``'s contract). The
     fake gives the real kernel's output layouts.
 
-    Returns the callable op, a :class:`FunctionOp`: eager calls run the kernels directly; on torch >= 2.4 its
-    ``library_op`` is the ``torch.library`` custom op (one node under ``torch.compile``, checked by
-    ``torch.library.opcheck``) that traced, compiled and exported calls take. :func:`recorded_calls` sees every
-    call.
+    Returns the callable op, a :class:`FunctionOp`: calls that ``eager_call(args)`` calls eager run the kernels
+    directly; on torch >= 2.4 its ``library_op`` is the ``torch.library`` custom op (one node under
+    ``torch.compile``, checked by ``torch.library.opcheck``) that the other calls (traced, compiled, exported) take.
+    :func:`recorded_calls` sees every call.
     """
     if not HAS_CUSTOM_OP:
         return FunctionOp(name, forward, backward, setup_context)
@@ -300,4 +295,4 @@ def custom_op(name: str, forward: Callable, schema: str, fake: Callable, backwar
     op.register_fake(fake)
     if backward is not None:
         op.register_autograd(backward, setup_context=setup_context)
-    return FunctionOp(name, forward, backward, setup_context, library_op=op)
+    return FunctionOp(name, forward, backward, setup_context, library_op=op, eager_call=eager_call)

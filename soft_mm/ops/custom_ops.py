@@ -11,11 +11,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from .compat import custom_op
+import torch
 
-__all__ = ['NAMESPACE', 'differentiable_op']
+from .compat import custom_op
+from .graph_mode import eager_tensors
+
+__all__ = ['NAMESPACE', 'differentiable_op', 'plain_eager_call']
 
 NAMESPACE = 'soft_mm'
+
+
+def plain_eager_call(args: tuple) -> bool:
+    """An eager call (no compile, export or trace; no dispatch mode that records or replaces operators) whose tensors
+    are plain: where an op's kernels run without the custom op's dispatch (:class:`~soft_mm.ops.compat.FunctionOp`)."""
+    return eager_tensors(*(a for a in args if isinstance(a, torch.Tensor)))
 
 
 def differentiable_op(name: str, kernel: Callable, schema: str, fake: Callable, *, backward: Callable,
@@ -38,7 +47,8 @@ def differentiable_op(name: str, kernel: Callable, schema: str, fake: Callable, 
         save: ``save(inputs, output) -> (tensors, options)``, what the backward takes after ``grad_output``:
             tensors saved for backward, and non-tensor options.
     """
-    backward_op = custom_op(f'{NAMESPACE}::{name}_backward', backward, backward_schema, backward_fake)
+    backward_op = custom_op(f'{NAMESPACE}::{name}_backward', backward, backward_schema, backward_fake,
+                            eager_call=plain_eager_call)
 
     def setup_context(ctx, inputs: tuple, output) -> None:
         tensors, ctx.options = save(inputs, output)
@@ -55,5 +65,6 @@ def differentiable_op(name: str, kernel: Callable, schema: str, fake: Callable, 
         grads = tuple(grads) if isinstance(grads, (tuple, list)) else (grads,)
         return (*grads, *([None] * (ctx.num_inputs - len(grads))))
 
-    op = custom_op(f'{NAMESPACE}::{name}', kernel, schema, fake, backward_fn, setup_context)
+    op = custom_op(f'{NAMESPACE}::{name}', kernel, schema, fake, backward_fn, setup_context,
+                   eager_call=plain_eager_call)
     return op, backward_op
