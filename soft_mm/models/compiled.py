@@ -80,7 +80,7 @@ class CompiledStages:
         if compiled is None:
             compiled = self.runners[id(stage)] = torch.compile(_own_forward(stage), **options)
             _log(f'soft_mm: a backbone stage ({type(stage).__name__} of {sum(1 for _ in stage.parameters())} '
-                 f'parameters) runs under torch.compile({", ".join(f"{k}={v!r}" for k, v in options.items())})')
+                 f'parameter tensors) runs under torch.compile({", ".join(f"{k}={v!r}" for k, v in options.items())})')
         return compiled
 
     def __deepcopy__(self, memo: dict) -> CompiledStages:

@@ -1,0 +1,39 @@
+"""soft_mm.models.compiled: the backbone's ``compile_stages`` switch checked, its stages compiled once each (dynamo's
+``eager`` backend: the same graphs without code generation) with the eager outputs, and copies that compile their
+own."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+from soft_mm.models import SOFT
+from soft_mm.models.compiled import check_compile_stages
+
+ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 1, 1, 1]}
+
+
+def test_the_switch_takes_none_true_or_compile_keywords():
+    assert check_compile_stages(None) is None and check_compile_stages(False) is None
+    assert check_compile_stages(True) == dict(dynamic=True)
+    assert check_compile_stages(dict(mode='reduce-overhead')) == dict(mode='reduce-overhead')
+    with pytest.raises(ValueError, match=r"compile_stages must be None, True \(dict\(dynamic=True\)\) or a dict of "
+                                         r"torch.compile keywords \('dynamic', 'mode', 'backend', 'fullgraph', "
+                                         r"'options'\), got \{'dynamc': True\}"):
+        SOFT(ARCH, compile_stages=dict(dynamc=True))
+
+
+def test_each_stage_compiles_once_and_gives_the_eager_maps():
+    torch.manual_seed(0)
+    eager = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0).eval()
+    compiled = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0, compile_stages=dict(backend='eager', dynamic=True)).eval()
+    compiled.load_state_dict(eager.state_dict())
+    for size in ((64, 96), (96, 64)):  # two sizes, one graph per stage (dynamic sizes)
+        x = torch.randn(1, 3, *size)
+        with torch.no_grad():
+            for a, b in zip(compiled(x), eager(x)):
+                torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    assert len(compiled._compiled.runners) == 4
+    twin = copy.deepcopy(compiled)  # (mmengine's EMA copies the model): the copy compiles its own stages
+    assert twin._compiled.runners == {} and twin.compile_stages == compiled.compile_stages
