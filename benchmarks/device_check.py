@@ -73,7 +73,7 @@ if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imp
 
 import torch
 import torch.nn.functional as F
-from harness import PeakMemory, build_backbone, median_time, sync
+from harness import PeakMemory, build_backbone, device_kernels, median_time, profiled_call, sync
 from triton_cubins import format_table, resource_usage
 
 import soft_mm
@@ -351,15 +351,8 @@ def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
 
 def _kernels_of(fn: Callable[[], object], device: torch.device) -> dict:
     """The kernels one call of ``fn`` launches and their summed device time (``torch.profiler``; on CPU none)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    on_gpu = device.type == 'cuda'
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
-        fn()
-        if on_gpu:
-            torch.cuda.synchronize(device)
-    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return dict(kernels=len(kernels), kernel_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1e3)
+    kernels, kernel_ms = device_kernels(profiled_call(fn, device))
+    return dict(kernels=kernels, kernel_ms=kernel_ms)
 
 
 def _training_case(name: str, model: torch.nn.Module, x: torch.Tensor, mode: str, cfg: dict,

@@ -36,8 +36,10 @@ from harness import (
     build_backbone,
     check_positive,
     cpu_model,
+    device_kernels,
     interleaved_medians,
     patched,
+    profiled_call,
     sync,
     write_results,
 )
@@ -130,18 +132,12 @@ def _with_grads(fn: Callable[[], torch.Tensor], leaves: tuple[torch.Tensor, ...]
 def launches(fn: Callable[[], object], device: torch.device) -> dict:
     """What one call of ``fn`` launches: ``{'launches': n, 'device_ms': summed kernel time}`` on CUDA (kernels),
     ``{'launches': n}`` on CPU (top-level ATen operators)."""
-    from torch.profiler import ProfilerActivity, profile
-
-    on_gpu = device.type == 'cuda'
     fn()
     sync(device)
-    with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_gpu else [])) as prof:
-        fn()
-        sync(device)
-    events = prof.events()
-    if on_gpu:
-        kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
-        return dict(launches=len(kernels), device_ms=sum(e.time_range.elapsed_us() for e in kernels) / 1e3)
+    events = profiled_call(fn, device)
+    if device.type == 'cuda':
+        kernels, device_ms = device_kernels(events)
+        return dict(launches=kernels, device_ms=device_ms)
     ops = [e for e in events if e.name.startswith('aten::')
            and (e.cpu_parent is None or not e.cpu_parent.name.startswith('aten::'))]
     return dict(launches=len(ops))

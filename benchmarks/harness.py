@@ -54,6 +54,7 @@ __all__ = [
     'build_backbone',
     'check_positive',
     'cpu_model',
+    'device_kernels',
     'figure',
     'gemm_gflops',
     'glibc_malloc_note',
@@ -61,6 +62,7 @@ __all__ = [
     'interleaved_medians',
     'median_time',
     'patched',
+    'profiled_call',
     'run_in_fresh_process',
     'save_figure',
     'sync',
@@ -76,6 +78,24 @@ def sync(device: torch.device) -> None:
     """Wait for the device's queued work (CUDA); a no-op on CPU."""
     if device.type == 'cuda':
         torch.cuda.synchronize(device)
+
+
+def profiled_call(fn: Callable[[], Any], device: torch.device) -> list:
+    """``torch.profiler``'s events of one call of ``fn`` (CPU operators, and on a CUDA device its kernels), the
+    device synced before the profile ends."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == 'cuda' else [])
+    with profile(activities=activities) as prof:
+        fn()
+        sync(device)
+    return list(prof.events())
+
+
+def device_kernels(events: list) -> tuple[int, float]:
+    """``(kernels, milliseconds)``: the device kernels among profiler ``events`` and their summed device time."""
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    return len(kernels), sum(e.time_range.elapsed_us() for e in kernels) / 1e3
 
 
 def timed(fn: Callable[[], Any], device: torch.device) -> float:

@@ -60,10 +60,6 @@ from .targets import device_limits, device_target, launch_reasons
 __all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'call_reasons',
            'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
 
-def _interpreting() -> bool:
-    return triton_route.interpreting()
-
-
 def unsupported_reason(device_type: str, forced: bool) -> str | None:
     """Why the Triton backend cannot run on this kind of device (None if it can): triton missing or older than
     :data:`MIN_TRITON`, or CPU outside the interpreter. Which GPU, and the call's sizes and dtypes, are
@@ -73,7 +69,7 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
             return 'needs triton (pip install triton)'
         found, needed = ('.'.join(map(str, v)) for v in (triton_route.TRITON_VERSION, MIN_TRITON))
         return f'needs triton >= {needed} (found {found}: torch < 2.8 ships an older one)'
-    if device_type == 'cpu' and not ((forced or triton_route.cpu_route()) and _interpreting()):
+    if device_type == 'cpu' and not ((forced or triton_route.cpu_route()) and triton_route.interpreting()):
         return ('runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for tests) or inside '
                 'soft_mm.ops.triton_route.interpreted_triton_route()')
     return None
@@ -113,7 +109,7 @@ class _Launch:
         self.batch, self.heads, self.n, self.d = q.shape
         self.m, self.dv = landmarks.shape[2], v.shape[3]
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
-        self.interpret = _interpreting()
+        self.interpret = triton_route.interpreting()
         block = kernel_block(kernel, None if self.interpret or q.device.type != 'cuda' else device_target(q.device))
         self.block = block
         self.groups = self.batch * self.heads
@@ -132,7 +128,7 @@ class _Launch:
 
     def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
         """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),
-        for :func:`_mc_kernel` or :func:`_dmid_kernel` to sum."""
+        for ``nystrom_fwd_kernel_mc`` or ``nystrom_bwd_kernel_dmid_dctx`` to sum."""
         parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.nystrom_fwd_kernel_context[self.split_grid](
             q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x), **self.meta(products))
@@ -224,7 +220,7 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: 
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
     _kernels().nystrom_middle_fwd_kernel[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
-        SOFT_NORM=soft_norm, INTERPRET=_interpreting(), num_warps=middle_warps(m))
+        SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(), num_warps=middle_warps(m))
     return middle, inverse
 
 
