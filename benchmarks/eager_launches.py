@@ -6,9 +6,9 @@ conv in its two layouts.
     python benchmarks/eager_launches.py --device cpu --sizes 64x96 --batch 1 --dtype float32 --rounds 1
 
 The savings (on in the package): the landmark sampler's pooling matrices built once per size, device and dtype
-instead of by a dozen small kernels in every layer (``soft_mm.ops.layers.pooling.CACHE_MATRICES``), and on CUDA the
+instead of by a dozen small kernels in every layer (``soft_mm.ops.functional.pooling.CACHE_MATRICES``), and on CUDA the
 value conv of large filters through PyTorch's NCHW depthwise kernel instead of cuDNN's channels-last one
-(``soft_mm.ops.layers.head_conv.CUDA_NCHW_MIN_KERNEL``). ``savings off`` switches both off in the same process, so
+(``soft_mm.ops.functional.head_conv.CUDA_NCHW_MIN_KERNEL``). ``savings off`` switches both off in the same process, so
 the two are timed side by side.
 
 1. The value convs (each SOFT stage's at the input size, SOFT-Small's filters): the channels-last map's conv as
@@ -45,7 +45,7 @@ from harness import (
 )
 from head_conv import value_convs
 
-from soft_mm.ops.layers import head_conv, pooling
+from soft_mm.ops.functional import head_conv, pooling
 
 MODELS = ('soft_norm_small', 'swin_t', 'convnext_t')
 SAVINGS_OFF = 'soft_norm_small, savings off'

@@ -3,7 +3,7 @@ and the allocator setting they run under, the backbones compared, and inductor's
 
 The scripts beside it import it as ``harness`` (a script's own folder is first on ``sys.path``; the tests put this
 folder there too). Sizes on the command line are :mod:`soft_mm.utils.sizes`, errors against a reference
-:func:`soft_mm.utils.precision_rule.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
+:func:`soft_mm.ops.precision.error_rule.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
 
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh ``mmap`` and
 returns it on free, so each new large tensor is page-faulted in again: measured here, allocating and filling a 69 MB
@@ -263,8 +263,8 @@ def run_in_fresh_process(script: str, spec: dict[str, Any],
 SOFT_BACKBONES = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 'soft_norm_tiny': ('tiny', True),
                   'soft_norm_small': ('small', True)}
 # the same backbones without the CPU inference fusions of their blocks, for an A/B: the MLP's first linear and GELU
-# (soft_mm.ops.layers.gelu), the residual sums started in the branches' last GEMMs (soft_mm.ops.layers.residual) and
-# stage 4's float32 core for bfloat16 operands (soft_mm.ops.layers.sdpa)
+# (soft_mm.ops.functional.gelu), the residual sums started in the branches' last GEMMs
+# (soft_mm.ops.functional.residual) and stage 4's float32 core for bfloat16 operands (soft_mm.ops.functional.sdpa)
 UNFUSED_SUFFIX = '_unfused'
 SOFT_BACKBONES.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_BACKBONES.items())})
 # timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T without its
@@ -319,7 +319,7 @@ def _without_float32_core(forward: Callable[..., torch.Tensor]) -> Callable[...,
     import functools
 
     from soft_mm.models import attention
-    from soft_mm.ops.layers.sdpa import softmax_attention
+    from soft_mm.ops.functional.sdpa import softmax_attention
 
     plain = functools.partial(softmax_attention, float32_core=False)
 

@@ -4,7 +4,7 @@ gradient as one more depthwise conv), per SOFT stage of a backbone at a detectio
     python benchmarks/head_conv.py                           # SOFT-Small's three value convs at 800x1344, 5 rounds
     python benchmarks/head_conv.py --arch tiny --sizes 512x512 --rounds 3
 
-``soft_mm.ops.layers.head_conv.head_depthwise_conv`` takes its own backward on CPU for filters of at least
+``soft_mm.ops.functional.head_conv.head_depthwise_conv`` takes its own backward on CPU for filters of at least
 ``CUSTOM_BACKWARD_MIN_KERNEL`` taps; this script measures that choice on the machine it runs on: forward + backward
 (the gradients of the map and of the filters) of each SOFT stage's value conv (channels-last map, as the stages hand
 it over) with PyTorch's backward (``pytorch``) and with the module's (``custom``), in float32 and under bfloat16
@@ -30,7 +30,7 @@ from harness import (
 )
 
 from soft_mm.models.arch import resolve_arch
-from soft_mm.ops.layers import head_conv
+from soft_mm.ops.functional import head_conv
 from soft_mm.ops.precision import autocast_cast
 
 CPU = torch.device('cpu')

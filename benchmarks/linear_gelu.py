@@ -5,7 +5,7 @@ at a detection size and for the whole backbone, side by side in one process.
     python benchmarks/linear_gelu.py                       # SOFT-Norm-Small at 800x1344, 5 interleaved rounds
     python benchmarks/linear_gelu.py --arch tiny --sizes 512x512 --rounds 3
 
-``soft_mm.ops.layers.gelu.linear_gelu`` runs float32 tanh-GELU layers as the GEMM then ``gelu_tanh_``
+``soft_mm.ops.functional.gelu.linear_gelu`` runs float32 tanh-GELU layers as the GEMM then ``gelu_tanh_``
 (``FLOAT32_TANH_GELU = 'sigmoid'``) and fuses erf-GELU layers of at most ``FUSED_FLOAT32_MAX_IN_FEATURES`` inputs;
 this script measures those choices on the machine it runs on: each distinct fc1 shape of the backbone's MLPs (with
 its own GELU) fused, unfused and, for tanh, in the sigmoid form, and the backbone's forward under the rule (``rule``)
@@ -36,7 +36,7 @@ from harness import (
 
 from soft_mm.models import SOFT
 from soft_mm.models.blocks import GeluMlp
-from soft_mm.ops.layers import gelu
+from soft_mm.ops.functional import gelu
 
 CPU = torch.device('cpu')
 # (FUSED_FLOAT32_MAX_IN_FEATURES, FLOAT32_TANH_GELU) of each backbone setting

@@ -35,7 +35,7 @@ def run_one(config: str, mode: str, size: tuple[int, int], checkpoint: str | Non
     from mmengine.registry import init_default_scope
 
     import soft_mm  # noqa: F401
-    from soft_mm.cli.tools import load_config
+    from soft_mm.cli.config_loading import load_config
 
     if mode not in MODES:
         raise ValueError(f'mode must be one of {MODES}, got {mode!r}')

@@ -1,5 +1,5 @@
 """Stage 4's softmax attention in bfloat16 CPU inference: PyTorch's bfloat16 kernel against the float32 core of
-``soft_mm.ops.layers.sdpa`` (the casts included), at the stage-4 token counts of detection inputs, side by side in
+``soft_mm.ops.functional.sdpa`` (the casts included), at the stage-4 token counts of detection inputs, side by side in
 one process, with each one's error against float64.
 
     python benchmarks/softmax_attention.py                     # SOFT-Small's stage 4 at 800x1344 and 1600x2688
@@ -30,7 +30,7 @@ from harness import (
     write_results,
 )
 
-from soft_mm.ops.layers.sdpa import softmax_attention
+from soft_mm.ops.functional.sdpa import softmax_attention
 
 CPU = torch.device('cpu')
 CASES = ('bfloat16', 'float32_core')

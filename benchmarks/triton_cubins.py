@@ -3,7 +3,7 @@ memory, and the table of shared memory the dispatcher decides with.
 
 Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``nystrom_fwd_kernel_context``,
 ``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
-``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel`` and ``nystrom_middle_bwd_kernel_dl``, the m×m part and its
+``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel_mid_inv`` and ``nystrom_middle_bwd_kernel_dl``, the m×m part and its
 backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the three float32 kernels
 that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
@@ -31,9 +31,9 @@ compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for ever
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
 (:mod:`soft_mm.ops.soft.backends.triton.targets`); ``tests/ops/test_triton_cubins.py`` compiles the same and holds it.
 
-``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (:mod:`soft_mm.ops.layers.add_norm_kernels`,
+``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (:mod:`soft_mm.ops.functional.add_norm_kernels`,
 forward and backward, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
-that :mod:`soft_mm.ops.layers.add_norm_config` gives each width.
+that :mod:`soft_mm.ops.functional.add_norm_config` gives each width.
 """
 from __future__ import annotations
 
@@ -79,7 +79,7 @@ GROUP_KERNELS = _CONFIG.GROUP_KERNELS
 DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
 _TABLE_FILE = _TRITON_BACKEND / 'shared_memory.py'
-_LAYERS = Path(__file__).resolve().parents[1] / 'soft_mm/ops/layers'
+_LAYERS = Path(__file__).resolve().parents[1] / 'soft_mm/ops/functional'
 _ADD_NORM = _load('soft_mm_add_norm_config', _LAYERS / 'add_norm_config.py')
 LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
@@ -109,6 +109,8 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
             signature[name] = 'constexpr'
         elif name.endswith('_ptr'):
             signature[name] = '*' + (q if name in _Q_POINTERS else v if name in _V_POINTERS else 'fp32')
+        elif name.endswith('_strides'):  # a token tensor's (b, h, n, d) strides, one tuple
+            signature[name] = ('i32',) * 4
         else:
             signature[name] = 'i32'
     return signature, constants
@@ -161,8 +163,9 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
             for q, v, products in LAUNCH_DTYPES:
                 launches.append((name, fn, q, v, products, arch,
                                  *_signature(fn, q, v, products, num_landmarks, head_dim, arch), _CONFIG.NUM_WARPS))
-        for (label, soft_norm), fn in [*((variant, kernels.nystrom_middle_fwd_kernel) for variant in MIDDLE_VARIANTS),
-                                       *((variant, kernels.nystrom_middle_bwd_kernel_dl)
+        middle, middle_backward = kernels.nystrom_middle_fwd_kernel_mid_inv, kernels.nystrom_middle_bwd_kernel_dl
+        for (label, soft_norm), fn in [*((variant, middle) for variant in MIDDLE_VARIANTS),
+                                       *((variant, middle_backward)
                                          for variant in MIDDLE_BACKWARD_VARIANTS),
                                        *(((name, False), getattr(kernels, name)) for name in GROUP_KERNELS)]:
             launches.append((label, fn, 'fp32', '-', 'fp32', arch,
@@ -187,7 +190,7 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
 
 def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dict]:
     """One row per add + LayerNorm kernel, stream dtype, architecture and width, compiled in this process (which
-    must not interpret), as :mod:`soft_mm.ops.layers.add_norm` launches them (triton's default 4 warps)."""
+    must not interpret), as :mod:`soft_mm.ops.functional.add_norm` launches them (triton's default 4 warps)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -255,7 +258,7 @@ def _compiles_for(arch: int) -> bool:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _load('soft_mm_triton_kernels_probe', _KERNELS_FILE).nystrom_middle_fwd_kernel
+    fn = _load('soft_mm_triton_kernels_probe', _KERNELS_FILE).nystrom_middle_fwd_kernel_mid_inv
     try:
         triton.compile(ASTSource(fn, *_middle_signature(fn, False, 16, 16)), target=GPUTarget('cuda', arch, 32))
     except Exception:  # (triton raises several kinds: no such target, ptxas failing)
@@ -362,7 +365,7 @@ def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str
     each kernel asks for, by products dtype (``'float32'``, ``'bfloat16'``, ``'float16'``; the largest over the dtypes
     of q) for the three token kernels, one figure for each m×m kernel (the larger of plain and SOFT-Norm)."""
     table: dict[tuple[int, int, int], dict[str, object]] = {}
-    middle_names = {name: 'nystrom_middle_fwd_kernel' for name, _ in MIDDLE_VARIANTS}
+    middle_names = {name: 'nystrom_middle_fwd_kernel_mid_inv' for name, _ in MIDDLE_VARIANTS}
     middle_names.update({name: 'nystrom_middle_bwd_kernel_dl' for name, _ in MIDDLE_BACKWARD_VARIANTS})
     middle_names.update({name: name for name in GROUP_KERNELS})
     for row in rows:

@@ -12,7 +12,10 @@ too, so the op layer :mod:`soft_mm.ops` imports with torch alone. A framework th
 """
 import importlib
 
+from . import moved
 from .version import __version__
+
+moved.install()  # the old import paths of moved modules still work, with a FutureWarning
 
 
 def _installed(name: str) -> bool:

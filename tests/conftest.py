@@ -23,7 +23,7 @@ import torch
 # tensors; the real kernels on a GPU are checked by benchmarks/device_check.py.
 os.environ.setdefault('TRITON_INTERPRET', '1')
 
-from repo import ROOT  # tests/ is on sys.path (pyproject's pythonpath)
+from helpers.repo import ROOT  # tests/ is on sys.path (pyproject's pythonpath)
 
 import soft_mm
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST

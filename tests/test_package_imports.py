@@ -1,13 +1,13 @@
 """``import soft_mm`` registers with the frameworks that are installed: on a bare GPU machine (torch, triton, timm; no
 mm* package, no OpenCV) the op layer, the models, the precision rule and the benchmarks' harness import, and where
 timm is missing too the op layer still imports and runs (``soft_mm.ops`` needs torch alone). Each runs in a child
-process in which the missing packages cannot be imported (tests/tool_process.py's blocker), from a folder outside the
-checkout."""
+process in which the missing packages cannot be imported (tests/helpers/tool_process.py's blocker), from a folder
+outside the checkout."""
 import subprocess
 import sys
 
-from repo import ROOT
-from tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
+from helpers.repo import ROOT
+from helpers.tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
 
 def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
@@ -20,7 +20,7 @@ def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
 
 
 def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
-    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.utils.precision_rule, soft_mm.utils.sizes\n'
+    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.ops.precision.error_rule, soft_mm.utils.sizes\n'
             'from soft_mm.ops import soft_attention\n'
             'q = torch.randn(1, 2, 30, 8, dtype=torch.float64)\n'
             'out = soft_attention(q, q[:, :, :30], q, num_iters=40, ridge=0.0, backend="reference")\n'
@@ -37,7 +37,7 @@ def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
 
 
 def test_without_mm_packages_the_timm_models_register_and_the_backbone_says_what_it_needs(tmp_path):
-    code = ('import sys, soft_mm, timm, soft_mm.utils.precision_rule, harness\n'
+    code = ('import sys, soft_mm, timm, soft_mm.ops.precision.error_rule, harness\n'
             'from soft_mm.models import SoftPyramid, SoftVisionTransformer\n'
             'print(soft_mm.HAS_MMENGINE, soft_mm.HAS_TIMM, "soft_norm_small" in timm.list_models("soft_*"),\n'
             '      soft_mm.SoftVisionTransformer is SoftVisionTransformer)\n'

@@ -6,7 +6,7 @@ import re
 from pathlib import Path
 
 import yaml
-from repo import ROOT
+from helpers.repo import ROOT
 
 README = ROOT / 'README.md'
 DOCS = sorted((ROOT / 'docs').rglob('*.md'))

@@ -8,8 +8,8 @@ import sys
 import textwrap
 
 import pytest
+from helpers.repo import ROOT
 from mmengine.registry import MODELS as MMENGINE_MODELS
-from repo import ROOT
 
 import soft_mm
 from soft_mm.models import SOFT

@@ -21,15 +21,12 @@ import torch
 from mmengine.config import Config
 
 from soft_mm.cli import compile_backbone_for_inference, enable_test_amp
+from soft_mm.cli.arguments import add_precision_args
+from soft_mm.cli.config_checks import check_image_files
+from soft_mm.cli.config_loading import load_config
+from soft_mm.cli.errors import one_sentence_errors
+from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
 from soft_mm.cli.runtime import compiled_graphs_note
-from soft_mm.cli.tools import (
-    add_precision_args,
-    check_image_files,
-    check_model_checkpoint,
-    load_config,
-    one_sentence_errors,
-    read_model_checkpoint,
-)
 from soft_mm.engine import enable_cpu_bf16_ops
 
 State = dict[str, torch.Tensor]

@@ -5,7 +5,7 @@
     bash tools/dist_test.sh CONFIG CHECKPOINT NUM_PROCS [same options]
 
 A bad config, dataset, image or checkpoint stops with one sentence (``--debug``: the traceback). Shared pieces:
-``soft_mm/cli/tools.py``.
+``soft_mm/cli/``.
 """
 from __future__ import annotations
 
@@ -15,21 +15,12 @@ from mmengine.config import Config
 from mmengine.evaluator import DumpResults
 
 from soft_mm.cli import check_checkpoint_paths, check_data_paths, compile_backbone_for_inference, enable_test_amp
+from soft_mm.cli.arguments import add_precision_args, base_parser
+from soft_mm.cli.arguments import parse_args as parse_with
+from soft_mm.cli.config_loading import load_config, set_work_dir, use_checked_image_loading
+from soft_mm.cli.errors import ConfigError, one_sentence_errors
+from soft_mm.cli.runner import build_runner, check_checkpoint_files
 from soft_mm.cli.runtime import compiled_graphs_note
-from soft_mm.cli.tools import (
-    ConfigError,
-    add_precision_args,
-    base_parser,
-    build_runner,
-    check_checkpoint_files,
-    load_config,
-    one_sentence_errors,
-    set_work_dir,
-    use_checked_image_loading,
-)
-from soft_mm.cli.tools import (
-    parse_args as parse_with,
-)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -8,7 +8,7 @@ The registry scope comes from the config's ``default_scope``. Without a GPU the 
 distributed runs); ``--amp`` is float16 mixed precision on a GPU (``--amp-dtype bfloat16``: bfloat16) and
 bfloat16 autocast on CPU. A bad config, dataset, image or checkpoint stops with one sentence
 (``--debug``: the traceback); an unreadable image also saves the training so far (``unreadable_images = 'skip'`` in
-the config skips such training images with a warning instead). Shared pieces: ``soft_mm/cli/tools.py``.
+the config skips such training images with a warning instead). Shared pieces: ``soft_mm/cli/``.
 """
 from __future__ import annotations
 
@@ -17,22 +17,11 @@ import argparse
 from mmengine.config import Config
 
 from soft_mm.cli import check_checkpoint_paths, check_data_paths, enable_amp
-from soft_mm.cli.tools import (
-    ConfigError,
-    add_precision_args,
-    base_parser,
-    build_runner,
-    check_checkpoint_files,
-    enable_tensorboard,
-    load_config,
-    one_sentence_errors,
-    set_work_dir,
-    train_keeping_progress,
-    use_checked_image_loading,
-)
-from soft_mm.cli.tools import (
-    parse_args as parse_with,
-)
+from soft_mm.cli.arguments import add_precision_args, base_parser
+from soft_mm.cli.arguments import parse_args as parse_with
+from soft_mm.cli.config_loading import enable_tensorboard, load_config, set_work_dir, use_checked_image_loading
+from soft_mm.cli.errors import ConfigError, one_sentence_errors
+from soft_mm.cli.runner import build_runner, check_checkpoint_files, train_keeping_progress
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -1,7 +1,7 @@
-"""What the command-line tools share, in one home: argument sets, config loading and checks, the runner, checkpoint
-checks, one-sentence errors (:mod:`.tools`), the data and checkpoint path checks (:mod:`.config_checks`), and the
-adjustments of a config to the machine, AMP and compilation (:mod:`.runtime`). Imported by ``tools/``, not by
-``import soft_mm``."""
+"""What the command-line tools share, in one home: the arguments (:mod:`.arguments`), loading a config
+(:mod:`.config_loading`), the data, checkpoint and image path checks (:mod:`.config_checks`), the runner and the
+checkpoints it loads (:mod:`.runner`), one-sentence errors (:mod:`.errors`), and the adjustments of a config to the
+machine, AMP and compilation (:mod:`.runtime`). Imported by ``tools/``, not by ``import soft_mm``."""
 from .config_checks import DataFileError, MissingPathError, check_checkpoint_paths, check_data_paths
 from .runtime import (
     AMP_DTYPES,

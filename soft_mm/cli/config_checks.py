@@ -1,4 +1,5 @@
-"""Stop before building a Runner when a config points at a dataset or checkpoint that is not there.
+"""Stop before building a Runner when a config points at a dataset or checkpoint that is not there, or an input image
+cannot be read.
 
 Without this check a missing COCO folder or ImageNet checkpoint surfaces as a long traceback from deep inside
 mmengine after minutes of setup; here it is one sentence that names the path and what to do.
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from mmengine.config import Config
 
 from ..utils.config_tree import is_remote, pretrained_inits
+from .errors import InputFileError
 
 DATASET_HINT = ('put the dataset there in the layout the README describes, point the config at it with --cfg-options, '
                 'or train a demo config (configs/*_demo.py), which generates its own data')
@@ -164,3 +166,26 @@ def _check_checkpoint_file(path: str, hint: str) -> None:
         raise DataFileError(path, 'is a folder, not a checkpoint file', hint)
     if not osp.isfile(path):
         raise MissingPathError(path, hint)
+
+
+IMAGE_HINT = 'pass an image file that OpenCV reads (PNG, JPEG, BMP, ...), e.g. data/shapes/val/000001.png'
+
+
+def check_image_files(paths: list[str]) -> None:
+    """Raise :class:`InputFileError` for the first path that is missing, a folder, or no image OpenCV can decode
+    (each image is decoded once here, before a model is built)."""
+    import mmcv
+
+    for path in paths:
+        if osp.isdir(path):
+            raise InputFileError(path, 'is a folder, not an image', IMAGE_HINT)
+        if not osp.isfile(path):
+            raise InputFileError(path, 'not found', IMAGE_HINT)
+        try:
+            image = mmcv.imread(path)
+        except Exception as error:  # OpenCV raises for an empty file
+            raise InputFileError(path, f'cannot be decoded as an image ({type(error).__name__})', IMAGE_HINT
+                                 ) from error
+        if image is None:
+            raise InputFileError(path, 'cannot be decoded as an image (empty, truncated or not an image format)',
+                                 IMAGE_HINT)

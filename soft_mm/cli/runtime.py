@@ -41,7 +41,7 @@ def enable_amp(cfg: Config, dtype: str | None = None) -> str:
 
     On a GPU: mmengine's ``AmpOptimWrapper`` in float16 with a dynamic loss scale (``dtype='bfloat16'``: bfloat16, no
     scale needed but harmless). Without one: soft_mm's ``CPUAmpOptimWrapper`` (bfloat16 autocast, no loss scale),
-    which also lets mmcv's ``nms`` and ``roi_align`` take bfloat16 tensors (:mod:`soft_mm.utils.cpu_bf16`).
+    which also lets mmcv's ``nms`` and ``roi_align`` take bfloat16 tensors (:mod:`soft_mm.engine.amp`).
     """
     amp_dtype = _amp_dtype(dtype)
     if cfg.optim_wrapper.get('type', 'OptimWrapper') not in ('OptimWrapper', 'AmpOptimWrapper', 'CPUAmpOptimWrapper'):
@@ -63,7 +63,7 @@ def enable_test_amp(cfg: Config, dtype: str | None = None) -> str:
     step, which is float16 on a GPU (``dtype='bfloat16'``: bfloat16) and bfloat16 on CPU; returns the dtype."""
     amp_dtype = _amp_dtype(dtype)
     if not torch.cuda.is_available():
-        from ..utils.cpu_bf16 import enable_cpu_bf16_ops
+        from ..engine.amp import enable_cpu_bf16_ops
         enable_cpu_bf16_ops()
     elif amp_dtype == 'bfloat16':
         # mmengine's loops pass no dtype to autocast: make CUDA autocast's default bfloat16 for this process

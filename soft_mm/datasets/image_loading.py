@@ -2,7 +2,7 @@
 
 Registered in mmengine's root ``TRANSFORMS`` by ``import soft_mm`` (lazily: this module imports mmcv), so mmdet, mmseg
 and mmpretrain pipelines name it without a scope. soft_mm's ``tools/train.py`` and ``tools/test.py`` put it in place
-of every ``LoadImageFromFile`` of a config (:func:`soft_mm.cli.tools.use_checked_image_loading`).
+of every ``LoadImageFromFile`` of a config (:func:`soft_mm.cli.config_loading.use_checked_image_loading`).
 """
 from __future__ import annotations
 

@@ -19,8 +19,8 @@ from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
+from ..models.attention_health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..models.settings import is_int
-from ..ops.soft.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
 
 
@@ -129,7 +129,8 @@ class AttentionHealthHook(Hook):
     """Every ``interval`` training iterations, the attention health of every SOFT layer on that iteration's batch.
 
     During the chosen iteration the landmarks the forward uses are recorded (read-only forward hooks; the training is
-    unchanged), and after it the figures of :func:`soft_mm.models.health.attention_health` are computed in float64:
+    unchanged), and after it the figures of :func:`soft_mm.models.attention_health.attention_health` are computed in
+    float64:
     per layer ``attn_health/<layer>/{condition,effective_rank,residual,iters_to_target,branch_ratio,uniformity}``
     (docs/advanced/attention_health.md says what each means) and the model-wide
     ``attn_health/max_condition``, ``max_residual`` and ``min_effective_rank``. They go to the visualizer (so to
@@ -165,7 +166,7 @@ class AttentionHealthHook(Hook):
         self._recorder = None
 
     def before_train(self, runner) -> None:
-        from ..models.health import LandmarkRecorder
+        from ..models.attention_health import LandmarkRecorder
 
         model = getattr(runner.model, 'module', runner.model)  # (Distributed)DataParallel
         self._recorder = LandmarkRecorder(model)
@@ -179,7 +180,7 @@ class AttentionHealthHook(Hook):
     def after_train_iter(self, runner, batch_idx: int, data_batch=None, outputs: dict | None = None) -> None:
         if self._recorder is None or not self._recorder.attached:
             return
-        from ..models.health import format_health_table, health_scalars
+        from ..models.attention_health import format_health_table, health_scalars
 
         self._recorder.detach()
         report = self._recorder.health(self.target_residual, self.max_iters)

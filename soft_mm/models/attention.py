@@ -9,11 +9,11 @@ from timm.layers import register_notrace_function
 from torch import nn
 
 from ..ops import soft_attention
+from ..ops.functional.head_conv import head_depthwise_conv
+from ..ops.functional.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
+from ..ops.functional.residual import hooked, linear_residual
+from ..ops.functional.sdpa import softmax_attention
 from ..ops.graph_mode import exporting
-from ..ops.layers.head_conv import head_depthwise_conv
-from ..ops.layers.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
-from ..ops.layers.residual import hooked, linear_residual
-from ..ops.layers.sdpa import softmax_attention
 from .settings import AttentionSettings, attention_settings, is_int
 
 # torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op, the
@@ -148,7 +148,7 @@ class SoftAttention(nn.Module):
                                  bias=False) if v_conv_kernel else None)
         self.proj = nn.Linear(dim, dim)
         # a hook point with no parameters: forward hooks on it see the (B, h, m, d) landmarks of every forward
-        # (soft_mm.models.health records them there without changing any result)
+        # (soft_mm.models.attention_health records them there without changing any result)
         self.landmark_probe = nn.Identity()
         # the query projection's weight and bias, scaled and cast once for this forward ('query_weight',
         # 'query_bias'), while soft_mm.models.weight_cast.weights_cast_once holds them; empty otherwise
@@ -231,7 +231,7 @@ class SoftAttention(nn.Module):
                 ) -> torch.Tensor:
         """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``; ``residual + `` that where a
         residual ``(B, N, C)`` is given (the block's sum, started in the output projection's GEMM in CPU inference:
-        :func:`~soft_mm.ops.layers.residual.linear_residual`)."""
+        :func:`~soft_mm.ops.functional.residual.linear_residual`)."""
         h, w = _check_hw(x, hw_shape)  # (unpacked: a traced call's result is one node, its items two more)
         hw_shape = (h, w)
         b, n, c = x.shape
@@ -293,6 +293,6 @@ class SoftmaxAttention(nn.Module):
         # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of
         # F.scaled_dot_product_attention (what an export calls) divides by a given `scale` where PyTorch multiplies
         # by it (a head_dim-times sharper softmax in the exported graph)
-        # (bfloat16 operands attended in float32 in eager CPU inference: soft_mm.ops.layers.sdpa)
+        # (bfloat16 operands attended in float32 in eager CPU inference: soft_mm.ops.functional.sdpa)
         out = softmax_attention(q, k, v)
         return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual)

@@ -5,9 +5,9 @@ import torch
 from timm.layers import DropPath, Mlp, register_notrace_function
 from torch import nn
 
-from ..ops.layers.add_norm import add_layer_norm, fuses_add_norm
-from ..ops.layers.gelu import linear_gelu
-from ..ops.layers.residual import hooked, linear_residual
+from ..ops.functional.add_norm import add_layer_norm, fuses_add_norm
+from ..ops.functional.gelu import linear_gelu
+from ..ops.functional.residual import hooked, linear_residual
 
 # torch.fx: linear_gelu picks the fused kernel from the device, dtype and grad mode in Python, so a symbolic trace
 # keeps the call as one node that runs eagerly (see soft_mm.models.attention)
@@ -26,9 +26,9 @@ class TanhGELU(nn.GELU):
 
 class GeluMlp(Mlp):
     """timm's ``Mlp`` (same parameters and state-dict keys) whose first linear layer and GELU run as one fused GEMM
-    in CPU inference (:func:`soft_mm.ops.layers.gelu.linear_gelu`); other activations, training and other devices run
-    timm's forward unchanged. ``forward(x, residual)`` returns ``residual + mlp(x)``, the sum started in the second
-    layer's GEMM in CPU inference (:func:`soft_mm.ops.layers.residual.linear_residual`). (The benchmarks' A/B
+    in CPU inference (:func:`soft_mm.ops.functional.gelu.linear_gelu`); other activations, training and other devices
+    run timm's forward unchanged. ``forward(x, residual)`` returns ``residual + mlp(x)``, the sum started in the second
+    layer's GEMM in CPU inference (:func:`soft_mm.ops.functional.residual.linear_residual`). (The benchmarks' A/B
     variants without either patch the instance's forward in the benchmark code: ``benchmarks/harness.py``.)"""
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
@@ -46,7 +46,7 @@ class Block(nn.Module):
     """A transformer block around any token-mixing ``attn(x, hw_shape)``: ``(B, N, C) -> (B, N, C)``.
 
     ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``, each sum and norm one fused kernel
-    on the GPU route (:func:`~soft_mm.ops.layers.add_norm.add_layer_norm`).
+    on the GPU route (:func:`~soft_mm.ops.functional.add_norm.add_layer_norm`).
     ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``.
     Both residual branches go through stochastic depth with probability ``drop_path``. Where that is the identity
     (``drop_path=0`` or eval mode) the sums are handed to the branches' last linear layers (``residual=``), which start
@@ -82,7 +82,7 @@ class Block(nn.Module):
         return isinstance(self.drop_path, nn.Identity) or not self.training
 
     def _fuses_add_norm(self, x: torch.Tensor) -> bool:
-        """Whether the post-norm sums and norms run as :func:`~soft_mm.ops.layers.add_norm.add_layer_norm`'s fused
+        """Whether the post-norm sums and norms run as :func:`~soft_mm.ops.functional.add_norm.add_layer_norm`'s fused
         kernels (the GPU route, eager; not where a hook watches a norm or a branch, or the norms are not plain)."""
         return (type(self.norm1) is nn.LayerNorm and type(self.norm2) is nn.LayerNorm
                 and fuses_add_norm(x, x, self.norm1.weight) and not hooked(self.norm1, self.norm2, self.attn, self.mlp))

@@ -5,7 +5,7 @@ their published figures are in ``configs/metafiles/soft_imagenet.yml``).
 Pretrained weights the timm way: no weights are hosted, so ``pretrained=True`` needs a file, either
 ``pretrained_cfg_overlay=dict(file=path)`` or ``checkpoint_path=path`` (timm's ``create_model``). The file may be
 the authors' release (fudan-zvg/SOFT layout; converted on load by the pretrained filter,
-:func:`~soft_mm.models.official_layout.checkpoint_filter_fn`) or a soft_mm checkpoint (a converted file or a saved
+:func:`~soft_mm.models.official.layout.checkpoint_filter_fn`) or a soft_mm checkpoint (a converted file or a saved
 state dict; older layouts are migrated by ``SoftPyramid._load_from_state_dict``). timm reads a file's
 ``state_dict_ema`` when it has one, and with ``pretrained=True`` adapts the head to ``num_classes`` and the stem to
 ``in_chans``.
@@ -21,9 +21,9 @@ from timm.models._features import feature_take_indices  # (where timm's own mode
 from torch import nn
 
 from ..ops.compat import HAS_SAFE_GLOBALS
-from ..utils.checkpoint_files import read_checkpoint, state_dict_of
+from ..utils.checkpoint import read_checkpoint, state_dict_of
 from .arch import ARCH_SETTINGS, variant_name
-from .official_layout import checkpoint_filter_fn
+from .official.layout import checkpoint_filter_fn
 from .pyramid import SoftPyramid
 from .settings import attention_settings
 

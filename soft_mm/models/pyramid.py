@@ -15,7 +15,7 @@ Swin does); ``_load_from_state_dict`` migrates older layouts on load. The layout
 - the authors' (fudan-zvg/SOFT: ``patch_embed{1..4}``, ``block{1..4}``, ``pos_embed4`` with the cls slot): the layout
   the published weights come in, written before soft_mm existed, so without a soft_mm version. Recognised by its key
   names under the module's prefix and renamed by the key map beside the model
-  (:func:`~soft_mm.models.official_layout.migrate_official_keys`) with this model's own arch — so ``load_state_dict``,
+  (:func:`~soft_mm.models.official.layout.migrate_official_keys`) with this model's own arch — so ``load_state_dict``,
   timm's ``create_model(..., checkpoint_path=...)`` and mmengine's ``init_cfg=dict(type='Pretrained', ...)`` read
   the authors' files as they are;
 - version 1: the layout above (torch's default module version, so every soft_mm checkpoint saved so far says 1;
@@ -40,7 +40,7 @@ from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU
 from .compiled import CompiledStages, check_compile_stages
 from .conv import STEM_CHANNELS, ConvBNAct, conv_stem, like_input  # noqa: F401 (where they were)
-from .official_layout import is_official_layout, migrate_official_keys
+from .official.layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
 from .weight_cast import weights_cast_once
 

@@ -5,7 +5,7 @@ gradient back: two launches per weight and step, about 370 for SOFT-Norm-Small, 
 whose time goes to launches. On the GPU route (:func:`~soft_mm.ops.triton_route.gpu_route`) under autocast, in eager
 runs, :func:`weights_cast_once` casts the weights and biases of every linear layer, of the SOFT layers' landmark and
 value convs and, in training mode, of the stem's and the downsamplings' convs in one
-:func:`~soft_mm.ops.layers.flat_cast.flat_cast` (a few launches, forward and backward) and hands each layer its cast
+:func:`~soft_mm.ops.functional.flat_cast.flat_cast` (a few launches, forward and backward) and hands each layer its cast
 tensors for the forward: the same values autocast would have given it, so the outputs and gradients are the same. The
 shared query/key projection gets its weight with SOFT's ``d^-1/4`` scale folded in (the product rounded once, as
 :meth:`~soft_mm.models.attention.SoftAttention.queries` does it).
@@ -24,8 +24,8 @@ from collections.abc import Iterator
 import torch
 from torch import nn
 
+from ..ops.functional.flat_cast import flat_cast
 from ..ops.graph_mode import eager_tensors
-from ..ops.layers.flat_cast import flat_cast
 from ..ops.precision import autocast_dtype
 from ..ops.triton_route import gpu_route
 from .attention import SoftAttention

@@ -5,8 +5,13 @@ alone (``benchmarks/device_check.py`` runs without mmengine). The tools' own hel
 ``import soft_mm`` allow-lists mmengine's checkpoint globals (see :mod:`.checkpoint` and :mod:`soft_mm.registry`).
 """
 from .atomic import atomic_save, atomic_write_text
-from .checkpoint import allow_mmengine_checkpoint_globals, mmengine_checkpoint_globals
-from .checkpoint_files import CheckpointFileError, check_state_dict_fits, read_checkpoint
+from .checkpoint import (
+           CheckpointFileError,
+           allow_mmengine_checkpoint_globals,
+           check_state_dict_fits,
+           mmengine_checkpoint_globals,
+           read_checkpoint,
+)
 
 __all__ = ['CheckpointFileError', 'allow_mmengine_checkpoint_globals', 'atomic_save', 'atomic_write_text',
            'check_state_dict_fits', 'mmengine_checkpoint_globals', 'read_checkpoint']

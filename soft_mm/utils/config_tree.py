@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ['config_dicts', 'is_remote', 'pretrained_inits']
+__all__ = ['config_dicts', 'is_remote', 'pipeline_steps', 'pretrained_inits']
 
 ConfigKeys = tuple[Any, ...]  # dict keys (str) and list positions (int) from the root
 
@@ -20,6 +20,15 @@ def config_dicts(node: Any, keys: ConfigKeys = ()) -> Iterator[tuple[ConfigKeys,
     elif isinstance(node, (list, tuple)):
         for position, value in enumerate(node):
             yield from config_dicts(value, (*keys, position))
+
+
+def pipeline_steps(node: Any, types: tuple[str, ...]) -> Iterator[dict]:
+    """Every step of the ``pipeline`` lists under ``node`` (a data loader, a dataset, a config) whose ``type`` is one
+    of ``types``, in the order of the walk: the step dicts themselves, for a caller to read or change."""
+    for _, owner in config_dicts(node):
+        pipeline = owner.get('pipeline')
+        if isinstance(pipeline, (list, tuple)):
+            yield from (step for step in pipeline if isinstance(step, dict) and step.get('type') in types)
 
 
 def pretrained_inits(model_cfg: Any) -> Iterator[tuple[ConfigKeys, dict]]:

@@ -5,8 +5,8 @@ import json
 import pytest
 import torch
 import torch.nn.functional as F
-from repo import ROOT
-from tool_process import run_python
+from helpers.repo import ROOT
+from helpers.tool_process import run_python
 
 TOOL = ROOT / 'benchmarks' / 'attention.py'
 

@@ -5,8 +5,8 @@ import json
 import numpy as np
 import pytest
 import torch
-from repo import ROOT
-from tool_process import run_python
+from helpers.repo import ROOT
+from helpers.tool_process import run_python
 
 from soft_mm.models import SOFT
 

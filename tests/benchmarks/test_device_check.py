@@ -6,8 +6,8 @@ import subprocess
 import sys
 
 import pytest
-from repo import ROOT
-from tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
+from helpers.repo import ROOT
+from helpers.tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
 from soft_mm.ops.soft.backends.triton.backend import MAX_HEAD_DIM, MAX_LANDMARKS, TRITON_VERSION
 

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from soft_mm.ops.layers import head_conv, pooling
+from soft_mm.ops.functional import head_conv, pooling
 
 
 def test_tiny_run_counts_fewer_calls_with_the_savings_and_restores_them(tmp_path, load_benchmark):

@@ -18,7 +18,7 @@ from harness import (
     run_in_fresh_process,
     timed,
 )
-from repo import ROOT
+from helpers.repo import ROOT
 
 # in a fresh process, as the benchmarks measure: in the test process the 64 MiB may be served from memory that
 # earlier tests freed but the allocator kept resident, which raises no peak
@@ -165,7 +165,7 @@ def test_unfused_variant_turns_the_block_fusions_off():
     from soft_mm.models import attention
     from soft_mm.models.attention import SoftAttention, SoftmaxAttention
     from soft_mm.models.blocks import GeluMlp
-    from soft_mm.ops.layers.sdpa import softmax_attention
+    from soft_mm.ops.functional.sdpa import softmax_attention
 
     def switches(name):
         modules = list(build_backbone(name).modules())

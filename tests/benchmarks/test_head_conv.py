@@ -3,7 +3,7 @@ import json
 
 import pytest
 
-from soft_mm.ops.layers import head_conv
+from soft_mm.ops.functional import head_conv
 
 
 def test_value_conv_shapes_follow_the_arch_and_the_stage_strides(load_benchmark):

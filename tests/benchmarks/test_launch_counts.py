@@ -6,8 +6,8 @@ import json
 import pytest
 import torch
 from harness import build_backbone
+from helpers.op_checks import triton_kernels
 from launch_counts import BUDGET_SIZE, STEP_BUDGET, count_model, counting_launches
-from op_checks import triton_kernels
 
 from soft_mm.ops.triton_route import interpreted_triton_route
 

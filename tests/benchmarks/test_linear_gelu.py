@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from soft_mm.ops.layers import gelu
+from soft_mm.ops.functional import gelu
 
 
 def test_tiny_run_times_every_fc1_shape_and_the_three_settings(tmp_path, load_benchmark):

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import pytest
-from repo import ROOT
+from helpers.repo import ROOT
 
 pytest.importorskip('mmseg')
 DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')

@@ -8,7 +8,7 @@ from types import ModuleType
 
 import pytest
 import torch
-from compile_recording import RecordingBackend
+from helpers.compile_recording import RecordingBackend
 
 from soft_mm.models import SOFT
 from soft_mm.ops import graph_mode

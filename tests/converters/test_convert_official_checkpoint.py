@@ -6,11 +6,11 @@ import argparse
 
 import pytest
 import torch
-from repo import ROOT
-from tool_process import run_python
+from helpers.repo import ROOT
+from helpers.tool_process import run_python
 
-from soft_mm.models.official_checkpoint import build_classifier_from_checkpoint, load_converted_checkpoint
-from soft_mm.utils.checkpoint_files import CheckpointFileError
+from soft_mm.models.official.convert import build_classifier_from_checkpoint, load_converted_checkpoint
+from soft_mm.utils.checkpoint.reader import CheckpointFileError
 
 TOOL = ROOT / 'tools' / 'model_converters' / 'convert_official_checkpoint.py'
 

@@ -1,4 +1,4 @@
-"""Tests of soft_mm.models.official_checkpoint and official_layout: key mapping, arch inference, file handling and
+"""Tests of soft_mm.models.official.convert and official_layout: key mapping, arch inference, file handling and
 the reproduction of the authors' forward pass by a converted model.
 
 The authors' model cannot be installed here, so ``official_forward`` below is an independent functional reference of
@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
-from soft_mm.models.official_checkpoint import (
+from soft_mm.models.official.convert import (
     CLASSIFIER_ONLY_KEYS,
     build_classifier_from_checkpoint,
     load_converted_checkpoint,
@@ -26,8 +26,8 @@ from soft_mm.models.official_checkpoint import (
     select_state_dict,
     verify_converted,
 )
-from soft_mm.models.official_layout import convert_official_state_dict, infer_arch, map_official_key, match_arch
-from soft_mm.utils.checkpoint_files import UnsafeCheckpointError
+from soft_mm.models.official.layout import convert_official_state_dict, infer_arch, map_official_key, match_arch
+from soft_mm.utils.checkpoint.reader import UnsafeCheckpointError
 
 HEAD_DIM = 32
 

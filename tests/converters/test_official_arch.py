@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from soft_mm.models import AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
-from soft_mm.models.official_layout import convert_official_state_dict, infer_arch
+from soft_mm.models.official.layout import convert_official_state_dict, infer_arch
 
 # SOFT stages 1-2, softmax stages 3-4; head dim 16 everywhere (the softmax heads follow the SOFT head dim).
 TWO_SOFTMAX_STAGES = {'embed_dims': (32, 64, 96, 128), 'num_heads': (2, 4, 6, 8), 'depths': (1, 2, 2, 1),

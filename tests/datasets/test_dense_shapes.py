@@ -9,7 +9,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from repo import ROOT
+from helpers.repo import ROOT
 
 from soft_mm.datasets.synthetic_shapes import draw_image, write_shapes_dataset
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from repo import CONFIGS
+from helpers.repo import CONFIGS
 
 from soft_mm.datasets.synthetic_classes import (
     CLASS_NAMES,

@@ -6,13 +6,13 @@ import math
 
 import pytest
 import torch
+from helpers.repo import ROOT
 from mmengine.config import Config
 from mmengine.registry import OPTIM_WRAPPERS
-from repo import ROOT
 
 from soft_mm.engine import CPUAmpOptimWrapper, enable_cpu_bf16_ops
+from soft_mm.engine.amp import _float32_fallback
 from soft_mm.ops.compat import autocast_dtype_of, autocast_enabled
-from soft_mm.utils.cpu_bf16 import _float32_fallback
 
 
 def test_float32_fallback_casts_only_bfloat16_calls():

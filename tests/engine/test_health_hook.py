@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from repo import ROOT
-from tool_process import tool_output
+from helpers.repo import ROOT
+from helpers.tool_process import tool_output
 
 from soft_mm.engine.hooks import AttentionHealthHook
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 import torch
-from checkpoint_kill import kill_during_checkpoint_write
-from repo import ROOT
+from helpers.checkpoint_kill import kill_during_checkpoint_write
+from helpers.repo import ROOT
 
 from soft_mm.engine.hooks import InvalidLossHook
-from soft_mm.utils.checkpoint_files import read_checkpoint
+from soft_mm.utils.checkpoint.reader import read_checkpoint
 
 TOY = ROOT / 'tests' / 'engine' / 'toy_training.py'
 def _env(**extra: str) -> dict[str, str]:

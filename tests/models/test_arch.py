@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from model_checks import VARIANTS
+from helpers.model_checks import VARIANTS
 
 from soft_mm.models import ARCH_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch, variant_name
 

@@ -6,10 +6,10 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from op_checks import cpu_float16
+from helpers.op_checks import cpu_float16
 
 from soft_mm.models import SoftAttention, SoftmaxAttention
-from soft_mm.utils.precision_rule import relative_error
+from soft_mm.ops.precision.error_rule import relative_error
 
 
 def smooth_tokens(h: int, w: int, dim: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

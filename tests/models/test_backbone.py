@@ -7,7 +7,7 @@ import math
 
 import pytest
 import torch
-from op_checks import cpu_float16
+from helpers.op_checks import cpu_float16
 from torch import nn
 
 from soft_mm.models import ARCH_SETTINGS, SOFT, SoftAttention, SoftVisionTransformer

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compile_recording import RecordingBackend
+from helpers.compile_recording import RecordingBackend
 
 from soft_mm.ops.compat import HAS_CUSTOM_OP
 

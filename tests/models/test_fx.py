@@ -18,7 +18,7 @@ from torch import nn
 import soft_mm  # noqa: F401  (registers the timm entrypoints)
 from soft_mm.models import SOFT, SoftAttention
 from soft_mm.models.attention import soft_attention
-from soft_mm.ops.layers.gelu import linear_gelu
+from soft_mm.ops.functional.gelu import linear_gelu
 
 VARIANTS = [f'soft_{norm}{arch}' for norm in ('', 'norm_') for arch in ('tiny', 'small', 'medium', 'large', 'huge')]
 NARROW_ARCH = {'embed_dims': (16, 32, 48, 64), 'num_heads': (1, 2, 2, 2), 'depths': (1, 2, 2, 2)}

@@ -1,6 +1,6 @@
 """The ten timm classifiers: the arch zoo (soft_mm.models.arch.ARCH_SETTINGS) times plain / SOFT-Norm, each an explicit
-entrypoint of soft_mm/models/classifier.py; the variant record of the tests (tests/model_checks.py), read from the
-ImageNet metafile; and every config's channel lists against the zoo."""
+entrypoint of soft_mm/models/classifier.py; the variant record of the tests (tests/helpers/model_checks.py), read from
+the ImageNet metafile; and every config's channel lists against the zoo."""
 from __future__ import annotations
 
 import dataclasses
@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import timm
 import torch
-from model_checks import VARIANTS, Variant, get_variant, out_channels
-from repo import CONFIGS
+from helpers.model_checks import VARIANTS, Variant, get_variant, out_channels
+from helpers.repo import CONFIGS
 
 from soft_mm.models import ARCH_SETTINGS, SoftVisionTransformer, resolve_arch, variant_name
 from soft_mm.models import classifier as classifier_module

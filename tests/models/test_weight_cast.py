@@ -3,8 +3,8 @@ computes exactly what autocast's per-call casts give it (outputs and every gradi
 launches; elsewhere nothing changes."""
 import pytest
 import torch
-from kernel_launches import counted_launches
-from op_checks import triton_kernels
+from helpers.kernel_launches import counted_launches
+from helpers.op_checks import triton_kernels
 
 from soft_mm.models import weight_cast
 from soft_mm.models.pyramid import SoftPyramid

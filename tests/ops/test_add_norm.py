@@ -1,15 +1,15 @@
-"""soft_mm.ops.layers.add_norm: a post-norm block's LayerNorm(residual + branch) in one Triton kernel forward and two
-launches backward on the GPU route (run here on CPU tensors by the Triton interpreter), against float64 and against
+"""soft_mm.ops.functional.add_norm: a post-norm block's LayerNorm(residual + branch) in one Triton kernel forward and
+two launches backward on the GPU route (run here on CPU tensors by the Triton interpreter), against float64 and against
 the PyTorch form in the same precision; where it is not taken; and in a SOFT block."""
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn.functional as F
-from kernel_launches import counted_launches, summary
-from op_checks import triton_kernels
+from helpers.kernel_launches import counted_launches, summary
+from helpers.op_checks import triton_kernels
 
-from soft_mm.ops.layers.add_norm import MAX_ADD_NORM_WIDTH, add_layer_norm, fuses_add_norm
+from soft_mm.ops.functional.add_norm import MAX_ADD_NORM_WIDTH, add_layer_norm, fuses_add_norm
 from soft_mm.ops.triton_route import interpreted_triton_route
 
 pytestmark = triton_kernels

@@ -1,5 +1,5 @@
 """The SOFT op's hand-written kernels as ``torch.library`` custom ops
-(soft_mm.ops.soft.backends.products_op): the fake kernels agree
+(soft_mm.ops.soft.products_op): the fake kernels agree
 with the real ones (``torch.library.opcheck``: schema, shapes, dtypes, memory layouts, autograd registration, a
 dynamic-shape AOT trace), ``torch.compile`` records each as one node and gives the eager outputs and gradients, and
 export keeps plain ATen operators."""
@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from compile_recording import RecordingBackend
-from op_checks import check_custom_op
+from helpers.compile_recording import RecordingBackend
+from helpers.op_checks import check_custom_op
 
 from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
 from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING, recorded_calls

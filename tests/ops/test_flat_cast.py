@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from soft_mm.ops.layers.flat_cast import flat_cast
+from soft_mm.ops.functional.flat_cast import flat_cast
 
 
 def tensors(dtype=torch.float32, seed=0):

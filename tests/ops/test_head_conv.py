@@ -1,10 +1,11 @@
-"""Tests of soft_mm.ops.layers.head_conv: the per-head value conv and its custom backward against autograd's conv."""
+"""Tests of soft_mm.ops.functional.head_conv: the per-head value conv and its custom backward against autograd's
+conv."""
 import pytest
 import torch
 import torch.nn.functional as F
-from op_checks import check_custom_op, grad_fn_name
+from helpers.op_checks import check_custom_op, grad_fn_name
 
-from soft_mm.ops.layers.head_conv import CUSTOM_BACKWARD_MIN_KERNEL, _head_conv_op, head_depthwise_conv
+from soft_mm.ops.functional.head_conv import CUSTOM_BACKWARD_MIN_KERNEL, _head_conv_op, head_depthwise_conv
 
 
 def reference(x, weight, head_dim):
@@ -77,7 +78,7 @@ def test_custom_op_passes_opcheck(channels_last):
 
 
 def test_the_custom_backward_is_taken_on_cpu_from_its_measured_kernel_size():
-    from soft_mm.ops.layers.head_conv import uses_custom_backward
+    from soft_mm.ops.functional.head_conv import uses_custom_backward
     # SOFT's stage-1 and stage-2 filters (9, 5) take it, stage 3's (3) does not
     assert [uses_custom_backward('cpu', k) for k in (3, 5, 7, 9)] == [False, True, True, True]
     assert not uses_custom_backward('cuda', 9)  # measured on CPU only
@@ -94,7 +95,7 @@ def test_on_cuda_large_filters_take_the_nchw_kernel_and_give_the_input_layout_ba
     one was 5x slower at 9x9): the same values and gradients as the float64 conv, in the input's memory layout."""
     from torch.profiler import ProfilerActivity, profile
 
-    from soft_mm.ops.layers.head_conv import CUDA_NCHW_MIN_KERNEL
+    from soft_mm.ops.functional.head_conv import CUDA_NCHW_MIN_KERNEL
     gen = torch.Generator().manual_seed(kernel)
     x = torch.randn(2, 6, 40, 33, generator=gen, dtype=torch.float64)
     weight = torch.randn(3, 1, kernel, kernel, generator=gen, dtype=torch.float64)
@@ -119,7 +120,7 @@ def test_on_cuda_large_filters_take_the_nchw_kernel_and_give_the_input_layout_ba
 
 
 def test_the_nchw_route_is_cuda_only_from_its_kernel_size_and_keeps_values_and_layout():
-    from soft_mm.ops.layers.head_conv import CUDA_NCHW_MIN_KERNEL, nchw_conv, uses_nchw_route
+    from soft_mm.ops.functional.head_conv import CUDA_NCHW_MIN_KERNEL, nchw_conv, uses_nchw_route
     # stage 1's 9x9 filters take it on CUDA (cuDNN's channels-last kernel was 5x slower there), 5 and 3 do not
     assert [uses_nchw_route('cuda', k) for k in (3, 5, CUDA_NCHW_MIN_KERNEL, 9)] == [False, False, True, True]
     assert not uses_nchw_route('cpu', 9)

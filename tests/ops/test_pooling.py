@@ -1,5 +1,5 @@
-"""soft_mm.ops.layers.pooling: both matmul forms of adaptive average pooling equal ``F.adaptive_avg_pool2d`` in float64,
-forward and backward, at sizes whose bins overlap (33 -> 7, 47 -> 7, 200 -> 56, 334 -> 56), stay single inputs
+"""soft_mm.ops.functional.pooling: both matmul forms of adaptive average pooling equal ``F.adaptive_avg_pool2d`` in
+float64, forward and backward, at sizes whose bins overlap (33 -> 7, 47 -> 7, 200 -> 56, 334 -> 56), stay single inputs
 (12 -> 12) or share inputs while upsampling (10 -> 12)."""
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from soft_mm.ops.layers.pooling import _pool_matrix, adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
+from soft_mm.ops.functional.pooling import _pool_matrix, adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 
 # (input H, W) -> output (h, w): overlapping bins, identity rows with upsampled columns, a stage-1 detection map
 CASES = [((33, 47), (7, 7)), ((12, 10), (12, 12)), ((200, 334), (56, 56))]
@@ -74,7 +74,7 @@ def test_eager_pooling_builds_each_matrix_once_and_tracing_builds_its_own():
     from torch.fx.experimental.proxy_tensor import make_fx
     from torch.utils.flop_counter import FlopCounterMode
 
-    from soft_mm.ops.layers.pooling import _cached_pool_matrix, _eager_pool_matrix
+    from soft_mm.ops.functional.pooling import _cached_pool_matrix, _eager_pool_matrix
     like = torch.zeros(3, dtype=torch.float64)
     first = _eager_pool_matrix(200, 56, like)
     assert _eager_pool_matrix(200, 56, like) is first  # one tensor per (size, device, dtype): no kernels per call

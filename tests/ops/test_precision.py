@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from op_checks import triton_kernels
+from helpers.op_checks import triton_kernels
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from soft_mm.ops import newton_inverse, soft_attention

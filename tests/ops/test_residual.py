@@ -1,4 +1,4 @@
-"""soft_mm.ops.layers.residual.linear_residual: ``residual + linear(x)`` with the sum started in the GEMM in CPU
+"""soft_mm.ops.functional.residual.linear_residual: ``residual + linear(x)`` with the sum started in the GEMM in CPU
 inference, the two-op form everywhere else; and the blocks that hand it their sums."""
 import pytest
 import torch
@@ -6,8 +6,8 @@ import torch.nn.functional as F
 from timm.layers import Mlp
 from torch import nn
 
-from soft_mm.ops.layers import residual as residual_module
-from soft_mm.ops.layers.residual import linear_residual
+from soft_mm.ops.functional import residual as residual_module
+from soft_mm.ops.functional.residual import linear_residual
 
 
 def layer(dtype, with_bias=True, seed=0):

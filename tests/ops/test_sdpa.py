@@ -1,9 +1,9 @@
-"""Tests of soft_mm.ops.layers.sdpa: stage 4's softmax attention, bfloat16 operands attended in float32 in CPU
+"""Tests of soft_mm.ops.functional.sdpa: stage 4's softmax attention, bfloat16 operands attended in float32 in CPU
 inference."""
 import torch
 import torch.nn.functional as F
 
-from soft_mm.ops.layers.sdpa import softmax_attention
+from soft_mm.ops.functional.sdpa import softmax_attention
 
 
 def operands(dtype=torch.bfloat16, tokens=300, requires_grad=False):

@@ -6,10 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from op_checks import triton_kernels
+from helpers.op_checks import triton_kernels
 
 from soft_mm.ops import soft_attention
-from soft_mm.utils.precision_rule import RULE_FRACTION, relative_error, rule_errors, rule_inputs
+from soft_mm.ops.precision.error_rule import RULE_FRACTION, relative_error, rule_errors, rule_inputs
 
 pytestmark = triton_kernels
 

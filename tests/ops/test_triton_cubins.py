@@ -9,7 +9,7 @@ import importlib.metadata
 import re
 
 import pytest
-from op_checks import triton_kernels
+from helpers.op_checks import triton_kernels
 from triton_cubins import (
     DECLARED_HEAD_DIMS,
     DECLARED_LANDMARKS,

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import pytest
 import torch
-from kernel_launches import counted_launches, summary
-from op_checks import check_custom_op, triton_kernels
+from helpers.kernel_launches import counted_launches, summary
+from helpers.op_checks import check_custom_op, triton_kernels
 
 from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
 from soft_mm.ops.soft.backends.triton.backend import _middle_op, triton_nystrom_middle
@@ -108,7 +108,7 @@ def test_one_cuda_path_forward_launches_at_most_six_kernels(monkeypatch, dtype, 
         soft_attention(q, landmarks, v, soft_norm=True, ridge=0.01, backend='triton')
     counts = summary(record)
     assert len(record) <= MAX_FORWARD_LAUNCHES, counts
-    assert [r for r in record if r.startswith('triton.')] == ['triton.nystrom_middle_fwd_kernel',
+    assert [r for r in record if r.startswith('triton.')] == ['triton.nystrom_middle_fwd_kernel_mid_inv',
                                                                'triton.nystrom_fwd_kernel_context',
                                                                'triton.nystrom_fwd_kernel_mc',
                                                                'triton.nystrom_fwd_kernel_o'], counts
@@ -134,7 +134,7 @@ def test_unrolled_backward_keeps_the_pytorch_iteration(monkeypatch):
     q, landmarks, v = op_inputs(num_tokens=40, num_landmarks=5)
     with counted_launches(monkeypatch) as record:
         unrolled = soft_attention(q, landmarks, v, ridge=0.01, backward='unrolled', backend='triton')
-    assert 'triton.nystrom_middle_fwd_kernel' not in record
+    assert 'triton.nystrom_middle_fwd_kernel_mid_inv' not in record
     assert sum(record.count(f'aten.{mm}') for mm in ('mm', 'bmm', 'matmul')) >= 40  # the iteration in torch
     fused = soft_attention(q, landmarks, v, ridge=0.01, backend='triton')
     assert relative(fused, unrolled.double()) < 3e-6
@@ -152,7 +152,7 @@ def test_bad_newton_arguments_are_named_before_any_kernel():
 
 def test_compiles_to_one_node_each_and_gives_the_eager_results():
     # torch.compile sees the m×m kernel and the products as one custom-op node each, and runs the same kernels
-    from compile_recording import RecordingBackend
+    from helpers.compile_recording import RecordingBackend
     q, landmarks, v = op_inputs(num_tokens=70, num_landmarks=9)
     grad_out = torch.randn(v.shape, generator=torch.Generator().manual_seed(5))
 

@@ -4,9 +4,10 @@ corner, in each dtype, with and without a backward; from the table of :mod:`~sof
 shared_memory` (which tests/ops/test_triton_cubins.py holds against the compiled kernels)."""
 import pytest
 import torch
-from op_checks import triton_kernels
+from helpers.op_checks import triton_kernels
 
 import soft_mm.ops.soft.backends.triton.backend as triton_backend
+from soft_mm.ops.precision.soft_policy import precision_policy
 from soft_mm.ops.soft.backends.triton.config import (
     KERNELS,
     MAX_HEAD_DIM,
@@ -24,7 +25,6 @@ from soft_mm.ops.soft.backends.triton.targets import (
     shared_memory_needed,
 )
 from soft_mm.ops.soft.dispatch import DispatchError, select
-from soft_mm.ops.soft.policy import precision_policy
 
 pytestmark = triton_kernels  # (the dispatcher takes the backend only with a triton the kernels can use)
 

@@ -11,8 +11,8 @@ import dataclasses
 from pathlib import Path
 
 import pytest
-from repo import ROOT
-from tool_process import logged_metrics, run_tool
+from helpers.repo import ROOT
+from helpers.tool_process import logged_metrics, run_tool
 
 RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 

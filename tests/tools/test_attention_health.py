@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 import torch
-from repo import ROOT
+from helpers.repo import ROOT
 
 pytest.importorskip('mmdet')
 
@@ -46,7 +46,7 @@ def test_table_and_plot_for_every_task(task, image, tmp_path, load_tool, capsys,
 def test_a_checkpoint_is_measured_not_the_initialisation(image, tmp_path, load_tool):
     from mmdet.apis import init_detector
 
-    from soft_mm.cli.tools import load_config
+    from soft_mm.cli.config_loading import load_config
 
     config = str(ROOT / CONFIGS['detection'])
     options = ['--cfg-options', 'model.backbone.landmark_mode=avg']

@@ -5,8 +5,8 @@ backward; inductor's C++ build of every stage takes minutes on this machine), on
 from __future__ import annotations
 
 import pytest
-from repo import ROOT
-from tool_process import logged_metrics, run_tool
+from helpers.repo import ROOT
+from helpers.tool_process import logged_metrics, run_tool
 
 pytest.importorskip('mmdet')
 

@@ -14,8 +14,8 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
-from repo import ROOT
-from tool_process import logged_metrics, run_tool
+from helpers.repo import ROOT
+from helpers.tool_process import logged_metrics, run_tool
 
 pytest.importorskip('mmdet')
 
@@ -98,7 +98,7 @@ def test_amp_and_cpu_adaptation_of_the_config(monkeypatch, load_tool):
     assert cfg.optim_wrapper.clip_grad.max_norm == 1.0  # the rest of the config's wrapper is kept
     with pytest.raises(SystemExit, match=r'^--amp-dtype float16 needs a GPU: CPU mixed precision runs in bfloat16'):
         train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--amp', '--amp-dtype', 'float16']))
-    from soft_mm.cli.tools import ConfigError
+    from soft_mm.cli.errors import ConfigError
     with pytest.raises(ConfigError, match='--amp-dtype needs --amp'):
         train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--amp-dtype', 'bfloat16']))
     cfg = train_tool.build_config(train_tool.parse_args([RETINANET_DEMO, '--resume', '--work-dir', 'w']))

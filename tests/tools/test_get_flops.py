@@ -6,11 +6,11 @@ import re
 
 import pytest
 import torch
-from model_checks import VARIANTS
-from repo import CONFIGS, ROOT
+from helpers.model_checks import VARIANTS
+from helpers.repo import CONFIGS, ROOT
 
 from soft_mm.models import SoftmaxAttention, SoftVisionTransformer
-from soft_mm.models.official_checkpoint import make_meta, save_converted_checkpoint
+from soft_mm.models.official.convert import make_meta, save_converted_checkpoint
 
 TOOL = ROOT / 'tools' / 'analysis_tools' / 'get_flops.py'
 # One block per stage, 49 landmarks per SOFT stage at 224x224: cheap to trace.

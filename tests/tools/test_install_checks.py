@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from repo import ROOT
+from helpers.repo import ROOT
 
 
 def executable(path: Path, text: str) -> None:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from repo import ROOT
+from helpers.repo import ROOT
 
 # the mim of this interpreter's environment first (where tools/install.sh puts it), else any on PATH
 MIM = shutil.which('mim', path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get('PATH', '')]))

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from repo import ROOT
+from helpers.repo import ROOT
 
 pytest.importorskip('mmdet')
 pytest.importorskip('mmseg')
@@ -31,7 +31,8 @@ def tool(load_tool):
 
 
 def test_deploy_config_follows_the_model_and_the_exporter_is_restored(tool):
-    from soft_mm.cli.tools import ConfigError, load_config
+    from soft_mm.cli.config_loading import load_config
+    from soft_mm.cli.errors import ConfigError
 
     detector = load_config(RETINANET_DEMO, {'model.test_cfg.score_thr': 0.3, 'model.test_cfg.max_per_img': 50})
     deploy = tool.deploy_config(detector)
@@ -73,7 +74,7 @@ def test_demos_export_and_score_as_pytorch_at_two_sizes(tmp_path, monkeypatch, t
     are in docs/user_guides/deployment.md)."""
     import onnxruntime as ort
 
-    from soft_mm.cli.tools import load_config
+    from soft_mm.cli.config_loading import load_config
     from soft_mm.datasets.synthetic_shapes import write_shapes_dataset
 
     monkeypatch.chdir(tmp_path)

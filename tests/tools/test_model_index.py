@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 import torch
 import yaml
+from helpers.repo import ROOT
 from mmengine.config import Config
-from repo import ROOT
 
 import soft_mm
 from soft_mm.models.arch import ARCH_SETTINGS, variant_name

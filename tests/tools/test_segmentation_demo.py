@@ -6,11 +6,11 @@ import re
 
 import pytest
 import torch
-from tool_process import tool_output
+from helpers.tool_process import tool_output
 
 pytest.importorskip('mmseg')
+from helpers.repo import ROOT
 from mmengine.config import Config
-from repo import ROOT
 
 UPERNET_DEMO = str(ROOT / 'configs/upernet_soft_tiny_demo.py')
 # The demo (400 iterations) reaches mIoU 44.7 (percent, mmseg's IoUMetric; on one thread with the other core busy),

@@ -4,7 +4,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from repo import ROOT
+from helpers.repo import ROOT
 
 pytest.importorskip('tensorboard')
 

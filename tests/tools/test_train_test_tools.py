@@ -11,9 +11,9 @@ from types import ModuleType
 
 import pytest
 import torch
-from checkpoint_kill import kill_during_checkpoint_write
-from repo import ROOT
-from tool_process import run_tool, tool_output
+from helpers.checkpoint_kill import kill_during_checkpoint_write
+from helpers.repo import ROOT
+from helpers.tool_process import run_tool, tool_output
 
 pytest.importorskip('mmdet')
 

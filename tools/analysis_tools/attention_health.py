@@ -7,8 +7,8 @@ whether its Newton–Schulz iterations invert it.
 
 Detection, segmentation and classification configs alike (their ``default_scope`` picks mmdet's, mmseg's or
 mmpretrain's inference pipeline). Without a checkpoint the model is measured as training starts (``init_weights`` with
-seed 0). Prints one row per SOFT layer (see ``soft_mm.models.health``; docs/advanced/attention_health.md says what
-the numbers mean and what to do about them) and draws the condition number and the Newton residual per layer into
+seed 0). Prints one row per SOFT layer (see ``soft_mm.models.attention_health``; docs/advanced/attention_health.md says
+what the numbers mean and what to do about them) and draws the condition number and the Newton residual per layer into
 ``--out``.
 """
 from __future__ import annotations
@@ -22,15 +22,18 @@ import torch
 from mmengine.config import Config, DictAction
 from mmengine.registry import DefaultScope
 
-from soft_mm.cli.tools import (
-    check_image_files,
-    check_model_checkpoint,
-    load_config,
-    one_sentence_errors,
-    read_model_checkpoint,
+from soft_mm.cli.config_checks import check_image_files
+from soft_mm.cli.config_loading import load_config
+from soft_mm.cli.errors import one_sentence_errors
+from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
+from soft_mm.models.attention_health import (
+    DEFAULT_MAX_ITERS,
+    DEFAULT_TARGET_RESIDUAL,
+    LandmarkRecorder,
+    LayerHealth,
+    attention_health,
+    format_health_table,
 )
-from soft_mm.models.health import LandmarkRecorder, LayerHealth, attention_health, format_health_table
-from soft_mm.ops.soft.health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 
 CHECKPOINT_SUFFIXES = ('.pth', '.pt', '.ckpt', '.bin')
 

@@ -27,10 +27,11 @@ import yaml
 from mmengine.analysis import parameter_count
 from torch import nn
 
-from soft_mm.cli.tools import load_config, one_sentence_errors
+from soft_mm.cli.config_loading import load_config
+from soft_mm.cli.errors import one_sentence_errors
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SoftVisionTransformer, variant_name
-from soft_mm.models.official_checkpoint import build_classifier_from_checkpoint
-from soft_mm.models.official_layout import match_arch
+from soft_mm.models.official.convert import build_classifier_from_checkpoint
+from soft_mm.models.official.layout import match_arch
 from soft_mm.utils.flops import analyze
 
 DEFAULT_SHAPES = {'mmdet': (800, 1333), 'mmseg': (512, 512)}

@@ -26,9 +26,10 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from soft_mm.cli.tools import ConfigError, load_config, one_sentence_errors
+from soft_mm.cli.config_loading import load_config
+from soft_mm.cli.errors import ConfigError, one_sentence_errors
 from soft_mm.ops.compat import HAS_IS_EXPORTING
-from soft_mm.utils.checkpoint_files import CheckpointFileError, read_checkpoint, state_dict_of
+from soft_mm.utils.checkpoint.reader import CheckpointFileError, read_checkpoint, state_dict_of
 from soft_mm.utils.sizes import size_arg
 
 MAX_SIDE = 8192

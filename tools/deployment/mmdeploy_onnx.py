@@ -38,17 +38,14 @@ import torch
 from mmengine.config import Config, DictAction
 
 from soft_mm.cli import check_data_paths
-from soft_mm.cli.tools import (
-    ConfigError,
-    check_model_checkpoint,
-    load_config,
-    one_sentence_errors,
-    read_model_checkpoint,
-    use_checked_image_loading,
-)
+from soft_mm.cli.config_loading import load_config, use_checked_image_loading
+from soft_mm.cli.errors import ConfigError, one_sentence_errors
+from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
+from soft_mm.utils.config_tree import pipeline_steps
 from soft_mm.utils.sizes import size_arg
 
 ONNX_FILE = 'end2end.onnx'
+RESIZE = ('Resize', 'mmcv.Resize')  # the test pipeline's step whose scale --eval-size sets
 OPSET = 17
 MMDEPLOY_VERSION = '1.3.1'
 INSTALL_HINT = (f'bash tools/install.sh (or pip install --no-deps mmdeploy=={MMDEPLOY_VERSION} '
@@ -110,7 +107,7 @@ _REWRITERS_REGISTERED = False
 
 def register_rewriters() -> None:
     """Register soft_mm's mmdeploy rewriters (once): for onnxruntime, ``F.adaptive_avg_pool2d`` to any size as
-    :func:`~soft_mm.ops.layers.pooling.adaptive_avg_pool2d_matmul` (PyTorch's bins, sizes kept symbolic).
+    :func:`~soft_mm.ops.functional.pooling.adaptive_avg_pool2d_matmul` (PyTorch's bins, sizes kept symbolic).
 
     mmdeploy's own rewrite turns it into ``avg_pool2d`` with ``kernel = stride = int(in / out)`` read at the export
     size: frozen there, so another input size pools the wrong windows, and it fails outright (a zero stride) on a map
@@ -123,7 +120,7 @@ def register_rewriters() -> None:
     from mmdeploy.core import FUNCTION_REWRITER
     from torch.nn.modules.utils import _pair
 
-    from soft_mm.ops.layers.pooling import adaptive_avg_pool2d_matmul
+    from soft_mm.ops.functional.pooling import adaptive_avg_pool2d_matmul
 
     @FUNCTION_REWRITER.register_rewriter(func_name='torch.nn.functional.adaptive_avg_pool2d', backend='onnxruntime')
     def adaptive_avg_pool2d__onnxruntime(input: torch.Tensor, output_size) -> torch.Tensor:
@@ -151,9 +148,8 @@ def legacy_onnx_exporter() -> Iterator[None]:
 
 
 def _test_resize(cfg: Config) -> dict:
-    for step in cfg.test_dataloader.dataset.pipeline:
-        if isinstance(step, dict) and step.get('type') == 'Resize':
-            return step
+    for step in pipeline_steps(cfg.test_dataloader.dataset, RESIZE):
+        return step
     raise ConfigError('the test pipeline has no Resize step: --eval-size sets its scale')
 
 
@@ -196,9 +192,8 @@ def with_test_size(cfg: Config, size: Sequence[int] | None) -> Config:
     cfg = copy.deepcopy(cfg)
     scale = (int(size[1]), int(size[0]))  # mmcv's Resize takes (width, height)
     _test_resize(cfg)['scale'] = scale
-    for step in cfg.get('test_pipeline') or []:
-        if isinstance(step, dict) and step.get('type') == 'Resize':
-            step['scale'] = scale
+    for step in pipeline_steps({'pipeline': cfg.get('test_pipeline') or []}, RESIZE):
+        step['scale'] = scale
     return cfg
 
 

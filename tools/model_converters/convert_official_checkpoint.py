@@ -4,11 +4,11 @@
         [--key auto|state_dict|state_dict_ema|model] [--allow-unsafe-load] [--debug]
 
 DST holds ``{'state_dict', 'meta'}`` and loads into ``SoftVisionTransformer`` (see
-``soft_mm.models.official_checkpoint.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',
+``soft_mm.models.official.convert.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',
 checkpoint=DST)``, into the ``SOFT`` backbone. The weights do not say whether they are SOFT-Norm: pass ``--soft-norm``
-for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/models/official_layout.py``.
+for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/models/official/layout.py``.
 
-SRC is read by soft_mm's one checkpoint reader (``soft_mm.utils.checkpoint_files.read_checkpoint``:
+SRC is read by soft_mm's one checkpoint reader (``soft_mm.utils.checkpoint.reader.read_checkpoint``:
 ``torch.load(weights_only=True)``, ``argparse.Namespace`` allow-listed for timm's files); a file that holds other
 pickled objects is refused unless ``--allow-unsafe-load`` is given, which unpickles it fully and can run code stored
 in it. DST is written atomically (a temporary file renamed into place). A file that cannot be read or
@@ -24,14 +24,14 @@ from typing import Any
 
 from soft_mm.models import ARCH_SETTINGS, resolve_arch
 from soft_mm.models.arch import ARCH_KEYS
-from soft_mm.models.official_checkpoint import (
+from soft_mm.models.official.convert import (
     CHECKPOINT_KEYS,
     OFFICIAL_FILE_HINT,
     convert_official_checkpoint,
     save_converted_checkpoint,
 )
-from soft_mm.models.official_layout import match_arch
-from soft_mm.utils.checkpoint_files import CheckpointFileError, UnsafeCheckpointError
+from soft_mm.models.official.layout import match_arch
+from soft_mm.utils.checkpoint.reader import CheckpointFileError, UnsafeCheckpointError
 
 UNSAFE_LOAD_HINT = 'only if you trust the file, pass --allow-unsafe-load (full unpickling can run code stored in it)'
 

@@ -1,18 +1,20 @@
 """SOFT attention: the Nyström approximation of full Gaussian-kernel attention through m landmark tokens."""
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import Tensor
 
 from ..compat import dense_grad, eager_without_custom_ops
 from ..graph_mode import graph_mode
-from ..precision import autocast_dtype, ieee_float32_matmuls, no_autocast
+from ..precision.autocast import autocast_dtype, ieee_float32_matmuls, no_autocast
+from ..precision.soft_policy import Precision, precision_policy
 from . import backends  # noqa: F401  (registers the backends with the dispatcher)
-from .dispatch import select
+from .dispatch import Backend, select
 from .kernel import gaussian_kernel
 from .middle import Middle, renamed_soft_norm
 from .newton import check_newton_arguments, newton_inverse
-from .policy import Precision, precision_policy
 
 __all__ = ['soft_attention']
 
@@ -59,16 +61,16 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     ``soft_norm=True`` is SOFT-Norm: ``A^+`` is replaced by ``D^-1/2 A^+ D^-1/2`` with ``D = diag(A 1)``, the row sums
     of the un-ridged ``A`` (applied to the m×d intermediate, so it costs O(m d)).
 
-    Precision (:func:`~soft_mm.ops.soft.policy.precision_policy`): autocast is disabled inside, and the dtype of each
-    step follows the inputs' dtype and the autocast state. float32 inputs run wholly in float32 (float64 in float64);
-    bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32 accumulation,
-    and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32; float16 inputs, or inputs
-    under float16 autocast, likewise in float16 on a backend that stores its sums in float32 (the Triton kernels),
-    else wholly in float32 (the module :mod:`soft_mm.ops.soft.policy` gives the reasons for each choice). The
-    result is cast back to the promoted dtype of the inputs, or under autocast to the autocast dtype (as a matmul's
-    output), so float16/bfloat16 inputs give finite float16/bfloat16 outputs. float32 means IEEE
-    float32: the op's GEMMs, forward and backward, ignore a global ``allow_tf32`` / ``float32_matmul_precision``
-    setting (set back to the caller's after each step; eager calls, the compiled graph's custom ops).
+    Precision (:func:`~soft_mm.ops.precision.soft_policy.precision_policy`): autocast is disabled inside, and the dtype
+    of each step follows the inputs' dtype and the autocast state. float32 inputs run wholly in float32 (float64 in
+    float64); bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32
+    accumulation, and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32; float16
+    inputs, or inputs under float16 autocast, likewise in float16 on a backend that stores its sums in float32 (the
+    Triton kernels), else wholly in float32 (the module :mod:`soft_mm.ops.precision.soft_policy` gives the reasons for
+    each choice). The result is cast back to the promoted dtype of the inputs, or under autocast to the autocast dtype
+    (as a matmul's output), so float16/bfloat16 inputs give finite float16/bfloat16 outputs. float32 means IEEE float32:
+    the op's GEMMs, forward and backward, ignore a global ``allow_tf32`` / ``float32_matmul_precision`` setting (set
+    back to the caller's after each step; eager calls, the compiled graph's custom ops).
 
     Args:
         q: ``(B, h, N, d)`` scaled queries (= keys: SOFT shares the projection).
@@ -83,7 +85,7 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
             that cannot take the call raises :class:`~soft_mm.ops.soft.dispatch.DispatchError` with the reason.
         precision: None (automatic), ``'highest'`` (float32 products even under autocast), ``'bfloat16'``
             (bfloat16 products), ``'float16'`` (float16 products, the Triton backend only) or a
-            :class:`~soft_mm.ops.soft.policy.Precision`.
+            :class:`~soft_mm.ops.precision.soft_policy.Precision`.
         tile_size: tokens per tile when the ``'tiled'`` backend runs (None: its default, ``DEFAULT_TILE_SIZE``).
 
     Returns:
@@ -91,37 +93,75 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     """
     if normalize is not None:
         soft_norm = renamed_soft_norm('soft_attention', normalize)
-    _check_attention_inputs(q, landmarks, v)
+    ridge = _check_arguments(q, landmarks, v, num_iters, ridge, backward, tile_size)
     landmarks = dense_grad(landmarks)  # its gradient comes back transposed; a GELU usually made it (torch 2.1)
+    route = _route(q, landmarks, v, precision, backend)
+    with no_autocast(q.device), ieee_float32_matmuls():
+        q, landmarks, v = _to_work_dtypes(q, landmarks, v, route.policy)
+        middle = _middle(landmarks, num_iters, ridge, backward, soft_norm, route)
+        out = route.backend.run(q, landmarks, v, middle, route.policy, **_backend_options(route.backend, tile_size))
+    return out.to(route.out_dtype)
+
+
+class _Route(NamedTuple):
+    """Where a call runs: the backend, the precision policy it runs (one of the preferred policy's chain) and the
+    output dtype."""
+
+    backend: Backend
+    policy: Precision
+    out_dtype: torch.dtype
+
+
+def _check_arguments(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, backward: str,
+                     tile_size: int | None) -> float:
+    """Raise for a bad argument (naming it and what is allowed); returns the ridge as a float."""
+    _check_attention_inputs(q, landmarks, v)
     ridge = check_newton_arguments(num_iters, ridge, backward, 'soft_attention')
     if tile_size is not None and (isinstance(tile_size, bool) or not isinstance(tile_size, int) or tile_size < 1):
         raise ValueError(f'soft_attention: tile_size must be None (the backend default) or an int >= 1, '
                          f'got {tile_size!r}')
+    return ridge
+
+
+def _route(q: Tensor, landmarks: Tensor, v: Tensor, precision: str | Precision | None, backend: str | None) -> _Route:
+    """The backend and policy of the dispatcher for this call, and the dtype the output takes: under autocast the
+    autocast dtype, as a matmul's output (CUDA autocast's float32 LayerNorm makes the landmarks float32, which must not
+    turn the output, and the residual stream after it, float32), else the inputs' promoted dtype."""
     input_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
     preferred = precision_policy(q.device.type, input_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
     chosen, policy = select(q.device.type, input_dtype, preferred, q.shape[2], needs_grad, graph_mode(), backend,
                             num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
                             device_index=q.device.index)
-    # under autocast the output takes the autocast dtype, as a matmul's does (CUDA autocast's float32 LayerNorm
-    # makes the landmarks float32, which must not turn the output, and the residual stream after it, float32)
     autocast = autocast_dtype(q.device.type)
     out_dtype = autocast if autocast is not None and input_dtype != torch.float64 else input_dtype
-    options = {} if tile_size is None or 'tile_size' not in dict(chosen.options) else {'tile_size': tile_size}
-    work_dtype = policy.exponent
-    with no_autocast(q.device), ieee_float32_matmuls():
-        landmarks = landmarks.to(work_dtype)
-        if not policy.mixed:
-            q, v = q.to(work_dtype), v.to(work_dtype)
-        if chosen.middle is not None and backward == 'implicit' and policy.inverse == torch.float32:
-            middle = Middle(chosen.middle(landmarks, num_iters, ridge, soft_norm))
-        else:
-            kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-            kernel_inv = newton_inverse(kernel_landmarks.to(policy.inverse), num_iters=num_iters, ridge=ridge,
-                                        backward=backward)
-            middle = Middle(kernel_inv, _inv_sqrt_row_sums(kernel_landmarks) if soft_norm else None)
-        out = chosen.run(q, landmarks, v, middle, policy, **options)
-    return out.to(out_dtype)
+    return _Route(chosen, policy, out_dtype)
+
+
+def _to_work_dtypes(q: Tensor, landmarks: Tensor, v: Tensor, policy: Precision) -> tuple[Tensor, Tensor, Tensor]:
+    """The landmarks in the exponent's dtype; q and v too unless the policy runs mixed products (then the backend
+    reads them as they are)."""
+    landmarks = landmarks.to(policy.exponent)
+    if not policy.mixed:
+        q, v = q.to(policy.exponent), v.to(policy.exponent)
+    return q, landmarks, v
+
+
+def _middle(landmarks: Tensor, num_iters: int, ridge: float, backward: str, soft_norm: bool, route: _Route) -> Middle:
+    """The m×m middle factor: the backend's fused kernel where it has one and the call allows it (implicit backward,
+    a float32 inverse), else the landmark kernel and its Newton–Schulz inverse in torch (SOFT-Norm's ``D^-1/2`` kept
+    apart)."""
+    if route.backend.middle is not None and backward == 'implicit' and route.policy.inverse == torch.float32:
+        return Middle(route.backend.middle(landmarks, num_iters, ridge, soft_norm))
+    kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
+    kernel_inv = newton_inverse(kernel_landmarks.to(route.policy.inverse), num_iters=num_iters, ridge=ridge,
+                                backward=backward)
+    return Middle(kernel_inv, _inv_sqrt_row_sums(kernel_landmarks) if soft_norm else None)
+
+
+def _backend_options(backend: Backend, tile_size: int | None) -> dict[str, int]:
+    """The options the backend takes among those given (``tile_size``, for the backends that tile)."""
+    return {} if tile_size is None or 'tile_size' not in dict(backend.options) else {'tile_size': tile_size}
 
 
 def _inv_sqrt_row_sums(kernel_landmarks: Tensor) -> Tensor:

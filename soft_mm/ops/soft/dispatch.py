@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 from ..graph_mode import GRAPH_MODES
-from .policy import Precision
+from ..precision.soft_policy import Precision
 
 __all__ = ['Backend', 'Call', 'DispatchError', 'backends', 'register_backend', 'select',
            'select_backend']

@@ -5,7 +5,7 @@ import torch
 from torch import Tensor
 
 from ..graph_mode import exporting
-from ..precision import ieee_float32_matmuls, ieee_matmul
+from ..precision.autocast import ieee_float32_matmuls, ieee_matmul
 
 __all__ = ['augment_kernel_cols', 'augment_kernel_rows', 'gaussian_kernel']
 

@@ -5,7 +5,7 @@ import warnings
 
 from torch import Tensor
 
-from ..precision import ieee_matmul
+from ..precision.autocast import ieee_matmul
 
 __all__ = ['Middle', 'renamed_soft_norm']
 

@@ -1,12 +1,12 @@
 """The SOFT math written plainly: the one naive reference of the op (as flash-linear-attention keeps a ``naive.py``
-beside each op). The backends are checked against it, the FlashAttention rule (:mod:`soft_mm.utils.precision_rule`)
+beside each op). The backends are checked against it, the FlashAttention rule (:mod:`soft_mm.ops.precision.error_rule`)
 takes it as its baseline, and the benchmarks time it as the plain-PyTorch SOFT math."""
 from __future__ import annotations
 
 from torch import Tensor
 
 from ..compat import matmul
-from ..precision import no_autocast
+from ..precision.autocast import no_autocast
 from .kernel import gaussian_kernel
 from .middle import renamed_soft_norm
 from .newton import newton_inverse

@@ -8,7 +8,7 @@ from torch import Tensor
 from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
 from ..graph_mode import exporting
-from ..precision import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
+from ..precision.autocast import compute_dtype, ieee_float32_matmuls, ieee_matmul, no_autocast
 
 __all__ = ['BACKWARD_MODES', 'NEWTON_OP', 'alpha_floor', 'check_newton_arguments', 'exact_inverse', 'newton_inverse',
            'newton_inverse_macs', 'newton_schulz_start', 'newton_schulz_step']

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from ...precision import ieee_matmul
+from ...precision.autocast import ieee_matmul
+from ...precision.soft_policy import Precision
 from ..dispatch import Backend, register_backend
 from ..kernel import gaussian_kernel
 from ..middle import Middle
-from ..policy import Precision
 
 __all__ = ['REFERENCE']
 

@@ -28,16 +28,16 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
+from ...precision.soft_policy import Precision
 from ..dispatch import Backend, register_backend
 from ..kernel import augment_kernel_cols, augment_kernel_rows
 from ..middle import Middle
-from ..policy import Precision
-from .products_op import products_op
+from ..products_op import products_op
 
 __all__ = ['AUTO_TILING_MIN_TOKENS', 'DEFAULT_TILE_SIZE', 'TILED', 'tiled_nystrom_products']
 
 # Tokens per tile: a 4096 × 49 float32 block per head is 0.8 MB, and the Python loop over tiles costs little next to
-# the matmuls (docs/benchmarks/attention/attention_benchmark.md).
+# the matmuls (docs/benchmarks/runs/2026-11-30_attention_soft_op/).
 DEFAULT_TILE_SIZE = 4096
 # The automatic threshold: below it the reference's N×m temporaries still fit in cache and the reference is as fast
 # with less Python overhead.

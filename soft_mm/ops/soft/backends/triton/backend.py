@@ -37,12 +37,12 @@ from torch import Tensor
 
 from .... import triton_route
 from ....custom_ops import differentiable_op
+from ....precision.soft_policy import Precision
 from ....triton_route import MIN_TRITON, TRITON_VERSION, triton_available
 from ...dispatch import Backend, Call, register_backend
 from ...middle import Middle
 from ...newton import alpha_floor
-from ...policy import Precision
-from ..products_op import products_op
+from ...products_op import products_op
 from .config import (
     BLOCK_N,
     KERNELS,
@@ -131,7 +131,7 @@ class _Launch:
         for ``nystrom_fwd_kernel_mc`` or ``nystrom_bwd_kernel_dmid_dctx`` to sum."""
         parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.nystrom_fwd_kernel_context[self.split_grid](
-            q, landmarks, x, parts, *self.sizes(), *_strides(q), *_strides(x), **self.meta(products))
+            q, landmarks, x, parts, *self.sizes(), _strides(q), _strides(x), **self.meta(products))
         return parts
 
 
@@ -148,7 +148,7 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: 
     launch = _Launch(q, lm, v, _OUTPUT)
     out = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
     launch.kernels.nystrom_fwd_kernel_o[launch.grid](
-        q, lm, middle_context, out, *launch.sizes(), *_strides(q), *_strides(out), **launch.meta(products))
+        q, lm, middle_context, out, *launch.sizes(), _strides(q), _strides(out), **launch.meta(products))
     return out.to(v.dtype), context, middle_context
 
 
@@ -174,7 +174,7 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
         q, lm, v, grad_out, middle_context, grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
-        *_strides(q), *_strides(v), *_strides(grad_out), *_strides(grad_q), *_strides(grad_v), **launch.meta(products))
+        _strides(q), _strides(v), _strides(grad_out), _strides(grad_q), _strides(grad_v), **launch.meta(products))
     grad_landmarks = torch.empty_like(lm, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dl_sum[(launch.groups,)](
         lsum, lcnt, lm.float(), grad_landmarks, launch.splits, m, d, MP=launch.mp, DP=launch.dp,
@@ -214,11 +214,11 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
 
 def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
     """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of
-    ``nystrom_middle_fwd_kernel`` (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
+    ``nystrom_middle_fwd_kernel_mid_inv`` (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
     lm = landmarks.float().contiguous()
     batch, heads, m, d = lm.shape
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
-    _kernels().nystrom_middle_fwd_kernel[(batch * heads,)](
+    _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
         SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(), num_warps=middle_warps(m))
     return middle, inverse

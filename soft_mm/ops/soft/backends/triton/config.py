@@ -48,7 +48,7 @@ SPLIT_PROGRAMS = 512
 KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
 # the m×m kernel and its backward, each in the cubin tables under two names: plain and SOFT-Norm (their SOFT_NORM
 # constant)
-MIDDLE_KERNELS = (('nystrom_middle_fwd_kernel', False), ('nystrom_middle_fwd_kernel_norm', True))
+MIDDLE_KERNELS = (('nystrom_middle_fwd_kernel_mid_inv', False), ('nystrom_middle_fwd_kernel_mid_inv_norm', True))
 MIDDLE_BACKWARD_KERNELS = (('nystrom_middle_bwd_kernel_dl', False), ('nystrom_middle_bwd_kernel_dl_norm', True))
 # the kernels that finish a split reduction, one program per (sample, head) group, float32: the forward's context and
 # middle_context, the backward's m×m and m×d gradients, the landmarks' gradient
@@ -77,8 +77,8 @@ def padded(n: int) -> int:
 
 
 def middle_warps(num_landmarks: int) -> int:
-    """Warps of the m×m kernel (``nystrom_middle_fwd_kernel``, one program per (sample, head) holding three padded m×m
-    float32 tiles): 4 up to m = 32, 8 at 64, 16 at 128, about 16 registers per thread for each tile."""
+    """Warps of the m×m kernel (``nystrom_middle_fwd_kernel_mid_inv``, one program per (sample, head) holding three
+    padded m×m float32 tiles): 4 up to m = 32, 8 at 64, 16 at 128, about 16 registers per thread for each tile."""
     return max(4, padded(num_landmarks) // 8)
 
 

@@ -7,7 +7,7 @@ Kernels, named by op, direction and output:
   launches it for ``K1^T grad_out``);
 * :func:`nystrom_fwd_kernel_o` — ``o = K1 @ middle_context``;
 * :func:`nystrom_bwd_kernel_dq_dv_dl` — grad q, grad v and partial sums of grad landmarks;
-* :func:`nystrom_middle_fwd_kernel` — the m×m middle matrix and the inverse (Newton–Schulz) in one program;
+* :func:`nystrom_middle_fwd_kernel_mid_inv` — the m×m middle matrix and the inverse (Newton–Schulz) in one program;
 * :func:`nystrom_middle_bwd_kernel_dl` — the landmarks' gradient through the middle matrix, in one program;
 * :func:`nystrom_fwd_kernel_mc`, :func:`nystrom_bwd_kernel_dmid_dctx`, :func:`nystrom_bwd_kernel_dl_sum` — what
   follows a split reduction, one program per group: its partial sums summed and the m-sized products formed
@@ -15,8 +15,9 @@ Kernels, named by op, direction and output:
 
 ``K1`` is the Gaussian kernel of the tokens against the m landmarks; every kernel rebuilds its block of ``K1`` in
 registers from q and the landmarks (:func:`kernel_block`), so no N×m tensor is ever written to memory. A group ``g =
-sample * H + head`` is one (sample, head); strides are named ``stride_<tensor>_<dim>`` over the dims ``(b, h, n, d)`` of
-``(B, H, N, D)`` tensors, and the landmarks and the m×d factors are contiguous ``(B*H, M, D)``. Each kernel moves its
+sample * H + head`` is one (sample, head); a token tensor ``(B, H, N, D)`` comes as its pointer and one tuple of its
+strides over ``(b, h, n, d)``, ``<tensor>_strides`` (a tuple argument: triton specialises each stride as it does a
+plain integer), and the landmarks and the m×d factors are contiguous ``(B*H, M, D)``. Each kernel moves its
 pointers to its group once (:func:`group_base`); the block helpers below index tokens and dims within it. Padded tile
 sizes (powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
 
@@ -34,7 +35,7 @@ __all__ = ['MIDDLE_BWD_ROWS', 'PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS
            'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
            'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dq_dv_dl',
            'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
-           'nystrom_middle_bwd_kernel_dl', 'nystrom_middle_fwd_kernel', 'pdot', 'pdot_scaled', 'pow2_above',
+           'nystrom_middle_bwd_kernel_dl', 'nystrom_middle_fwd_kernel_mid_inv', 'pdot', 'pdot_scaled', 'pow2_above',
            'round_bf16', 'store_group_tile', 'store_tokens', 'sum_partials']
 
 # the values of PRODUCTS (the launches pass config.PRODUCTS_CODES[name])
@@ -96,27 +97,27 @@ def pdot_scaled(a, b, scale, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def group_base(ptr, H, stride_b, stride_h):
-    """``ptr`` moved to this program's group (``tl.program_id(1)``) of a ``(B, H, N, D)`` tensor with those strides:
+def group_base(ptr, H, strides):
+    """``ptr`` moved to this program's group (``tl.program_id(1)``) of a ``(B, H, N, D)`` tensor with ``strides``:
     the kernels offset every token tensor once per program, and the block helpers index tokens and dims only."""
     g = tl.program_id(1)
-    return ptr + (g // H) * stride_b + (g % H) * stride_h
+    return ptr + (g // H) * strides[0] + (g % H) * strides[1]
 
 
 @triton.jit
-def load_tokens(ptr, rows, row_ok, width, stride_n, stride_d, WP: tl.constexpr):
+def load_tokens(ptr, rows, row_ok, width, strides, WP: tl.constexpr):
     """The ``(BLOCK, WP)`` float32 tile of token rows ``rows`` (masked by ``row_ok``) and the first ``width`` columns
-    of a group's ``(N, width)`` slice."""
+    of a group's ``(N, width)`` slice (``ptr`` at the group, ``strides`` the tensor's four)."""
     cols = tl.arange(0, WP)
     mask = row_ok[:, None] & (cols[None, :] < width)
-    return load_f32(ptr + rows[:, None] * stride_n + cols[None, :] * stride_d, mask)
+    return load_f32(ptr + rows[:, None] * strides[2] + cols[None, :] * strides[3], mask)
 
 
 @triton.jit
-def store_tokens(ptr, tile, rows, row_ok, width, stride_n, stride_d, WP: tl.constexpr):
+def store_tokens(ptr, tile, rows, row_ok, width, strides, WP: tl.constexpr):
     """:func:`load_tokens`' counterpart: ``tile`` written in the tensor's own dtype."""
     cols = tl.arange(0, WP)
-    tl.store(ptr + rows[:, None] * stride_n + cols[None, :] * stride_d, tile.to(ptr.dtype.element_ty),
+    tl.store(ptr + rows[:, None] * strides[2] + cols[None, :] * strides[3], tile.to(ptr.dtype.element_ty),
              mask=row_ok[:, None] & (cols[None, :] < width))
 
 
@@ -130,15 +131,14 @@ def load_group_tile(ptr, rows, cols, RP: tl.constexpr, CP: tl.constexpr):
 
 
 @triton.jit
-def kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK: tl.constexpr, MP: tl.constexpr,
-                 DP: tl.constexpr):
+def kernel_block(q_ptr, l_ptr, blk, N, M, D, q_strides, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
     """Block ``blk`` of the group's tokens against its landmarks (``q_ptr`` and ``l_ptr`` at the group): ``(q (BLOCK,
     DP) float32, landmarks (MP, DP), K block (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token
     rows, row mask)``. The block is ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` with an IEEE float32 dot: the norm
     terms cancel against the dot product, so the exponent never runs in a lower dtype."""
     rows = blk * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < N
-    q = load_tokens(q_ptr, rows, row_ok, D, stride_q_n, stride_q_d, DP)
+    q = load_tokens(q_ptr, rows, row_ok, D, q_strides, DP)
     lm = load_group_tile(l_ptr, M, D, MP, DP)
     dot = tl.dot(q, tl.trans(lm), input_precision='ieee')
     exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
@@ -147,22 +147,20 @@ def kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK: tl.c
 
 
 @triton.jit
-def context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, stride_q_n, stride_q_d, stride_x_n, stride_x_d,
-                  BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
+def context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK: tl.constexpr,
+                  MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
                   INTERPRET: tl.constexpr):
     """``acc + K_blk^T x_blk`` for block ``blk`` of the group: the body of :func:`nystrom_fwd_kernel_context`'s
     loop."""
-    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK, MP, DP)
-    x = load_tokens(x_ptr, rows, row_ok, DV, stride_x_n, stride_x_d, DVP)
+    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, q_strides, BLOCK, MP, DP)
+    x = load_tokens(x_ptr, rows, row_ok, DV, x_strides, DVP)
     return acc + pdot(tl.trans(k), x, PRODUCTS, INTERPRET)
 
 
 @triton.jit
-def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV,
-                               stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                               stride_x_b, stride_x_h, stride_x_n, stride_x_d,
-                               BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-                               PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, q_strides, x_strides, BLOCK: tl.constexpr,
+                               MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
+                               INTERPRET: tl.constexpr):
     """Partial sums of ``K1^T x``: ``x`` is v in the forward (the context), grad_out in the backward.
 
     Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split,
@@ -170,36 +168,35 @@ def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV,
     ``(MP, DVP)`` float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers); torch
     sums the ``splits`` partials afterwards (deterministic: the split depends on the sizes only; no atomics).
 
-    Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)`` through their strides, in any float dtype; the landmarks
-    contiguous ``(B*H, M, D)`` float32. The products with x in the ``PRODUCTS`` dtype, accumulated in float32."""
+    Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)`` through their strides (``q_strides``, ``x_strides``), in any
+    float dtype; the landmarks contiguous ``(B*H, M, D)`` float32. The products with x in the ``PRODUCTS`` dtype,
+    accumulated in float32."""
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
-    q_ptr = group_base(q_ptr, H, stride_q_b, stride_q_h)
-    x_ptr = group_base(x_ptr, H, stride_x_b, stride_x_h)
+    q_ptr = group_base(q_ptr, H, q_strides)
+    x_ptr = group_base(x_ptr, H, x_strides)
     l_ptr += g * M * D
     acc = tl.zeros((MP, DVP), dtype=tl.float32)
     num_blocks = tl.cdiv(N, BLOCK)
     if INTERPRET:
         blk = split
         while blk < num_blocks:
-            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, stride_q_n, stride_q_d, stride_x_n,
-                                stride_x_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
+                                PRODUCTS, INTERPRET)
             blk += splits
     else:
         for blk in range(split, num_blocks, splits):
-            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, stride_q_n, stride_q_d, stride_x_n,
-                                stride_x_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
+                                PRODUCTS, INTERPRET)
     marks = tl.arange(0, MP)
     tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + tl.arange(0, DVP)[None, :], acc)
 
 
 @triton.jit
-def nystrom_fwd_kernel_o(q_ptr, l_ptr, mc_ptr, o_ptr, H, N, M, D, DV,
-                         stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                         stride_o_b, stride_o_h, stride_o_n, stride_o_d,
-                         BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-                         PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+def nystrom_fwd_kernel_o(q_ptr, l_ptr, mc_ptr, o_ptr, H, N, M, D, DV, q_strides, o_strides, BLOCK: tl.constexpr,
+                         MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
+                         INTERPRET: tl.constexpr):
     """The output ``o = K1 @ middle_context``.
 
     Grid ``(cdiv(N, BLOCK), B * H)``: program ``(blk, g)`` rebuilds the ``(BLOCK, MP)`` kernel block in registers and
@@ -207,37 +204,35 @@ def nystrom_fwd_kernel_o(q_ptr, l_ptr, mc_ptr, o_ptr, H, N, M, D, DV,
     float32), operands in the ``PRODUCTS`` dtype, float32 accumulation; o is written through its strides in its own
     dtype."""
     g = tl.program_id(1)
-    q_ptr = group_base(q_ptr, H, stride_q_b, stride_q_h)
-    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr + g * M * D, tl.program_id(0), N, M, D, stride_q_n, stride_q_d,
-                                         BLOCK, MP, DP)
+    q_ptr = group_base(q_ptr, H, q_strides)
+    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr + g * M * D, tl.program_id(0), N, M, D, q_strides, BLOCK, MP, DP)
     mc = load_group_tile(mc_ptr + g * M * DV, M, DV, MP, DVP)
     o = pdot(k, mc, PRODUCTS, INTERPRET)
-    store_tokens(group_base(o_ptr, H, stride_o_b, stride_o_h), o, rows, row_ok, DV, stride_o_n, stride_o_d, DVP)
+    store_tokens(group_base(o_ptr, H, o_strides), o, rows, row_ok, DV, o_strides, DVP)
 
 
 @triton.jit
 def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-              blk, N, M, D, DV, stride_q_n, stride_q_d, stride_v_n, stride_v_d, stride_do_n, stride_do_d, stride_dq_n,
-              stride_dq_d, stride_dv_n, stride_dv_d, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
-              DVP: tl.constexpr, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+              blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK: tl.constexpr,
+              MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
     """Block ``blk`` of the group: stores its grad q and grad v, returns the landmark gradient's partial sums
     ``(dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s loop.
     Every pointer is at the group; ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context
     and middle-context tiles (the same for every block)."""
-    q, lm, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, stride_q_n, stride_q_d, BLOCK, MP, DP)
+    q, lm, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, q_strides, BLOCK, MP, DP)
     # the order keeps few tiles alive at once (0 spills): the m×d tiles loaded where they are used, grad v first,
     # then grad K1 one product at a time
     dctx = load_group_tile(dctx_ptr, M, DV, MP, DVP)
     dv = pdot_scaled(k, dctx, dctx_scale, PRODUCTS, INTERPRET)
-    store_tokens(dv_ptr, dv, rows, row_ok, DV, stride_dv_n, stride_dv_d, DVP)
-    v = load_tokens(v_ptr, rows, row_ok, DV, stride_v_n, stride_v_d, DVP)
+    store_tokens(dv_ptr, dv, rows, row_ok, DV, dv_strides, DVP)
+    v = load_tokens(v_ptr, rows, row_ok, DV, v_strides, DVP)
     grad_k = pdot_scaled(v, tl.trans(dctx), dctx_scale, PRODUCTS, INTERPRET)
-    do = load_tokens(do_ptr, rows, row_ok, DV, stride_do_n, stride_do_d, DVP)
+    do = load_tokens(do_ptr, rows, row_ok, DV, do_strides, DVP)
     mc = load_group_tile(mc_ptr, M, DV, MP, DVP)
     grad_k += pdot_scaled(do, tl.trans(mc), mc_scale, PRODUCTS, INTERPRET)
     grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
     dq = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
-    store_tokens(dq_ptr, dq, rows, row_ok, D, stride_dq_n, stride_dq_d, DP)
+    store_tokens(dq_ptr, dq, rows, row_ok, D, dq_strides, DP)
     dl_sum += tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
     dl_colsum += tl.sum(grad_s, axis=0)
     return dl_sum, dl_colsum
@@ -245,12 +240,7 @@ def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_p
 
 @triton.jit
 def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr, dl_sum_ptr,
-                                dl_colsum_ptr, H, N, M, D, DV,
-                                stride_q_b, stride_q_h, stride_q_n, stride_q_d,
-                                stride_v_b, stride_v_h, stride_v_n, stride_v_d,
-                                stride_do_b, stride_do_h, stride_do_n, stride_do_d,
-                                stride_dq_b, stride_dq_h, stride_dq_n, stride_dq_d,
-                                stride_dv_b, stride_dv_h, stride_dv_n, stride_dv_d,
+                                dl_colsum_ptr, H, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides,
                                 BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
                                 PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
     """The products' backward: grad q, grad v, and partial sums of grad landmarks.
@@ -262,18 +252,19 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
     ``grad_s^T q`` (``(MP, DP)``) and ``colsum(grad_s)`` (``(MP,)``), to float32 sums in registers, written once per
     program to ``dl_sum_ptr`` and ``dl_colsum_ptr`` (torch forms ``dl = sum - l * colsum`` from them).
 
-    Inputs: q, v and do (grad_out) through their strides; ``mc_ptr`` (middle_context) and ``dctx_ptr`` (the grad of
-    the context, ``middle^T K1^T do``) contiguous ``(B*H, M, DV)`` float32; the landmarks contiguous ``(B*H, M, D)``
-    float32. The products with v, do and their m×d partners in the ``PRODUCTS`` dtype, float32 accumulation; the
-    products with q and the landmarks (the exponent's gradient) in IEEE float32."""
+    Inputs: q, v and do (grad_out) through their strides (``q_strides``, ``v_strides``, ``do_strides``); ``mc_ptr``
+    (middle_context) and ``dctx_ptr`` (the grad of the context, ``middle^T K1^T do``) contiguous ``(B*H, M, DV)``
+    float32; the landmarks contiguous ``(B*H, M, D)`` float32. The products with v, do and their m×d partners in the
+    ``PRODUCTS`` dtype, float32 accumulation; the products with q and the landmarks (the exponent's gradient) in IEEE
+    float32."""
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
-    q_ptr = group_base(q_ptr, H, stride_q_b, stride_q_h)
-    v_ptr = group_base(v_ptr, H, stride_v_b, stride_v_h)
-    do_ptr = group_base(do_ptr, H, stride_do_b, stride_do_h)
-    dq_ptr = group_base(dq_ptr, H, stride_dq_b, stride_dq_h)
-    dv_ptr = group_base(dv_ptr, H, stride_dv_b, stride_dv_h)
+    q_ptr = group_base(q_ptr, H, q_strides)
+    v_ptr = group_base(v_ptr, H, v_strides)
+    do_ptr = group_base(do_ptr, H, do_strides)
+    dq_ptr = group_base(dq_ptr, H, dq_strides)
+    dv_ptr = group_base(dv_ptr, H, dv_strides)
     l_ptr += g * M * D
     mc_ptr += g * M * DV
     dctx_ptr += g * M * DV
@@ -291,15 +282,15 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
         while blk < num_blocks:
             dl_sum, dl_colsum = bwd_block(
                 dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-                blk, N, M, D, DV, stride_q_n, stride_q_d, stride_v_n, stride_v_d, stride_do_n, stride_do_d, stride_dq_n,
-                stride_dq_d, stride_dv_n, stride_dv_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+                blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP,
+                PRODUCTS, INTERPRET)
             blk += splits
     else:
         for blk in range(split, num_blocks, splits):
             dl_sum, dl_colsum = bwd_block(
                 dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-                blk, N, M, D, DV, stride_q_n, stride_q_d, stride_v_n, stride_v_d, stride_do_n, stride_do_d, stride_dq_n,
-                stride_dq_d, stride_dv_n, stride_dv_d, BLOCK, MP, DP, DVP, PRODUCTS, INTERPRET)
+                blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP,
+                PRODUCTS, INTERPRET)
     marks = tl.arange(0, MP)
     slot = g * splits + split  # one partial sum per program
     tl.store(dl_sum_ptr + (slot * MP + marks[:, None]) * DP + tl.arange(0, DP)[None, :], dl_sum)
@@ -313,7 +304,7 @@ def newton_schulz_step(v, p):
 
 
 @triton.jit
-def nystrom_middle_fwd_kernel(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr,
+def nystrom_middle_fwd_kernel_mid_inv(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr,
                               DP: tl.constexpr, SOFT_NORM: tl.constexpr, INTERPRET: tl.constexpr):
     """The m×m middle matrix and the inverse it holds, one (sample, head) group per program.
 

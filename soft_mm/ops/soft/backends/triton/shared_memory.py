@@ -13,7 +13,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 2048,
         'nystrom_fwd_kernel_o': {'float32': 3072, 'bfloat16': 3072, 'float16': 3072},
         'nystrom_middle_bwd_kernel_dl': 4096,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (75, 16, 32): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -23,7 +23,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 3072,
         'nystrom_fwd_kernel_o': {'float32': 6144, 'bfloat16': 6144, 'float16': 6144},
         'nystrom_middle_bwd_kernel_dl': 8192,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (75, 16, 64): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -33,7 +33,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 5120,
         'nystrom_fwd_kernel_o': {'float32': 12288, 'bfloat16': 12288, 'float16': 12288},
         'nystrom_middle_bwd_kernel_dl': 14336,
-        'nystrom_middle_fwd_kernel': 4224,
+        'nystrom_middle_fwd_kernel_mid_inv': 4224,
     },
     (75, 64, 16): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -43,7 +43,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 20480,
         'nystrom_fwd_kernel_o': {'float32': 12288, 'bfloat16': 8192, 'float16': 8192},
         'nystrom_middle_bwd_kernel_dl': 43008,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (75, 64, 32): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -53,7 +53,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 24576,
         'nystrom_fwd_kernel_o': {'float32': 16384, 'bfloat16': 12288, 'float16': 12288},
         'nystrom_middle_bwd_kernel_dl': 49152,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (75, 64, 64): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -63,7 +63,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 32768,
         'nystrom_fwd_kernel_o': {'float32': 24576, 'bfloat16': 24576, 'float16': 24576},
         'nystrom_middle_bwd_kernel_dl': 65536,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (80, 16, 16): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -73,7 +73,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 2048,
         'nystrom_fwd_kernel_o': {'float32': 5120, 'bfloat16': 5120, 'float16': 5120},
         'nystrom_middle_bwd_kernel_dl': 4096,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (80, 16, 32): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -83,7 +83,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 3072,
         'nystrom_fwd_kernel_o': {'float32': 10240, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 8192,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (80, 16, 64): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -93,7 +93,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 5120,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 20480, 'float16': 20480},
         'nystrom_middle_bwd_kernel_dl': 14336,
-        'nystrom_middle_fwd_kernel': 4224,
+        'nystrom_middle_fwd_kernel_mid_inv': 4224,
     },
     (80, 64, 16): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -103,7 +103,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 20480,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 52224,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (80, 64, 32): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -113,7 +113,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 24576,
         'nystrom_fwd_kernel_o': {'float32': 24576, 'bfloat16': 16384, 'float16': 16384},
         'nystrom_middle_bwd_kernel_dl': 61440,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (80, 64, 64): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -123,7 +123,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 32768,
         'nystrom_fwd_kernel_o': {'float32': 32768, 'bfloat16': 32768, 'float16': 32768},
         'nystrom_middle_bwd_kernel_dl': 81920,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (86, 16, 16): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -133,7 +133,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 2048,
         'nystrom_fwd_kernel_o': {'float32': 5120, 'bfloat16': 5120, 'float16': 5120},
         'nystrom_middle_bwd_kernel_dl': 4096,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (86, 16, 32): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -143,7 +143,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 3072,
         'nystrom_fwd_kernel_o': {'float32': 10240, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 8192,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (86, 16, 64): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -153,7 +153,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 5120,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 20480, 'float16': 20480},
         'nystrom_middle_bwd_kernel_dl': 14336,
-        'nystrom_middle_fwd_kernel': 4224,
+        'nystrom_middle_fwd_kernel_mid_inv': 4224,
     },
     (86, 64, 16): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -163,7 +163,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 20480,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 52224,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (86, 64, 32): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -173,7 +173,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 24576,
         'nystrom_fwd_kernel_o': {'float32': 24576, 'bfloat16': 16384, 'float16': 16384},
         'nystrom_middle_bwd_kernel_dl': 61440,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (86, 64, 64): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -183,7 +183,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 32768,
         'nystrom_fwd_kernel_o': {'float32': 32768, 'bfloat16': 32768, 'float16': 32768},
         'nystrom_middle_bwd_kernel_dl': 81920,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (89, 16, 16): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -193,7 +193,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 2048,
         'nystrom_fwd_kernel_o': {'float32': 5120, 'bfloat16': 5120, 'float16': 5120},
         'nystrom_middle_bwd_kernel_dl': 4096,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (89, 16, 32): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -203,7 +203,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 3072,
         'nystrom_fwd_kernel_o': {'float32': 10240, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 8192,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (89, 16, 64): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -213,7 +213,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 5120,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 20480, 'float16': 20480},
         'nystrom_middle_bwd_kernel_dl': 14336,
-        'nystrom_middle_fwd_kernel': 4224,
+        'nystrom_middle_fwd_kernel_mid_inv': 4224,
     },
     (89, 64, 16): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -223,7 +223,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 20480,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 52224,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (89, 64, 32): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -233,7 +233,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 24576,
         'nystrom_fwd_kernel_o': {'float32': 24576, 'bfloat16': 16384, 'float16': 16384},
         'nystrom_middle_bwd_kernel_dl': 61440,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (89, 64, 64): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -243,7 +243,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 32768,
         'nystrom_fwd_kernel_o': {'float32': 32768, 'bfloat16': 32768, 'float16': 32768},
         'nystrom_middle_bwd_kernel_dl': 81920,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (90, 16, 16): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -253,7 +253,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 2048,
         'nystrom_fwd_kernel_o': {'float32': 5120, 'bfloat16': 5120, 'float16': 5120},
         'nystrom_middle_bwd_kernel_dl': 4096,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (90, 16, 32): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -263,7 +263,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 3072,
         'nystrom_fwd_kernel_o': {'float32': 10240, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 8192,
-        'nystrom_middle_fwd_kernel': 3072,
+        'nystrom_middle_fwd_kernel_mid_inv': 3072,
     },
     (90, 16, 64): {
         'nystrom_bwd_kernel_dl_sum': 64,
@@ -273,7 +273,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 5120,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 20480, 'float16': 20480},
         'nystrom_middle_bwd_kernel_dl': 14336,
-        'nystrom_middle_fwd_kernel': 4224,
+        'nystrom_middle_fwd_kernel_mid_inv': 4224,
     },
     (90, 64, 16): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -283,7 +283,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 20480,
         'nystrom_fwd_kernel_o': {'float32': 20480, 'bfloat16': 10240, 'float16': 10240},
         'nystrom_middle_bwd_kernel_dl': 52224,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (90, 64, 32): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -293,7 +293,7 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 24576,
         'nystrom_fwd_kernel_o': {'float32': 24576, 'bfloat16': 16384, 'float16': 16384},
         'nystrom_middle_bwd_kernel_dl': 61440,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
     (90, 64, 64): {
         'nystrom_bwd_kernel_dl_sum': 256,
@@ -303,6 +303,6 @@ SHARED_MEMORY = {
         'nystrom_fwd_kernel_mc': 32768,
         'nystrom_fwd_kernel_o': {'float32': 32768, 'bfloat16': 32768, 'float16': 32768},
         'nystrom_middle_bwd_kernel_dl': 81920,
-        'nystrom_middle_fwd_kernel': 49152,
+        'nystrom_middle_fwd_kernel_mid_inv': 49152,
     },
 }

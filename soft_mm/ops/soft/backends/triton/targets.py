@@ -31,7 +31,7 @@ __all__ = ['DeviceLimits', 'device_limits', 'device_target', 'launch_reasons', '
 
 _CONTEXT, _OUTPUT, _BACKWARD = KERNELS
 _MC, _DMID, _DL_SUM = GROUP_KERNELS
-_MIDDLE, _MIDDLE_BACKWARD = 'nystrom_middle_fwd_kernel', 'nystrom_middle_bwd_kernel_dl'
+_MIDDLE, _MIDDLE_BACKWARD = 'nystrom_middle_fwd_kernel_mid_inv', 'nystrom_middle_bwd_kernel_dl'
 _TABLE_LANDMARKS = sorted({m for _, m, _ in SHARED_MEMORY})
 _TABLE_HEAD_DIMS = sorted({d for _, _, d in SHARED_MEMORY})
 

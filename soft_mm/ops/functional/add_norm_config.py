@@ -1,0 +1,25 @@
+"""The launch configuration of the fused add + LayerNorm kernels (:mod:`soft_mm.ops.functional.add_norm_kernels`), in a
+module of plain Python (no torch, no triton), so that ``benchmarks/triton_cubins.py`` compiles them exactly as
+:mod:`soft_mm.ops.functional.add_norm` launches them.
+"""
+from __future__ import annotations
+
+__all__ = ['BACKWARD_PROGRAMS', 'MAX_ADD_NORM_WIDTH', 'TILE_ELEMENTS', 'add_norm_rows', 'padded_width']
+
+MAX_ADD_NORM_WIDTH = 1024  # the widest row the kernels take (SOFT's post-norm blocks: 64-352 channels)
+# elements of the (rows, padded width) tile a program holds at a time: at 2,048 the backward spills registers at 512
+# channels and more on every target; at 1,024 no kernel spills at any width up to 1,024 on any target
+# (tests/ops/test_triton_cubins.py)
+TILE_ELEMENTS = 1024
+BACKWARD_PROGRAMS = 256  # programs of the backward at most: each sums its rows' share of the weight's and bias's grads
+
+
+def padded_width(width: int) -> int:
+    """The row width padded to a power of two (at least 16): the kernels' ``CP``, columns beyond ``width`` masked."""
+    return max(16, 1 << (int(width) - 1).bit_length())
+
+
+def add_norm_rows(width: int) -> int:
+    """Rows of the token matrix a program takes at a time for rows ``width`` wide (the kernels' ``ROWS``): 16 at 64
+    channels, down to 1 at 1,024 (:data:`TILE_ELEMENTS` over the padded width)."""
+    return max(1, min(16, TILE_ELEMENTS // padded_width(width)))

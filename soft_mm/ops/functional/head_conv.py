@@ -1,0 +1,111 @@
+"""The value conv of SOFT: one k×k filter per head, shared by the head's channels, as a depthwise conv with a fast
+weight gradient.
+
+Forward, and the gradient of the input, are depthwise convs of the channels-last map (fast in oneDNN). The gradient
+of the filters is what PyTorch's depthwise conv backward computes slowly on CPU, because it reduces over the whole map
+per filter tap. Here it is one more depthwise conv, of the input map with the output gradient as the filter
+(``grad_w[c, i, j] = sum_yx x[c, y + i - p, x + j - p] g[c, y, x]``, a k×k output), then summed over each head's
+channels: the same sums in another order. That pays from k = 5 (``benchmarks/head_conv.py``,
+docs/benchmarks/layer_kernels.md), so 3×3 filters take PyTorch's own backward.
+
+On a CUDA device a channels-last depthwise conv goes to cuDNN, whose kernel for large filters is slower than
+PyTorch's own depthwise kernel on contiguous NCHW maps even with the copies in and out, while for small filters
+cuDNN's channels-last kernel is the faster (``benchmarks/eager_launches.py``; the times:
+docs/benchmarks/runs/2026-12-04_h200_eager_launches/). So from k = :data:`CUDA_NCHW_MIN_KERNEL` (between the measured
+sizes) the map is copied to NCHW for the conv on CUDA, and the result handed back channels-last.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from ..compat import eager_without_custom_ops
+from ..custom_ops import differentiable_op
+from ..graph_mode import graph_mode
+from ..precision.autocast import autocast_cast
+from ..triton_route import route_device_type
+
+__all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'nchw_conv',
+           'uses_custom_backward', 'uses_nchw_route']
+
+CUSTOM_BACKWARD_MIN_KERNEL = 5
+CUDA_NCHW_MIN_KERNEL = 7
+
+
+def _expand(weight: Tensor, head_dim: int) -> Tensor:
+    return weight.repeat_interleave(head_dim, dim=0)  # (h, 1, k, k) -> (h*d, 1, k, k)
+
+
+def _conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
+    """The per-head conv itself (autograd's backward when called outside the custom op)."""
+    return F.conv2d(x, _expand(weight, head_dim), padding=weight.shape[-1] // 2, groups=x.shape[1])
+
+
+def _conv_backward(grad_out: Tensor, x: Tensor, weight: Tensor, head_dim: int) -> tuple[Tensor, Tensor]:
+    """``(grad_x, grad_weight)``: the transposed conv for x, and the taps as one more depthwise conv for the filters."""
+    kernel = weight.shape[-1]
+    batch, channels, height, width = x.shape
+    # one common dtype (the op's entry already cast both to the autocast dtype, as autocast casts a conv's operands,
+    # so under autocast this backward runs in bfloat16 as autocast's own conv backward does)
+    dtype = torch.promote_types(x.dtype, weight.dtype)
+    grad_out = grad_out.to(dtype)
+    # the transposed conv of stride 1: the flipped filter, same padding
+    grad_x = _conv(grad_out, weight.to(dtype).flip(-2, -1), head_dim).to(x.dtype)
+    # every (sample, channel) map correlated with its own output gradient: batch folded into the channels
+    maps = x.to(dtype).contiguous().reshape(1, batch * channels, height, width)
+    filters = grad_out.contiguous().reshape(batch * channels, 1, height, width)
+    taps = F.conv2d(maps, filters, padding=kernel // 2, groups=batch * channels)  # (1, B*C, k, k)
+    grad_weight = taps.reshape(batch, -1, head_dim, kernel, kernel).sum((0, 2)).unsqueeze(1).to(weight.dtype)
+    return grad_x, grad_weight
+
+
+# Custom ops (soft_mm::head_depthwise_conv and its backward), so that torch.compile records one node each and runs
+# these kernels; their fake kernels are the same functions run on fake tensors, which gives the real layouts.
+_head_conv_op, _ = differentiable_op(
+    'head_depthwise_conv', _conv, '(Tensor x, Tensor weight, int head_dim) -> Tensor', _conv,
+    backward=_conv_backward,
+    backward_schema='(Tensor grad_out, Tensor x, Tensor weight, int head_dim) -> (Tensor, Tensor)',
+    backward_fake=_conv_backward, save=lambda inputs, output: ((inputs[0], inputs[1]), (inputs[2],)))
+
+
+def nchw_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
+    """The per-head conv through a contiguous NCHW copy of ``x`` (PyTorch's own depthwise kernel on CUDA), the result
+    handed back channels-last unless ``x`` was NCHW."""
+    out = _conv(x.contiguous(), weight, head_dim)
+    return out if x.is_contiguous() else out.contiguous(memory_format=torch.channels_last)
+
+
+def uses_nchw_route(device_type: str, kernel: int) -> bool:
+    """Whether :func:`head_depthwise_conv` takes :func:`nchw_conv`: on CUDA from k = :data:`CUDA_NCHW_MIN_KERNEL`."""
+    return device_type == 'cuda' and kernel >= CUDA_NCHW_MIN_KERNEL
+
+
+def uses_custom_backward(device_type: str, kernel: int) -> bool:
+    """Whether :func:`head_depthwise_conv` takes this module's backward: on CPU from k =
+    :data:`CUSTOM_BACKWARD_MIN_KERNEL` (where it was measured to pay); elsewhere PyTorch's own (unmeasured there)."""
+    return device_type == 'cpu' and kernel >= CUSTOM_BACKWARD_MIN_KERNEL
+
+
+@eager_without_custom_ops
+def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
+    """Depthwise conv of ``x (B, h*d, H, W)`` with one filter per head, ``weight (h, 1, k, k)`` (odd k, zero padding
+    k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
+    padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 5) it is the custom op
+    ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only), its operands cast
+    as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd, through
+    :func:`nchw_conv` where :func:`uses_nchw_route` says so (CUDA, k >= :data:`CUDA_NCHW_MIN_KERNEL`)."""
+    if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
+        raise ValueError(f'head_depthwise_conv: weight must be (heads, 1, k, k) with odd k, got {tuple(weight.shape)}')
+    if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
+        raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
+                         f'{head_dim}, H, W), got {tuple(x.shape)}')
+    device_type = route_device_type(x)  # (CPU tensors counting a GPU's launches take CUDA's route)
+    if uses_nchw_route(device_type, weight.shape[-1]):
+        return nchw_conv(x, weight, head_dim)
+    # under torch.compile the custom op for every filter size: inductor's lowering of this depthwise conv on a
+    # channels-last map with symbolic sizes fails (torch 2.14, dynamic=True: "cannot determine truth value of
+    # Relational"); as one opaque node it runs the eager kernels
+    if not uses_custom_backward(device_type, weight.shape[-1]) and graph_mode() != 'compile':
+        return _conv(x, weight, head_dim)
+    return _head_conv_op(*autocast_cast(x, weight), head_dim)
