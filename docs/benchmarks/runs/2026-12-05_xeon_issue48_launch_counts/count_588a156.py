@@ -3,7 +3,9 @@ SOFT op forced to its Triton backend in the interpreter, the value conv on CUDA'
 for CPU tensors). Run from a checkout of the later code, with a worktree of 588a156 beside it:
 
     git worktree add /tmp/before 588a156
-    python docs/benchmarks/launch_counts/count_588a156.py /tmp/before . soft_norm_small   # writes before_counts.json
+    python docs/benchmarks/runs/2026-12-05_xeon_issue48_launch_counts/count_588a156.py /tmp/before . soft_norm_small
+
+(it writes before_counts.json)
 """
 import contextlib
 import importlib.util
@@ -30,7 +32,7 @@ from harness import build_backbone  # noqa: E402 (after the paths)
 
 import soft_mm.ops.soft.attention as att  # noqa: E402 (after the paths)
 import soft_mm.ops.soft.backends.triton.backend as tb  # noqa: E402 (after the paths)
-from soft_mm.ops.layers import head_conv  # noqa: E402 (after the paths)
+from soft_mm.ops.functional import head_conv  # noqa: E402 (after the paths)
 
 real_select = att.select
 def select(device_type, dtype, precision, num_tokens, needs_grad, mode='eager', name=None, **kw):
