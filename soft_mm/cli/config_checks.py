@@ -1,5 +1,5 @@
-"""Stop before building a Runner when a config points at a dataset or checkpoint that is not there, or an input image
-cannot be read.
+"""Stop before building a Runner when a config points at a dataset or checkpoint that is not there, or when an input
+image cannot be read.
 
 Without this check a missing COCO folder or ImageNet checkpoint surfaces as a long traceback from deep inside
 mmengine after minutes of setup; here it is one sentence that names the path and what to do.

@@ -130,9 +130,8 @@ class AttentionHealthHook(Hook):
 
     During the chosen iteration the landmarks the forward uses are recorded (read-only forward hooks; the training is
     unchanged), and after it the figures of :func:`soft_mm.models.attention_health.attention_health` are computed in
-    float64:
-    per layer ``attn_health/<layer>/{condition,effective_rank,residual,iters_to_target,branch_ratio,uniformity}``
-    (docs/advanced/attention_health.md says what each means) and the model-wide
+    float64: per layer ``attn_health/<layer>/{condition,effective_rank,residual,iters_to_target,branch_ratio,
+    uniformity}`` (docs/advanced/attention_health.md says what each means) and the model-wide
     ``attn_health/max_condition``, ``max_residual`` and ``min_effective_rank``. They go to the visualizer (so to
     ``vis_data/scalars.json``, TensorBoard with ``--tensorboard``, and ``tools/analysis_tools/plot_logs.py``, which
     draws them in a panel of their own) at step = the iteration, and the table to the log. One line in a config

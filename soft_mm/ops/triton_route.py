@@ -9,6 +9,7 @@ imported (triton decorates its own library functions, ``tl.sum``, then).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib
 import importlib.metadata
 import importlib.util
@@ -19,9 +20,9 @@ from types import ModuleType
 
 import torch
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'TARGETS', 'TRITON_VERSION', 'cpu_route', 'cuda_target', 'gpu_route',
-           'interpreted_triton_route', 'interpreting', 'load_kernels', 'route_device_type', 'store_dtype',
-           'takes_triton', 'triton_available']
+__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'TARGETS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route',
+           'cuda_target', 'device_limits', 'gpu_route', 'interpreted_triton_route', 'interpreting', 'load_kernels',
+           'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
 
 # The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
 # 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
@@ -45,10 +46,53 @@ def _installed_triton() -> tuple[int, ...] | None:
     return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
 
 
+@dataclasses.dataclass(frozen=True)
+class DeviceLimits:
+    """What the kernels need to know of a GPU, read once per device (:func:`device_limits`).
+
+    Attributes:
+        name: the device's name (``torch.cuda.get_device_name``).
+        capability: ``(major, minor)``.
+        shared_memory_per_block: the opt-in shared memory a block may ask for, bytes.
+    """
+
+    name: str
+    capability: tuple[int, int]
+    shared_memory_per_block: int
+
+    @property
+    def target(self) -> int:
+        """The capability as ``10 * major + minor`` (e.g. 89), the key of the launch configurations and tables."""
+        return 10 * self.capability[0] + self.capability[1]
+
+    def __str__(self) -> str:
+        return f'{self.name} (sm_{self.target})'
+
+
+def _read_limits(index: int) -> DeviceLimits:
+    props = torch.cuda.get_device_properties(index)
+    optin = getattr(props, 'shared_memory_per_block_optin', None)
+    if optin is None:  # a torch without the field: triton's driver reads the same attribute
+        import triton
+
+        optin = triton.runtime.driver.active.utils.get_device_properties(index)['max_shared_mem']
+    return DeviceLimits(props.name, (props.major, props.minor), int(optin))
+
+
+def device_limits(index: int | None = None) -> DeviceLimits:
+    """The :class:`DeviceLimits` of CUDA device ``index`` (None: the current one), read once per device: the one
+    reader of a device for every Triton kernel of the package (the SOFT op's backend, the layers' kernels)."""
+    index = torch.cuda.current_device() if index is None else int(index)
+    limits = _DEVICES.get(index)
+    if limits is None:
+        limits = _DEVICES[index] = _read_limits(index)
+    return limits
+
+
 TRITON_VERSION = _installed_triton()
 _ROUTE = {'cpu': False}  # whether CPU tensors take the Triton route (inside interpreted_triton_route)
 _LOADED: dict[str, tuple[ModuleType, bool]] = {}
-_CUDA_TARGETS: dict[int, int] = {}
+_DEVICES: dict[int, DeviceLimits] = {}
 
 
 def triton_available() -> bool:
@@ -99,12 +143,7 @@ def route_device_type(tensor: torch.Tensor) -> str:
 
 def cuda_target(device: torch.device) -> int:
     """The compute capability of a CUDA device as ``10 * major + minor`` (e.g. 89), read once per device."""
-    index = torch.cuda.current_device() if device.index is None else device.index
-    target = _CUDA_TARGETS.get(index)
-    if target is None:
-        major, minor = torch.cuda.get_device_capability(index)
-        target = _CUDA_TARGETS[index] = 10 * major + minor
-    return target
+    return device_limits(device.index).target
 
 
 def takes_triton(*tensors: torch.Tensor) -> bool:

@@ -147,17 +147,19 @@ def test_the_blocks_of_each_target():
     assert {kernel_block('nystrom_bwd_kernel_dq_dv_dl', t) for t in (None, *TARGETS)} == {16}
 
 
-def test_the_device_is_read_once(monkeypatch):
-    import soft_mm.ops.soft.backends.triton.targets as targets
+def test_the_device_is_read_once_for_every_kernel(monkeypatch):
+    from soft_mm.ops import triton_route
     reads = []
 
     def read(index):
         reads.append(index)
         return RTX_3090
-    monkeypatch.setattr(targets, '_DEVICES', {})
-    monkeypatch.setattr(targets, '_read_limits', read)
+    monkeypatch.setattr(triton_route, '_DEVICES', {})
+    monkeypatch.setattr(triton_route, '_read_limits', read)
     assert device_limits(1) is RTX_3090 and device_limits(1) is RTX_3090 and str(device_limits(1)) == \
         'NVIDIA GeForce RTX 3090 (sm_86)'
+    # the layers' kernels read the same record: one reader of a device for the package
+    assert triton_route.cuda_target(torch.device('cuda', 1)) == 86
     assert reads == [1]
 
 
@@ -172,8 +174,9 @@ def test_the_layers_fused_kernels_run_on_the_same_targets(monkeypatch, capabilit
     from soft_mm.ops import triton_route
 
     assert triton_route.TARGETS == TARGETS  # (config.py repeats them: plain Python, read by the cubin tool)
-    monkeypatch.setattr(triton_route, '_CUDA_TARGETS', {})
-    monkeypatch.setattr(torch.cuda, 'get_device_capability', lambda index=None: capability)
+    monkeypatch.setattr(triton_route, '_DEVICES', {})
+    monkeypatch.setattr(triton_route, '_read_limits',
+                        lambda index: triton_route.DeviceLimits('a GPU', capability, 101_376))
     cuda = torch.device('cuda', 0)
     float32, bfloat16 = (SimpleNamespace(device=cuda, dtype=dtype) for dtype in (torch.float32, torch.bfloat16))
     assert triton_route.takes_triton(float32) is takes_float32

@@ -55,7 +55,7 @@ from .config import (
     padded,
     split_count,
 )
-from .targets import device_limits, device_target, launch_reasons
+from .targets import device_limits, launch_reasons
 
 __all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'call_reasons',
            'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
@@ -110,12 +110,12 @@ class _Launch:
         self.m, self.dv = landmarks.shape[2], v.shape[3]
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
         self.interpret = triton_route.interpreting()
-        block = kernel_block(kernel, None if self.interpret or q.device.type != 'cuda' else device_target(q.device))
-        self.block = block
+        on_gpu = not self.interpret and q.device.type == 'cuda'
+        self.block = kernel_block(kernel, triton_route.cuda_target(q.device) if on_gpu else None)
         self.groups = self.batch * self.heads
-        self.nblk = -(-self.n // block)
+        self.nblk = -(-self.n // self.block)
         self.grid = (self.nblk, self.groups)
-        self.splits = split_count(self.n, block, self.groups)
+        self.splits = split_count(self.n, self.block, self.groups)
         self.split_grid = (self.splits, self.groups)
         self.kernels = _kernels()
 

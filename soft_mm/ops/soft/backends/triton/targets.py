@@ -19,71 +19,19 @@ shared memory per block at m = 64, d = 64 (nystrom_bwd_kernel_dq_dv_dl, float32 
 """
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
+from ....triton_route import DeviceLimits, device_limits
 from .config import BFLOAT16_MIN_TARGET, GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, TARGETS, padded
 from .shared_memory import SHARED_MEMORY
 
-__all__ = ['DeviceLimits', 'device_limits', 'device_target', 'launch_reasons', 'launched_kernels',
-           'shared_memory_needed']
+__all__ = ['DeviceLimits', 'device_limits', 'launch_reasons', 'launched_kernels', 'shared_memory_needed']
 
 _CONTEXT, _OUTPUT, _BACKWARD = KERNELS
 _MC, _DMID, _DL_SUM = GROUP_KERNELS
 _MIDDLE, _MIDDLE_BACKWARD = 'nystrom_middle_fwd_kernel_mid_inv', 'nystrom_middle_bwd_kernel_dl'
 _TABLE_LANDMARKS = sorted({m for _, m, _ in SHARED_MEMORY})
 _TABLE_HEAD_DIMS = sorted({d for _, _, d in SHARED_MEMORY})
-
-
-@dataclasses.dataclass(frozen=True)
-class DeviceLimits:
-    """What the kernels need to know of a GPU.
-
-    Attributes:
-        name: the device's name (``torch.cuda.get_device_name``).
-        capability: ``(major, minor)``.
-        shared_memory_per_block: the opt-in shared memory a block may ask for, bytes.
-    """
-
-    name: str
-    capability: tuple[int, int]
-    shared_memory_per_block: int
-
-    @property
-    def target(self) -> int:
-        """The capability as ``10 * major + minor`` (e.g. 89), the key of the launch configuration and the table."""
-        return 10 * self.capability[0] + self.capability[1]
-
-    def __str__(self) -> str:
-        return f'{self.name} (sm_{self.target})'
-
-
-_DEVICES: dict[int, DeviceLimits] = {}
-
-
-def _read_limits(index: int) -> DeviceLimits:
-    props = torch.cuda.get_device_properties(index)
-    optin = getattr(props, 'shared_memory_per_block_optin', None)
-    if optin is None:  # a torch without the field: triton's driver reads the same attribute
-        import triton
-
-        optin = triton.runtime.driver.active.utils.get_device_properties(index)['max_shared_mem']
-    return DeviceLimits(props.name, (props.major, props.minor), int(optin))
-
-
-def device_limits(index: int | None = None) -> DeviceLimits:
-    """The :class:`DeviceLimits` of CUDA device ``index`` (None: the current one), read once per device."""
-    index = torch.cuda.current_device() if index is None else int(index)
-    limits = _DEVICES.get(index)
-    if limits is None:
-        limits = _DEVICES[index] = _read_limits(index)
-    return limits
-
-
-def device_target(device: torch.device) -> int:
-    """The target (``10 * major + minor``) of a CUDA device, whose launch configuration its kernels take."""
-    return device_limits(device.index).target
 
 
 def launched_kernels(needs_grad: bool) -> tuple[str, ...]:
