@@ -16,7 +16,8 @@ the two are timed side by side.
    forward + backward (the map's and the filters' gradients), in the autocast dtype.
 2. The backbones: the forward (no grad) and the training step (forward + backward of the maps' means) under autocast,
    rounds interleaved; per model the launches of one forward and of one step: device kernels and their summed time
-   on CUDA, top-level ATen operators on CPU (where nothing is launched; the count stands for the calls Python makes).
+   on CUDA, on CPU the ATen operators that compute (``benchmarks/launch_counts.py``'s counter: nothing is launched
+   there; the count stands for the kernels a GPU would run).
 
 Time on a GPU is wall time (Python's launches included), synchronised after each call; on CPU run it under the
 allocator setting of the other benchmarks (benchmarks/harness.py).
@@ -44,6 +45,7 @@ from harness import (
     write_results,
 )
 from head_conv import value_convs
+from launch_counts import count
 
 from soft_mm.ops.functional import head_conv, pooling
 
@@ -129,18 +131,16 @@ def _with_grads(fn: Callable[[], torch.Tensor], leaves: tuple[torch.Tensor, ...]
     return run
 
 
-def launches(fn: Callable[[], object], device: torch.device) -> dict:
-    """What one call of ``fn`` launches: ``{'launches': n, 'device_ms': summed kernel time}`` on CUDA (kernels),
-    ``{'launches': n}`` on CPU (top-level ATen operators)."""
+def launches(fn: Callable[[], object], model: torch.nn.Module, device: torch.device) -> dict:
+    """What one call of ``fn`` (running ``model``) launches: ``{'launches': n, 'device_ms': summed kernel time}`` on
+    CUDA (the profiler's kernels), ``{'launches': n}`` on CPU (where nothing is launched: the ATen operators that
+    compute, as ``benchmarks/launch_counts.py`` counts them, which stand for the kernels a GPU would run)."""
+    if device.type != 'cuda':
+        return dict(launches=len(count(fn, model)))
     fn()
     sync(device)
-    events = profiled_call(fn, device)
-    if device.type == 'cuda':
-        kernels, device_ms = device_kernels(events)
-        return dict(launches=kernels, device_ms=device_ms)
-    ops = [e for e in events if e.name.startswith('aten::')
-           and (e.cpu_parent is None or not e.cpu_parent.name.startswith('aten::'))]
-    return dict(launches=len(ops))
+    kernels, device_ms = device_kernels(profiled_call(fn, device))
+    return dict(launches=kernels, device_ms=device_ms)
 
 
 def backbone_rows(args: argparse.Namespace, dtype: torch.dtype, hw: tuple[int, int]) -> list[dict]:
@@ -171,7 +171,8 @@ def backbone_rows(args: argparse.Namespace, dtype: torch.dtype, hw: tuple[int, i
     rows = []
     for name, model in models.items():
         with savings(name != SAVINGS_OFF):
-            counts = {kind: launches(make(model), device) for kind, make in (('forward', forward), ('step', step))}
+            counts = {kind: launches(make(model), model, device)
+                      for kind, make in (('forward', forward), ('step', step))}
         rows.append(dict(hw=list(hw), model=name, forward_ms=1e3 * times[f'{name} forward'],
                          step_ms=1e3 * times[f'{name} step'], forward_launches=counts['forward'],
                          step_launches=counts['step']))

@@ -21,7 +21,7 @@ def test_tiny_run_counts_fewer_calls_with_the_savings_and_restores_them(tmp_path
     rows = {r['model']: r for r in data['backbones']}
     assert list(rows) == ['soft_norm_small', 'swin_t', 'convnext_t', 'soft_norm_small, savings off']
     on, off = rows['soft_norm_small'], rows['soft_norm_small, savings off']
-    # two pooling matrices per SOFT layer, a dozen operators or more each (21 measured), gone
+    # two pooling matrices per SOFT layer, a dozen operators or more each (16 counted by launch_counts), gone
     saved = off['forward_launches']['launches'] - on['forward_launches']['launches']
     assert saved >= 11 * 2 * 12, (on, off)
     assert off['step_launches']['launches'] - on['step_launches']['launches'] == saved
