@@ -329,21 +329,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(argv)
-    if args.worker:
-        spec = json.loads(args.worker)
-        print(json.dumps(backbone_modes.run_worker(spec) if spec.get('modes_worker') else run_worker(spec)))
-        return 0
-    if args.modes:
-        return backbone_modes.run(args, __file__)
-    notes, too_slow = [], set()
+def _print_row(where: str, round_index: int, result: dict[str, Any]) -> None:
+    stages = ' '.join(f'{t:.3f}' for t in result.get('stage_s', []))
+    print(f"{where} {round_index + 1:>5} {result['params'] / 1e6:>6.1f}M {_fmt(result.get('gmacs'), '.1f'):>7} "
+          f"{result['fwd_s']:>7.2f} {_fmt(result.get('fwd_bwd_s')):>7} {_fmt(result.get('fwd_bwd_peak_mib'), '.0f'):>8}"
+          f"  {stages}", flush=True)
+
+
+def measure(args: argparse.Namespace, sizes: list[tuple[int, int]], notes: list[str],
+            ) -> dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]]:
+    """Every (model, dtype) at every size, smallest size first, rounds interleaved across the cases, each case in a
+    fresh process; a case whose forward took more than ``--max-case-s`` is not run at the larger sizes (a note says
+    so, as it says of a failed case). Returns the results per case and size, one per round."""
+    too_slow: set[tuple[str, str]] = set()
     results: dict[tuple[str, str, tuple[int, int]], list[dict[str, Any]]] = {}
-    sizes = sorted(args.sizes, key=lambda s: s[0] * s[1])
-    print(f'device={args.device} threads={torch.get_num_threads()} {" and ".join(args.dtype)} batch 1; median of '
-          f'{args.repeats}, {args.rounds} round(s) interleaved across models and dtypes')
-    print(f"{'backbone':>16} {'dtype':>8} {'input':>10} {'round':>5} {'params':>7} {'GMACs':>7} {'fwd s':>7} "
-          f"{'f+b s':>7} {'f+b MiB':>8}  stages s")
     cases = [(model, dtype) for model in args.models for dtype in args.dtype]
     for hw in sizes:
         pixels = hw[0] * hw[1]
@@ -355,8 +354,7 @@ def main(argv: list[str] | None = None) -> int:
                                      f'{args.max_case_s:g} s at a smaller size')
                     continue
                 spec = dict(model=model, hw=list(hw), device=args.device, repeats=args.repeats, dtype=dtype,
-                            gemm_size=args.gemm_size,
-                            train=pixels <= args.train_max_pixels,
+                            gemm_size=args.gemm_size, train=pixels <= args.train_max_pixels,
                             flops=pixels <= args.flops_max_pixels and round_index == 0)
                 result = run_case(spec, args.glibc_malloc)
                 where = f"{model:>16} {dtype:>8} {f'{hw[0]}x{hw[1]}':>10}"
@@ -366,17 +364,18 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{where} failed: {result['error']}", flush=True)
                     continue
                 results.setdefault((model, dtype, hw), []).append(result)
-                stages = ' '.join(f'{t:.3f}' for t in result.get('stage_s', []))
-                print(f"{where} {round_index + 1:>5} {result['params'] / 1e6:>6.1f}M "
-                      f"{_fmt(result.get('gmacs'), '.1f'):>7} {result['fwd_s']:>7.2f} "
-                      f"{_fmt(result.get('fwd_bwd_s')):>7} {_fmt(result.get('fwd_bwd_peak_mib'), '.0f'):>8}  {stages}",
-                      flush=True)
+                _print_row(where, round_index, result)
         for model, dtype in cases:
             runs = results.get((model, dtype, hw), [])
             if runs and statistics.median(r['fwd_s'] for r in runs) > args.max_case_s:
                 too_slow.add((model, dtype))
-    rows = [dict(model=model, dtype=dtype, hw=list(hw), **merge_rounds(runs)) for dtype in args.dtype
-            for hw in sizes for model in args.models if (runs := results.get((model, dtype, hw)))]
+    return results
+
+
+def report(args: argparse.Namespace, sizes: list[tuple[int, int]], rows: list[dict[str, Any]], notes: list[str]
+           ) -> Path:
+    """The tables (one per dtype, and the targets' when SOFT-Norm-Small ran), the JSON and the plot, written to
+    ``--out``; returns the folder."""
     if args.flops_max_pixels < max(h * w for h, w in sizes):
         notes.append(f'MACs counted up to {args.flops_max_pixels} pixels only (--flops-max-pixels).')
     if args.train_max_pixels < max(h * w for h, w in sizes):
@@ -395,6 +394,27 @@ def main(argv: list[str] | None = None) -> int:
     out = harness.write_results(args.out, 'backbone_benchmark', '\n'.join(tables), args, rows=rows, notes=notes)
     plot([r for r in rows if r['dtype'] == args.dtype[0]], args.models, headers[args.dtype[0]],
          out / 'backbone_benchmark.png')
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.worker:
+        spec = json.loads(args.worker)
+        print(json.dumps(backbone_modes.run_worker(spec) if spec.get('modes_worker') else run_worker(spec)))
+        return 0
+    if args.modes:
+        return backbone_modes.run(args, __file__)
+    sizes = sorted(args.sizes, key=lambda s: s[0] * s[1])
+    print(f'device={args.device} threads={torch.get_num_threads()} {" and ".join(args.dtype)} batch 1; median of '
+          f'{args.repeats}, {args.rounds} round(s) interleaved across models and dtypes')
+    print(f"{'backbone':>16} {'dtype':>8} {'input':>10} {'round':>5} {'params':>7} {'GMACs':>7} {'fwd s':>7} "
+          f"{'f+b s':>7} {'f+b MiB':>8}  stages s")
+    notes: list[str] = []
+    results = measure(args, sizes, notes)
+    rows = [dict(model=model, dtype=dtype, hw=list(hw), **merge_rounds(runs)) for dtype in args.dtype
+            for hw in sizes for model in args.models if (runs := results.get((model, dtype, hw)))]
+    out = report(args, sizes, rows, notes)
     print(f'saved {out / "backbone_benchmark.md"}, {out / "backbone_benchmark.png"}, {out / "backbone_benchmark.json"}')
     return 0
 
