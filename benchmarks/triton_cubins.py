@@ -104,6 +104,7 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     signature, constants = {}, dict(BLOCK=_CONFIG.kernel_block(fn.__name__, arch), MP=pad(num_landmarks),
                                      DP=pad(head_dim), DVP=pad(head_dim),
                                      PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
+    constants.update({name: 0 for name in fn.arg_names if name.startswith('INTERPRETED_')})  # as a GPU launch
     for name in fn.arg_names:
         if name in constants:
             signature[name] = 'constexpr'
@@ -120,7 +121,7 @@ def _middle_signature(fn, soft_norm: bool, num_landmarks: int, head_dim: int) ->
     """``ASTSource``'s signature and constants of a launch of a float32 kernel with one program per group (the m×m
     kernels, those of :data:`GROUP_KERNELS`)."""
     constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), DVP=_CONFIG.padded(head_dim),
-                     SOFT_NORM=soft_norm, INTERPRET=False)
+                     SOFT_NORM=soft_norm, INTERPRET=False, INTERPRETED_SPLITS=0, INTERPRETED_ITERS=0)
     constants = {name: value for name, value in constants.items() if name in fn.arg_names}
     floats = ('ridge', 'floor')
     signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')

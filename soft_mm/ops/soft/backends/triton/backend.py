@@ -117,6 +117,9 @@ class _Launch:
         self.grid = (self.nblk, self.groups)
         self.splits = split_count(self.n, self.block, self.groups)
         self.split_grid = (self.splits, self.groups)
+        # under the interpreter the loops' run-time bounds again as constexprs (kernels.loop_bound); 0 when compiled
+        self.interpreted_trips = -(-self.nblk // self.splits) if self.interpret else 0
+        self.interpreted_splits = self.splits if self.interpret else 0
         self.kernels = _kernels()
 
     def sizes(self) -> tuple[int, ...]:
@@ -131,7 +134,8 @@ class _Launch:
         for ``nystrom_fwd_kernel_mc`` or ``nystrom_bwd_kernel_dmid_dctx`` to sum."""
         parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.nystrom_fwd_kernel_context[self.split_grid](
-            q, landmarks, x, parts, *self.sizes(), _strides(q), _strides(x), **self.meta(products))
+            q, landmarks, x, parts, *self.sizes(), _strides(q), _strides(x), **self.meta(products),
+            INTERPRETED_TRIPS=self.interpreted_trips)
         return parts
 
 
@@ -144,7 +148,8 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: 
     context, middle_context = (lm.new_empty(*lm.shape[:3], launch.dv) for _ in range(2))
     launch.kernels.nystrom_fwd_kernel_mc[(launch.groups,)](
         parts, middle.float().contiguous(), context, middle_context, launch.splits, launch.m, launch.dv, MP=launch.mp,
-        DVP=launch.dvp, INTERPRET=launch.interpret, num_warps=middle_warps(launch.m))
+        DVP=launch.dvp, INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits,
+        num_warps=middle_warps(launch.m))
     launch = _Launch(q, lm, v, _OUTPUT)
     out = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
     launch.kernels.nystrom_fwd_kernel_o[launch.grid](
@@ -165,7 +170,8 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     grad_context = torch.empty_like(context)  # contiguous (B, h, m, d_v) float32, as the backward kernel reads it
     launch.kernels.nystrom_bwd_kernel_dmid_dctx[(launch.groups,)](
         parts, middle.float().contiguous(), context, grad_middle, grad_context, launch.splits, launch.m, launch.dv,
-        MP=launch.mp, DVP=launch.dvp, INTERPRET=launch.interpret, num_warps=middle_warps(launch.m))
+        MP=launch.mp, DVP=launch.dvp, INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits,
+        num_warps=middle_warps(launch.m))
     launch = _Launch(q, lm, v, _BACKWARD)
     grad_q = torch.empty_like(q, dtype=triton_route.store_dtype(q.dtype))
     grad_v = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
@@ -174,11 +180,12 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
     lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
         q, lm, v, grad_out, middle_context, grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
-        _strides(q), _strides(v), _strides(grad_out), _strides(grad_q), _strides(grad_v), **launch.meta(products))
+        _strides(q), _strides(v), _strides(grad_out), _strides(grad_q), _strides(grad_v), **launch.meta(products),
+        INTERPRETED_TRIPS=launch.interpreted_trips)
     grad_landmarks = torch.empty_like(lm, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dl_sum[(launch.groups,)](
         lsum, lcnt, lm.float(), grad_landmarks, launch.splits, m, d, MP=launch.mp, DP=launch.dp,
-        INTERPRET=launch.interpret, num_warps=middle_warps(m))
+        INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits, num_warps=middle_warps(m))
     return grad_q.to(q.dtype), grad_landmarks.to(lm.dtype), grad_v.to(v.dtype), grad_middle.to(middle.dtype)
 
 
@@ -218,9 +225,11 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: 
     lm = landmarks.float().contiguous()
     batch, heads, m, d = lm.shape
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
+    interpret = triton_route.interpreting()
     _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
-        SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(), num_warps=middle_warps(m))
+        SOFT_NORM=soft_norm, INTERPRET=interpret, INTERPRETED_ITERS=num_iters if interpret else 0,
+        num_warps=middle_warps(m))
     return middle, inverse
 
 

@@ -24,17 +24,19 @@ sizes (powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP
 ``PRODUCTS`` (a constexpr) is the dtype of the products with v or grad_out: :data:`PRODUCTS_FLOAT32` (IEEE float32,
 no TF32), :data:`PRODUCTS_BFLOAT16` or :data:`PRODUCTS_FLOAT16`; every product accumulates in float32, and the kernel
 block and its exponent are float32 in every case. ``INTERPRET`` (a constexpr, True only under the interpreter) picks
-the interpreter's forms: bfloat16 rounding emulated in float32, and the loops with a bound known only at run time
-written as ``while`` loops. triton 3.6's interpreter turns such a bound into a Python int with ``int()`` of a
-one-element numpy array, which numpy >= 2.4 refuses, while its ``while`` condition takes ``bool()`` of it; a GPU
-compiles the ``for`` loops (which triton can pipeline)."""
+the interpreter's forms: bfloat16 rounding emulated in float32, and the bound of each loop whose bound is known only at
+run time given again as a constexpr (``INTERPRETED_TRIPS``, ``INTERPRETED_SPLITS``, ``INTERPRETED_ITERS``; 0 when
+compiled; :func:`loop_bound`): triton 3.6's interpreter turns a run-time ``range`` bound into a Python int with
+``int()`` of a one-element numpy array, which numpy >= 2.4 refuses. Every loop is then one ``for`` loop, which a GPU
+pipelines (its loads prefetched with ``cp.async``; a ``while`` loop is not pipelined), and each block helper has one
+call site."""
 import triton
 import triton.language as tl
 
 __all__ = ['MIDDLE_BWD_ROWS', 'PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block',
-           'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
-           'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dq_dv_dl',
-           'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
+           'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'loop_bound',
+           'newton_schulz_step', 'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx',
+           'nystrom_bwd_kernel_dq_dv_dl', 'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
            'nystrom_middle_bwd_kernel_dl', 'nystrom_middle_fwd_kernel_mid_inv', 'pdot', 'pdot_scaled', 'pow2_above',
            'round_bf16', 'store_group_tile', 'store_tokens', 'sum_partials']
 
@@ -44,6 +46,16 @@ PRODUCTS_BFLOAT16 = tl.constexpr(1)
 PRODUCTS_FLOAT16 = tl.constexpr(2)
 # rows of the landmarks' gradient that nystrom_middle_bwd_kernel_dl builds at a time
 MIDDLE_BWD_ROWS = tl.constexpr(16)
+
+
+@triton.jit
+def loop_bound(bound, INTERPRETED: tl.constexpr, INTERPRET: tl.constexpr):
+    """A loop's run-time ``bound`` in a compiled kernel; under the interpreter the same bound given by the launch as
+    the constexpr ``INTERPRETED``, the form the interpreter's ``range`` takes."""
+    if INTERPRET:
+        return INTERPRETED
+    else:
+        return bound
 
 
 @triton.jit
@@ -160,13 +172,15 @@ def context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strid
 @triton.jit
 def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, q_strides, x_strides, BLOCK: tl.constexpr,
                                MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
-                               INTERPRET: tl.constexpr):
+                               INTERPRET: tl.constexpr, INTERPRETED_TRIPS: tl.constexpr):
     """Partial sums of ``K1^T x``: ``x`` is v in the forward (the context), grad_out in the backward.
 
     Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split,
-    split + splits, ...`` of ``BLOCK`` tokens of group ``g``, each block's kernel rebuilt in registers, into one
-    ``(MP, DVP)`` float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers); torch
-    sums the ``splits`` partials afterwards (deterministic: the split depends on the sizes only; no atomics).
+    split + splits, ...`` of ``BLOCK`` tokens of group ``g`` (under the interpreter every program runs
+    ``INTERPRETED_TRIPS``, the most any takes: a block past the last is all masked and adds zero), each block's kernel
+    rebuilt in registers, into one ``(MP, DVP)`` float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked
+    store, fewer registers); a later kernel sums the ``splits`` partials (deterministic: the split depends on the sizes
+    only; no atomics).
 
     Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)`` through their strides (``q_strides``, ``x_strides``), in any
     float dtype; the landmarks contiguous ``(B*H, M, D)`` float32. The products with x in the ``PRODUCTS`` dtype,
@@ -178,17 +192,11 @@ def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, q_
     x_ptr = group_base(x_ptr, H, x_strides)
     l_ptr += g * M * D
     acc = tl.zeros((MP, DVP), dtype=tl.float32)
-    num_blocks = tl.cdiv(N, BLOCK)
-    if INTERPRET:
-        blk = split
-        while blk < num_blocks:
-            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
-                                PRODUCTS, INTERPRET)
-            blk += splits
-    else:
-        for blk in range(split, num_blocks, splits):
-            acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
-                                PRODUCTS, INTERPRET)
+    blk = split
+    for _ in range(0, loop_bound(tl.cdiv(tl.cdiv(N, BLOCK) - split, splits), INTERPRETED_TRIPS, INTERPRET)):
+        acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
+                            PRODUCTS, INTERPRET)
+        blk += splits  # (carried, not split + trip * splits: the same registers as a range(split, end, splits))
     marks = tl.arange(0, MP)
     tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + tl.arange(0, DVP)[None, :], acc)
 
@@ -242,7 +250,7 @@ def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_p
 def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr, dl_sum_ptr,
                                 dl_colsum_ptr, H, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides,
                                 BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-                                PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+                                PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr, INTERPRETED_TRIPS: tl.constexpr):
     """The products' backward: grad q, grad v, and partial sums of grad landmarks.
 
     Grid ``(splits, B * H)`` as :func:`nystrom_fwd_kernel_context`: program ``(split, g)`` takes every ``splits``-th
@@ -276,21 +284,13 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
         mc_scale = pow2_above(load_group_tile(mc_ptr, M, DV, MP, DVP))
     dl_sum = tl.zeros((MP, DP), dtype=tl.float32)
     dl_colsum = tl.zeros((MP,), dtype=tl.float32)
-    num_blocks = tl.cdiv(N, BLOCK)
-    if INTERPRET:
-        blk = split
-        while blk < num_blocks:
-            dl_sum, dl_colsum = bwd_block(
-                dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-                blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP,
-                PRODUCTS, INTERPRET)
-            blk += splits
-    else:
-        for blk in range(split, num_blocks, splits):
-            dl_sum, dl_colsum = bwd_block(
-                dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-                blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP,
-                PRODUCTS, INTERPRET)
+    blk = split
+    for _ in range(0, loop_bound(tl.cdiv(tl.cdiv(N, BLOCK) - split, splits), INTERPRETED_TRIPS, INTERPRET)):
+        dl_sum, dl_colsum = bwd_block(
+            dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
+            blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP, PRODUCTS,
+            INTERPRET)
+        blk += splits
     marks = tl.arange(0, MP)
     slot = g * splits + split  # one partial sum per program
     tl.store(dl_sum_ptr + (slot * MP + marks[:, None]) * DP + tl.arange(0, DP)[None, :], dl_sum)
@@ -305,7 +305,8 @@ def newton_schulz_step(v, p):
 
 @triton.jit
 def nystrom_middle_fwd_kernel_mid_inv(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr,
-                              DP: tl.constexpr, SOFT_NORM: tl.constexpr, INTERPRET: tl.constexpr):
+                                      DP: tl.constexpr, SOFT_NORM: tl.constexpr, INTERPRET: tl.constexpr,
+                                      INTERPRETED_ITERS: tl.constexpr):
     """The m×m middle matrix and the inverse it holds, one (sample, head) group per program.
 
     Grid ``(B * H,)``; everything in registers, IEEE float32: the landmark kernel ``A = exp(min(l . l' - |l|^2 / 2 -
@@ -329,14 +330,8 @@ def nystrom_middle_fwd_kernel_mid_inv(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, 
     alpha = 1.8 / tl.maximum(norm_1 * norm_inf, floor)
     p = tl.where(valid & (marks[:, None] == marks[None, :]), a + ridge, a)
     v = alpha * tl.trans(p)
-    if INTERPRET:
-        step = 0
-        while step < num_iters:
-            v = newton_schulz_step(v, p)
-            step += 1
-    else:
-        for _ in range(num_iters):
-            v = newton_schulz_step(v, p)
+    for _ in range(0, loop_bound(num_iters, INTERPRETED_ITERS, INTERPRET)):
+        v = newton_schulz_step(v, p)
     offsets = g * M * M + marks[:, None] * M + marks[None, :]
     tl.store(inv_ptr + offsets, v, mask=valid)
     if SOFT_NORM:
@@ -409,20 +404,15 @@ def nystrom_middle_bwd_kernel_dl(dm_ptr, l_ptr, inv_ptr, dl_ptr, M, D, MP: tl.co
 
 
 @triton.jit
-def sum_partials(part_ptr, g, splits, RP: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr):
+def sum_partials(part_ptr, g, splits, RP: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr,
+                 INTERPRETED_SPLITS: tl.constexpr):
     """The sum of group ``g``'s ``splits`` partial ``(RP, CP)`` float32 tiles, stored contiguously at ``part_ptr``
     as ``(groups, splits, RP, CP)`` (padded: what the split reductions write), in the order of the splits."""
     offsets = tl.arange(0, RP)[:, None] * CP + tl.arange(0, CP)[None, :]
     base = part_ptr + g * splits * RP * CP
     total = tl.zeros((RP, CP), dtype=tl.float32)
-    if INTERPRET:
-        split = 0
-        while split < splits:
-            total += tl.load(base + split * RP * CP + offsets)
-            split += 1
-    else:
-        for split in range(0, splits):
-            total += tl.load(base + split * RP * CP + offsets)
+    for split in range(0, loop_bound(splits, INTERPRETED_SPLITS, INTERPRET)):
+        total += tl.load(base + split * RP * CP + offsets)
     return total
 
 
@@ -437,14 +427,14 @@ def store_group_tile(ptr, tile, rows, cols, RP: tl.constexpr, CP: tl.constexpr):
 
 @triton.jit
 def nystrom_fwd_kernel_mc(part_ptr, mid_ptr, ctx_ptr, mc_ptr, splits, M, DV, MP: tl.constexpr, DVP: tl.constexpr,
-                          INTERPRET: tl.constexpr):
+                          INTERPRET: tl.constexpr, INTERPRETED_SPLITS: tl.constexpr):
     """The forward's m×d factors from the context kernel's partial sums, one (sample, head) group per program.
 
     Grid ``(B * H,)``: ``context = sum of the splits' partials of K1^T v`` (``part_ptr``: ``(B*H, splits, MP, DVP)``
     float32) and ``middle_context = middle @ context`` (``mid_ptr``: contiguous ``(B*H, M, M)`` float32), IEEE
     float32, written contiguous ``(B*H, M, DV)`` to ``ctx_ptr`` and ``mc_ptr``."""
     g = tl.program_id(0)
-    context = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET)
+    context = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET, INTERPRETED_SPLITS)
     middle = load_group_tile(mid_ptr + g * M * M, M, M, MP, MP)
     store_group_tile(ctx_ptr + g * M * DV, context, M, DV, MP, DVP)
     store_group_tile(mc_ptr + g * M * DV, tl.dot(middle, context, input_precision='ieee'), M, DV, MP, DVP)
@@ -452,7 +442,7 @@ def nystrom_fwd_kernel_mc(part_ptr, mid_ptr, ctx_ptr, mc_ptr, splits, M, DV, MP:
 
 @triton.jit
 def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr, splits, M, DV, MP: tl.constexpr,
-                                 DVP: tl.constexpr, INTERPRET: tl.constexpr):
+                                 DVP: tl.constexpr, INTERPRET: tl.constexpr, INTERPRETED_SPLITS: tl.constexpr):
     """The backward's m×m and m×d gradients from the partial sums of ``K1^T grad_out``, one group per program.
 
     Grid ``(B * H,)``: ``gmc = sum of the splits' partials`` (the gradient of ``middle_context``; ``part_ptr`` as in
@@ -460,7 +450,7 @@ def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr,
     ``ctx_ptr``: contiguous ``(B*H, M, M)`` and ``(B*H, M, DV)`` float32), IEEE float32, written contiguous to
     ``dmid_ptr`` and ``dctx_ptr``."""
     g = tl.program_id(0)
-    grad_mc = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET)
+    grad_mc = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET, INTERPRETED_SPLITS)
     context = load_group_tile(ctx_ptr + g * M * DV, M, DV, MP, DVP)
     store_group_tile(dmid_ptr + g * M * M, tl.dot(grad_mc, tl.trans(context), input_precision='ieee'), M, M, MP, MP)
     marks = tl.arange(0, MP)
@@ -471,14 +461,14 @@ def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr,
 
 @triton.jit
 def nystrom_bwd_kernel_dl_sum(dl_sum_ptr, dl_colsum_ptr, l_ptr, dl_ptr, splits, M, D, MP: tl.constexpr,
-                              DP: tl.constexpr, INTERPRET: tl.constexpr):
+                              DP: tl.constexpr, INTERPRET: tl.constexpr, INTERPRETED_SPLITS: tl.constexpr):
     """The landmarks' gradient from :func:`nystrom_bwd_kernel_dq_dv_dl`'s partial sums, one group per program.
 
     Grid ``(B * H,)``: ``dl = sum(grad_s^T q) - l * sum(colsum(grad_s))`` over the splits (``dl_sum_ptr``:
     ``(B*H, splits, MP, DP)``, ``dl_colsum_ptr``: ``(B*H, splits, MP)`` float32; the landmarks contiguous ``(B*H, M,
     D)`` float32), written contiguous ``(B*H, M, D)`` float32 to ``dl_ptr``."""
     g = tl.program_id(0)
-    total = sum_partials(dl_sum_ptr, g, splits, MP, DP, INTERPRET)
-    counts = tl.sum(sum_partials(dl_colsum_ptr, g, splits, MP, 1, INTERPRET), axis=1)
+    total = sum_partials(dl_sum_ptr, g, splits, MP, DP, INTERPRET, INTERPRETED_SPLITS)
+    counts = tl.sum(sum_partials(dl_colsum_ptr, g, splits, MP, 1, INTERPRET, INTERPRETED_SPLITS), axis=1)
     lm = load_group_tile(l_ptr + g * M * D, M, D, MP, DP)
     store_group_tile(dl_ptr + g * M * D, total - counts[:, None] * lm, M, D, MP, DP)
