@@ -202,7 +202,7 @@ def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dic
         for arch in archs:
             for width in widths:
                 constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width),
-                                 INTERPRET=False)
+                                 INTERPRET=False, INTERPRETED_BLOCKS=0)
                 for dtype in _DTYPE_NAMES:
                     for name in LAYER_KERNELS:
                         fn = getattr(kernels, name)

@@ -66,28 +66,23 @@ def add_norm_bwd_block(dw, db, w, dy_ptr, x_ptr, r_ptr, mean_ptr, rstd_ptr, dx_p
 
 @triton.jit
 def add_norm_bwd_kernel_dx(dy_ptr, x_ptr, r_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dwb_ptr, R, C, blocks_per_program,
-                           ROWS: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr):
+                           ROWS: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr,
+                           INTERPRETED_BLOCKS: tl.constexpr):
     """The backward of :func:`add_norm_fwd_kernel_y`; grid ``(programs,)``, program ``p`` taking the row blocks
     ``p * blocks_per_program ..`` (``ROWS`` rows each, :func:`add_norm_bwd_block`). Per row, with ``xh = (s - mean) *
     rstd`` rebuilt from the addends and ``g = w * dy``: ``ds = (g - xh * mean(g * xh) - mean(g)) * rstd``, stored to
     ``dx_ptr`` (the gradient of both addends, its own dtype). The program's sums ``sum(dy * xh)`` and ``sum(dy)`` over
     its rows, float32, go to ``dwb_ptr[p, 0]`` and ``dwb_ptr[p, 1]`` (``(programs, 2, CP)``). Under the interpreter
-    the loop is a ``while`` (see ``soft_mm/ops/soft/backends/triton/kernels.py``)."""
+    the loop's bound is ``INTERPRETED_BLOCKS``, ``blocks_per_program`` as a constexpr (0 when compiled; why:
+    ``soft_mm/ops/soft/backends/triton/kernels.py``)."""
     p = tl.program_id(0)
     cols = tl.arange(0, CP)
     w = tl.load(w_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
     dw = tl.zeros((CP,), dtype=tl.float32)
     db = tl.zeros((CP,), dtype=tl.float32)
-    first = p * blocks_per_program
-    if INTERPRET:
-        block = first
-        while block < first + blocks_per_program:
-            dw, db = add_norm_bwd_block(dw, db, w, dy_ptr, x_ptr, r_ptr, mean_ptr, rstd_ptr, dx_ptr, block, R, C, ROWS,
-                                        CP)
-            block += 1
-    else:
-        for block in range(first, first + blocks_per_program):
-            dw, db = add_norm_bwd_block(dw, db, w, dy_ptr, x_ptr, r_ptr, mean_ptr, rstd_ptr, dx_ptr, block, R, C, ROWS,
-                                        CP)
+    block = p * blocks_per_program
+    for _ in range(0, INTERPRETED_BLOCKS if INTERPRET else blocks_per_program):
+        dw, db = add_norm_bwd_block(dw, db, w, dy_ptr, x_ptr, r_ptr, mean_ptr, rstd_ptr, dx_ptr, block, R, C, ROWS, CP)
+        block += 1
     tl.store(dwb_ptr + (p * 2) * CP + cols, dw)
     tl.store(dwb_ptr + (p * 2 + 1) * CP + cols, db)

@@ -21,22 +21,22 @@ plain integer), and the landmarks and the m×d factors are contiguous ``(B*H, M,
 pointers to its group once (:func:`group_base`); the block helpers below index tokens and dims within it. Padded tile
 sizes (powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
 
-``PRODUCTS`` (a constexpr) is the dtype of the products with v or grad_out: :data:`PRODUCTS_FLOAT32` (IEEE float32,
-no TF32), :data:`PRODUCTS_BFLOAT16` or :data:`PRODUCTS_FLOAT16`; every product accumulates in float32, and the kernel
-block and its exponent are float32 in every case. ``INTERPRET`` (a constexpr, True only under the interpreter) picks
-the interpreter's forms: bfloat16 rounding emulated in float32, and the bound of each loop whose bound is known only at
-run time given again as a constexpr (``INTERPRETED_TRIPS``, ``INTERPRETED_SPLITS``, ``INTERPRETED_ITERS``; 0 when
-compiled; :func:`loop_bound`): triton 3.6's interpreter turns a run-time ``range`` bound into a Python int with
-``int()`` of a one-element numpy array, which numpy >= 2.4 refuses. Every loop is then one ``for`` loop, which a GPU
-pipelines (its loads prefetched with ``cp.async``; a ``while`` loop is not pipelined), and each block helper has one
-call site."""
+``PRODUCTS`` (a constexpr) is the dtype of the products with v or grad_out: :data:`PRODUCTS_FLOAT32` (IEEE float32, no
+TF32), :data:`PRODUCTS_BFLOAT16` or :data:`PRODUCTS_FLOAT16`; every product accumulates in float32, and the kernel block
+and its exponent are float32 in every case. ``INTERPRET`` (a constexpr, True only under the interpreter) picks the
+interpreter's forms: bfloat16 rounding emulated in float32, and the bound of each loop whose bound is known only at run
+time given again as a constexpr (``INTERPRETED_TRIPS``, ``INTERPRETED_SPLITS``, ``INTERPRETED_ITERS``; 0 when compiled),
+which each loop takes where ``INTERPRET`` is set: triton 3.6's interpreter turns a run-time ``range`` bound into a
+Python int with ``int()`` of a one-element numpy array, which numpy >= 2.4 refuses. Every loop is then one ``for`` loop,
+which a GPU pipelines (its loads prefetched with ``cp.async``; a ``while`` loop is not pipelined), and each block helper
+has one call site."""
 import triton
 import triton.language as tl
 
 __all__ = ['MIDDLE_BWD_ROWS', 'PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block',
-           'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'loop_bound',
-           'newton_schulz_step', 'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx',
-           'nystrom_bwd_kernel_dq_dv_dl', 'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
+           'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
+           'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dq_dv_dl',
+           'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
            'nystrom_middle_bwd_kernel_dl', 'nystrom_middle_fwd_kernel_mid_inv', 'pdot', 'pdot_scaled', 'pow2_above',
            'round_bf16', 'store_group_tile', 'store_tokens', 'sum_partials']
 
@@ -46,16 +46,6 @@ PRODUCTS_BFLOAT16 = tl.constexpr(1)
 PRODUCTS_FLOAT16 = tl.constexpr(2)
 # rows of the landmarks' gradient that nystrom_middle_bwd_kernel_dl builds at a time
 MIDDLE_BWD_ROWS = tl.constexpr(16)
-
-
-@triton.jit
-def loop_bound(bound, INTERPRETED: tl.constexpr, INTERPRET: tl.constexpr):
-    """A loop's run-time ``bound`` in a compiled kernel; under the interpreter the same bound given by the launch as
-    the constexpr ``INTERPRETED``, the form the interpreter's ``range`` takes."""
-    if INTERPRET:
-        return INTERPRETED
-    else:
-        return bound
 
 
 @triton.jit
@@ -193,7 +183,8 @@ def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, q_
     l_ptr += g * M * D
     acc = tl.zeros((MP, DVP), dtype=tl.float32)
     blk = split
-    for _ in range(0, loop_bound(tl.cdiv(tl.cdiv(N, BLOCK) - split, splits), INTERPRETED_TRIPS, INTERPRET)):
+    trips = tl.cdiv(tl.cdiv(N, BLOCK) - split, splits)
+    for _ in range(0, INTERPRETED_TRIPS if INTERPRET else trips):
         acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
                             PRODUCTS, INTERPRET)
         blk += splits  # (carried, not split + trip * splits: the same registers as a range(split, end, splits))
@@ -285,7 +276,8 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
     dl_sum = tl.zeros((MP, DP), dtype=tl.float32)
     dl_colsum = tl.zeros((MP,), dtype=tl.float32)
     blk = split
-    for _ in range(0, loop_bound(tl.cdiv(tl.cdiv(N, BLOCK) - split, splits), INTERPRETED_TRIPS, INTERPRET)):
+    trips = tl.cdiv(tl.cdiv(N, BLOCK) - split, splits)
+    for _ in range(0, INTERPRETED_TRIPS if INTERPRET else trips):
         dl_sum, dl_colsum = bwd_block(
             dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
             blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP, PRODUCTS,
@@ -330,7 +322,7 @@ def nystrom_middle_fwd_kernel_mid_inv(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, 
     alpha = 1.8 / tl.maximum(norm_1 * norm_inf, floor)
     p = tl.where(valid & (marks[:, None] == marks[None, :]), a + ridge, a)
     v = alpha * tl.trans(p)
-    for _ in range(0, loop_bound(num_iters, INTERPRETED_ITERS, INTERPRET)):
+    for _ in range(0, INTERPRETED_ITERS if INTERPRET else num_iters):
         v = newton_schulz_step(v, p)
     offsets = g * M * M + marks[:, None] * M + marks[None, :]
     tl.store(inv_ptr + offsets, v, mask=valid)
@@ -411,7 +403,7 @@ def sum_partials(part_ptr, g, splits, RP: tl.constexpr, CP: tl.constexpr, INTERP
     offsets = tl.arange(0, RP)[:, None] * CP + tl.arange(0, CP)[None, :]
     base = part_ptr + g * splits * RP * CP
     total = tl.zeros((RP, CP), dtype=tl.float32)
-    for split in range(0, loop_bound(splits, INTERPRETED_SPLITS, INTERPRET)):
+    for split in range(0, INTERPRETED_SPLITS if INTERPRET else splits):
         total += tl.load(base + split * RP * CP + offsets)
     return total
 
