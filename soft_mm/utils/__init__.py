@@ -1,6 +1,7 @@
-"""Runtime helpers below the models: checkpoint loading on torch >= 2.6, atomic writes, checkpoint files, the config
-walker, size arguments (:mod:`.sizes`) and the FlashAttention rule (:mod:`.precision_rule`); all import with torch
-alone (``benchmarks/device_check.py`` runs without mmengine). The tools' own helpers live in :mod:`soft_mm.cli`.
+"""Runtime helpers below the models: reading checkpoints (:mod:`.checkpoint`: the ``weights_only`` allow-list and the
+one reader), atomic writes, the config walker, size arguments (:mod:`.sizes`) and the FLOP counter's handles; all
+import with torch alone (``benchmarks/device_check.py`` runs without mmengine). The tools' own helpers live in
+:mod:`soft_mm.cli`.
 
 ``import soft_mm`` allow-lists mmengine's checkpoint globals (see :mod:`.checkpoint` and :mod:`soft_mm.registry`).
 """
