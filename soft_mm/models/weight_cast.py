@@ -43,26 +43,27 @@ def cast_once_applies(model: nn.Module, x: torch.Tensor) -> bool:
 
 
 def _weights(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, float]]:
-    """``(owner, name, tensor, scale)`` of every weight cast once: the query/key projections first (their scale), then
-    the linear layers, the SOFT layers' landmark convs and the convs of :class:`ConvBNAct` in training mode. The
-    owner of a query weight is its SOFT layer
-    (``name`` ``'query_weight'`` or ``'query_bias'``)."""
-    queries, others, skip = [], [], set()
+    """``(owner, name, tensor, scale)`` of every weight cast once, found in one walk of the modules: the query/key
+    projections first (their scale; the owner of a query weight is its SOFT layer, ``name`` ``'query_weight'`` or
+    ``'query_bias'``), then the SOFT layers' landmark convs, the convs of :class:`ConvBNAct` in training mode and the
+    linear layers, in the modules' order."""
+    queries, others, linears, projections = [], [], [], set()
     for module in model.modules():
         if isinstance(module, SoftAttention):
             scale = module.head_dim ** -0.25
             queries.append((module, 'query_weight', module.qk.weight, scale))
             if module.qk.bias is not None:
                 queries.append((module, 'query_bias', module.qk.bias, scale))
-            skip.add(module.qk)
+            projections.add(module.qk)
             conv = getattr(module, 'landmark_conv', None)
             if conv is not None:
                 others.append((conv, 'weight', conv.weight, 1.0))
-    for module in model.modules():
-        if isinstance(module, ConvBNAct) and module.bn.training:  # (in eval mode its BatchNorm folds into it)
+        elif isinstance(module, ConvBNAct) and module.bn.training:  # (in eval mode its BatchNorm folds into it)
             others += [(module.conv, name, p, 1.0) for name, p in module.conv.named_parameters(recurse=False)]
-        elif isinstance(module, nn.Linear) and module not in skip:
-            others += [(module, name, p, 1.0) for name, p in module.named_parameters(recurse=False)]
+        elif isinstance(module, nn.Linear):
+            linears.append(module)  # a query projection is known only once its SOFT layer is reached
+    others += [(module, name, p, 1.0) for module in linears if module not in projections
+               for name, p in module.named_parameters(recurse=False)]
     return [entry for entry in queries + others if entry[2].dtype == torch.float32]
 
 
