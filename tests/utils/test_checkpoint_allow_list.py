@@ -79,7 +79,7 @@ def loader(request):
     """soft_mm's safe loader as this torch runs it, and its allow-list unpickler (torch < 2.4's) on any torch."""
     if request.param == 'safe_load':
         return safe_load
-    from soft_mm.utils.checkpoint import _ALLOW_LIST_PICKLE
+    from soft_mm.utils.checkpoint.allow_list import _ALLOW_LIST_PICKLE
 
     return lambda path, **kwargs: torch.load(path, pickle_module=_ALLOW_LIST_PICKLE, weights_only=False, **kwargs)
 
