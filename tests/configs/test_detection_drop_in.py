@@ -2,10 +2,9 @@
 from pathlib import Path
 
 import pytest
-import torch
 
 mmdet = pytest.importorskip('mmdet')
-from helpers.model_checks import record_gradients, without_scope
+from helpers.model_checks import train_two_steps_reaching_the_backbone, without_scope
 from helpers.repo import ROOT
 from mmengine.config import Config
 from mmengine.runner import Runner
@@ -50,13 +49,4 @@ def test_snippet_model_trains_on_demo_data(tmp_path, monkeypatch):
         work_dir=str(tmp_path / 'work'), default_hooks=dict(logger=dict(interval=1))))
     import soft_mm.datasets  # noqa: F401
     runner = Runner.from_cfg(cfg)
-    gradients = record_gradients(runner.model.backbone)
-    runner.train()
-    assert runner.iter == 2
-    # the detection loss reaches every backbone tensor in both steps (not only the weight decay changing them)
-    assert len(gradients) == len(list(runner.model.backbone.parameters()))
-    flat = [name for name, steps in gradients.items() if len(steps) != 2 or not all(
-        finite and largest > 0 for finite, largest in steps)]
-    assert not flat, f'{len(flat)} parameters without a finite non-zero gradient in each step: {flat[:8]}'
-    losses = runner.message_hub.get_scalar('train/loss').data[0]
-    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
+    train_two_steps_reaching_the_backbone(runner, 'detection loss')

@@ -98,3 +98,18 @@ def record_gradients(module: torch.nn.Module) -> dict[str, list[tuple[bool, floa
             param.register_hook(lambda grad, steps=steps: steps.append((bool(grad.isfinite().all()),
                                                                         float(grad.abs().max()))))
     return records
+
+
+def train_two_steps_reaching_the_backbone(runner, losses_name: str) -> None:
+    """Run ``runner``'s training (two iterations) and assert that the task's loss (``losses_name``, for the message)
+    reached every backbone tensor with a finite non-zero gradient in both steps (not only the weight decay changing
+    them) and that both losses are finite."""
+    gradients = record_gradients(runner.model.backbone)
+    runner.train()
+    assert runner.iter == 2
+    assert len(gradients) == len(list(runner.model.backbone.parameters())), losses_name
+    flat = [name for name, steps in gradients.items() if len(steps) != 2 or not all(
+        finite and largest > 0 for finite, largest in steps)]
+    assert not flat, f'{len(flat)} parameters without a finite non-zero gradient from the {losses_name}: {flat[:8]}'
+    losses = runner.message_hub.get_scalar('train/loss').data[0]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses)))
