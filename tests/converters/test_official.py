@@ -1,4 +1,4 @@
-"""Tests of soft_mm.models.official.convert and official_layout: key mapping, arch inference, file handling and
+"""Tests of soft_mm.models.official (convert and layout): key mapping, arch inference, file handling and
 the reproduction of the authors' forward pass by a converted model.
 
 The authors' model cannot be installed here, so ``official_forward`` below is an independent functional reference of
