@@ -13,7 +13,6 @@ from .errors import CUSTOM_IMPORTS_LINE, SOFT_MM_TYPES, ConfigError
 
 CHECKED_IMAGE_LOADING = 'CheckedLoadImageFromFile'
 
-
 _IMAGE_LOADING_TYPES = ('LoadImageFromFile', 'mmcv.LoadImageFromFile')
 
 

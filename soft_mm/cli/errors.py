@@ -22,9 +22,7 @@ from ..utils.image_files import UnreadableImageError
 SOFT_MM_TYPES = frozenset({'SOFT', 'soft_mm.SOFT', AtomicCheckpointHook.__name__, InvalidLossHook.__name__,
                            AttentionHealthHook.__name__})
 
-
 CUSTOM_IMPORTS_LINE = "custom_imports = dict(imports=['soft_mm'], allow_failed_imports=False)"
-
 
 _NOT_REGISTERED = re.compile(r'^(\S+) is not in the (\S+) registry')
 
