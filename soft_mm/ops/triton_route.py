@@ -21,8 +21,8 @@ from types import ModuleType
 import torch
 
 __all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'TARGETS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route',
-           'cuda_target', 'device_limits', 'gpu_route', 'interpreted_triton_route', 'interpreting', 'load_kernels',
-           'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
+           'cuda_target', 'device_limits', 'gpu_route', 'interpreted_bound', 'interpreted_triton_route', 'interpreting',
+           'load_kernels', 'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
 
 # The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
 # 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
@@ -160,6 +160,13 @@ def takes_triton(*tensors: torch.Tensor) -> bool:
     target = cuda_target(device)
     bfloat16 = any(t.dtype == torch.bfloat16 for t in tensors)
     return target in TARGETS and not (bfloat16 and target < BFLOAT16_MIN_TARGET)
+
+
+def interpreted_bound(bound: int) -> int:
+    """A kernel loop's run-time ``bound`` as its ``INTERPRETED_*`` constexpr: ``bound`` under the interpreter (whose
+    ``range`` cannot take the run-time argument: see ``soft_mm/ops/soft/backends/triton/kernels.py``), 0 when compiled
+    (a constant, so one compiled kernel serves every bound)."""
+    return int(bound) if interpreting() else 0
 
 
 def store_dtype(dtype: torch.dtype) -> torch.dtype:

@@ -75,10 +75,10 @@ class _AddLayerNorm(torch.autograd.Function):
         programs = _cdiv(blocks, per_program)
         grad_sum = torch.empty(rows, width, dtype=triton_route.store_dtype(ctx.dtypes[1]), device=r.device)
         partials = torch.empty(programs, 2, padded_width(width), dtype=torch.float32, device=r.device)
-        interpret = triton_route.interpreting()
         _kernels().add_norm_bwd_kernel_dx[(programs,)](
             _rows(grad), x, r, weight, mean, rstd, grad_sum, partials, rows, width, per_program, ROWS=tile_rows,
-            CP=padded_width(width), INTERPRET=interpret, INTERPRETED_BLOCKS=per_program if interpret else 0)
+            CP=padded_width(width), INTERPRET=triton_route.interpreting(),
+            INTERPRETED_BLOCKS=triton_route.interpreted_bound(per_program))
         grad_weight, grad_bias = partials.sum(0)[:, :width]
         grad_sum = grad_sum.to(ctx.dtypes[1]).reshape(ctx.shape)
         grad_branch = grad_sum if ctx.dtypes[0] == ctx.dtypes[1] else grad_sum.to(ctx.dtypes[0])

@@ -117,9 +117,9 @@ class _Launch:
         self.grid = (self.nblk, self.groups)
         self.splits = split_count(self.n, self.block, self.groups)
         self.split_grid = (self.splits, self.groups)
-        # under the interpreter the loops' run-time bounds again as constexprs (kernels.loop_bound); 0 when compiled
-        self.interpreted_trips = -(-self.nblk // self.splits) if self.interpret else 0
-        self.interpreted_splits = self.splits if self.interpret else 0
+        # the loops' run-time bounds as their INTERPRETED_* constexprs (triton_route.interpreted_bound)
+        self.interpreted_trips = triton_route.interpreted_bound(-(-self.nblk // self.splits))
+        self.interpreted_splits = triton_route.interpreted_bound(self.splits)
         self.kernels = _kernels()
 
     def sizes(self) -> tuple[int, ...]:
@@ -225,11 +225,10 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: 
     lm = landmarks.float().contiguous()
     batch, heads, m, d = lm.shape
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
-    interpret = triton_route.interpreting()
     _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
         lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
-        SOFT_NORM=soft_norm, INTERPRET=interpret, INTERPRETED_ITERS=num_iters if interpret else 0,
-        num_warps=middle_warps(m))
+        SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(),
+        INTERPRETED_ITERS=triton_route.interpreted_bound(num_iters), num_warps=middle_warps(m))
     return middle, inverse
 
 
