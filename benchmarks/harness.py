@@ -267,8 +267,8 @@ SOFT_BACKBONES = {'soft_tiny': ('tiny', False), 'soft_small': ('small', False), 
 # (soft_mm.ops.functional.residual) and stage 4's float32 core for bfloat16 operands (soft_mm.ops.functional.sdpa)
 UNFUSED_SUFFIX = '_unfused'
 SOFT_BACKBONES.update({name + UNFUSED_SUFFIX: arch for name, arch in list(SOFT_BACKBONES.items())})
-# timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T without its
-# default stochastic depth; ConvNeXt-T and EfficientViT-B2 have none)
+# timm models with features_only=True: the four stride-4..32 maps a detector's neck takes (Swin-T's default stochastic
+# depth only where asked for; ConvNeXt-T and EfficientViT-B2 have none by default)
 TIMM_BACKBONES = {'swin_t': 'swin_tiny_patch4_window7_224', 'convnext_t': 'convnext_tiny',
                   'efficientvit_b2': 'efficientvit_b2'}
 # mmdet registry configs with the published arch settings (mmdet is the only source of PVT v1)
@@ -347,15 +347,17 @@ def unfuse_blocks(model: nn.Module) -> nn.Module:
     return model
 
 
-def build_backbone(name: str, image_size: tuple[int, int] | None = None) -> nn.Module:
-    """The backbone ``name`` of :data:`BACKBONES`, without stochastic depth, its ``forward(x)`` giving the stride-4..32
-    maps: SOFT (``soft_*``, torch and timm only), timm's Swin-T (built for ``image_size``), ConvNeXt-T and
-    EfficientViT-B2, or mmdet's PVT and PVTv2 (mmdet needed)."""
+def build_backbone(name: str, image_size: tuple[int, int] | None = None, stochastic_depth: bool = False,
+                   ) -> nn.Module:
+    """The backbone ``name`` of :data:`BACKBONES`, its ``forward(x)`` giving the stride-4..32 maps: SOFT (``soft_*``,
+    torch and timm only), timm's Swin-T (built for ``image_size``), ConvNeXt-T and EfficientViT-B2, or mmdet's PVT and
+    PVTv2 (mmdet needed). Without stochastic depth, or with ``stochastic_depth=True`` each model's own default rate, as
+    its detection configs train it (SOFT's backbone 0.1, timm's Swin-T 0.1, ConvNeXt-T none)."""
     if name in SOFT_BACKBONES:
         from soft_mm.models.pyramid import SoftPyramid
 
         arch, soft_norm = SOFT_BACKBONES[name]
-        pyramid = SoftPyramid(arch, soft_norm=soft_norm, drop_path_rate=0.0)
+        pyramid = SoftPyramid(arch, soft_norm=soft_norm, **({} if stochastic_depth else {'drop_path_rate': 0.0}))
         pyramid.init_pyramid_weights()
         if name.endswith(UNFUSED_SUFFIX):
             unfuse_blocks(pyramid)
@@ -364,7 +366,8 @@ def build_backbone(name: str, image_size: tuple[int, int] | None = None) -> nn.M
         import timm
 
         # Swin is built for the input size: its attention windows and relative positions depend on it
-        swin = dict(drop_path_rate=0.0, **({'img_size': image_size} if image_size else {}))
+        swin = dict(**({} if stochastic_depth else {'drop_path_rate': 0.0}),
+                    **({'img_size': image_size} if image_size else {}))
         return timm.create_model(TIMM_BACKBONES[name], pretrained=False, features_only=True,
                                  **(swin if name == 'swin_t' else {}))
     if name in MMDET_BACKBONES:

@@ -307,6 +307,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--dtype', choices=tuple(DTYPES), default='bfloat16',
                         help='autocast dtype, or float32 without autocast (default: bfloat16)')
     parser.add_argument('--models', nargs='+', choices=MODELS, default=list(MODELS))
+    parser.add_argument('--no-stochastic-depth', action='store_true',
+                        help='build the models without stochastic depth (default: each model\'s own rate, as its '
+                             'detection configs train it: SOFT 0.1, Swin-T 0.1, ConvNeXt-T none)')
     parser.add_argument('--cpu-route', action='store_true',
                         help='count the CPU\'s own kernels (default: the GPU route, Triton kernels interpreted)')
     parser.add_argument('--out', default='work_dirs/launch_counts', help='folder of the .md and .json results')
@@ -349,7 +352,7 @@ def main(argv: list[str] | None = None) -> int:
         for hw in args.sizes:
             x = torch.randn(args.batch, 3, *hw, generator=torch.Generator().manual_seed(0))
             for name in args.models:
-                model = build_backbone(name, hw)
+                model = build_backbone(name, hw, stochastic_depth=not args.no_stochastic_depth)
                 counts = count_model(model, x, dtype)
                 rows.append(dict(hw=list(hw), model=name, forward=tally(counts['forward']),
                                  step=tally(counts['step']),
@@ -357,8 +360,9 @@ def main(argv: list[str] | None = None) -> int:
                                                              if launch.category == 'other'))))
     route_name = 'the CPU route' if args.cpu_route else 'the GPU route (Triton kernels interpreted)'
     precision = 'autocast ' + args.dtype if dtype != torch.float32 else 'float32'
-    header = (f'launches per call, batch {args.batch}, {precision}, {route_name}; torch {torch.__version__}, counted '
-              f'on {cpu_model()}')
+    depth = 'without stochastic depth' if args.no_stochastic_depth else "each model's default stochastic depth"
+    header = (f'launches per call, batch {args.batch}, {precision}, {route_name}, {depth}; torch '
+              f'{torch.__version__}, counted on {cpu_model()}')
     write_results(args.out, 'launch_counts', header + '\n\n' + tables(rows), args, header=header, rows=rows)
     return 0
 
