@@ -1,0 +1,487 @@
+"""The host's time per eager training step, on any machine: SOFT-Norm-Small beside Swin-T and ConvNeXt-T, and the
+whole RetinaNet step with SOFT-Norm-Small and with Swin-T, on the GPU route with every Triton launch empty.
+
+    python benchmarks/host_time.py                                  # batch 2 x 64x64, channels / 16, both parts
+    python benchmarks/host_time.py --rounds 15 --repeats 5          # a run to keep
+    python benchmarks/host_time.py --width-divisor 1                # the models at their own widths
+    python benchmarks/host_time.py --parts backbones --cpu-route    # and SOFT's CPU route for contrast
+
+An eager GPU step of a small backbone waits for the host: Python, autograd, autocast, the dispatcher and one launch
+per kernel (``benchmarks/launch_counts.py`` counts the launches). This tool times that host work on a CPU machine:
+CPU tensors on the GPU route (:func:`soft_mm.ops.triton_route.interpreted_triton_route`: the SOFT op and the blocks'
+fused kernels take their Triton launches, the value conv CUDA's route, the kernels write their result dtype as on a
+GPU) at a tiny input, with every Triton launch of the package empty (:func:`empty_triton_launches`): the package's
+Python around a launch runs (buffers, grids, arguments), the kernel runs no program and its output buffers stay as
+the caller allocated them.
+
+What else a CPU step holds is the arithmetic of the ATen operators, and a tiny input does not make it small: the
+weights' casts to bfloat16, the weight gradients and the optimizer's update scale with the parameters, not the
+pixels, and at the models' own widths they are most of a CPU step. So every layer's channels are divided by
+``--width-divisor`` (16 by default; depths, heads, windows, kernels, landmarks, strides and the head's classes and
+anchors kept): the same operators and launches, with a sixteenth of the channels and 1/256 of the weights. Each row's
+launches are counted at both widths, and a row whose counts differ says so (its code took another path).
+
+1. **Backbones**: SOFT-Norm-Small, Swin-T (timm) and ConvNeXt-T, each with its default stochastic depth (as
+   detection configs train them); a step is the forward under bfloat16 autocast, the backward of the maps' means and
+   ``zero_grad``, as ``benchmarks/launch_counts.py`` counts it.
+2. **RetinaNet** (where mmdet and mmcv's ops import): ``model.train_step(data, optim_wrapper)`` (data preprocessor,
+   forward, loss, backward, optimizer step, ``zero_grad``) of mmdet's RetinaNet with SOFT-Norm-Small
+   (``configs/retinanet_soft_small_coco.py``) and with mmdet's Swin-T (the backbone of
+   ``mmdet::swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py``), both under that config's FPN (each backbone's four maps,
+   its own ``in_channels``), RetinaHead and AdamW (``foreach``, as on a GPU), under the CPU bfloat16 optim wrapper
+   (:class:`soft_mm.engine.CPUAmpOptimWrapper`), on a fixed synthetic batch with a few ground-truth boxes.
+
+The cases' rounds are interleaved (``harness.interleaved_medians``), on ``--threads`` threads (1 by default: a GPU
+step's host is one Python thread, and one thread keeps OpenMP's fork and join out of every tiny operator), with
+denormals flushed (an empty launch leaves whatever its buffer held). Beside each time, the launches of the same step
+(ATen operators that compute and Triton launches, ``launch_counts``' counter over the same empty launches) and the
+host time per launch. Not included: Triton's own launcher on a GPU (argument binding, its cache lookup, the driver's
+launch), CUDA's launch and caching-allocator costs, what CUDA autocast does differently from CPU autocast (LayerNorm
+and the losses in float32), mmcv's CUDA focal loss (both detectors take mmdet's PyTorch one here), and the GPU's work.
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import gc
+import logging
+import os
+import sys
+
+if __name__ == '__main__':  # the interpreter must be chosen before triton's import (the route needs it)
+    os.environ['TRITON_INTERPRET'] = '1'
+from collections import Counter
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import torch
+from harness import (
+    ROOT,
+    SOFT_BACKBONES,
+    TIMM_BACKBONES,
+    PyramidMaps,
+    add_rounds_arguments,
+    add_sizes_argument,
+    autocast_to,
+    build_backbone,
+    check_positive,
+    cpu_model,
+    interleaved_medians,
+    write_results,
+)
+
+__all__ = ['BACKBONE_MODELS', 'DETECTORS', 'WIDTH_DIVISORS', 'Case', 'EmptyKernel', 'EmptyKernels', 'backbone_step',
+           'build_narrow_backbone', 'build_retinanet', 'detection_batch', 'detector_step', 'empty_triton_launches',
+           'gpu_route', 'main', 'mmdet_available', 'narrow', 'parse_args', 'step_launches']
+
+BACKBONE_MODELS = ('soft_norm_small', 'swin_t', 'convnext_t')
+SOFT = BACKBONE_MODELS[0]
+PARTS = ('backbones', 'retinanet')
+CPU_ROUTE = ', CPU route'
+# channel divisors that keep every head whole (the models' head dims are 32) and every width a whole number
+WIDTH_DIVISORS = (1, 2, 4, 8, 16)
+DEFAULT_WIDTH_DIVISOR = 16
+# the detectors: the project's RetinaNet config (SOFT-Norm-Small), and the same with mmdet's Swin-T backbone
+RETINANET_CONFIG = 'configs/retinanet_soft_small_coco.py'
+SWIN_CONFIG = 'swin/retinanet_swin-t-p4-w7_fpn_1x_coco.py'  # in the mmdet wheel's .mim/configs
+DETECTORS = ('retinanet_soft_norm_small', 'retinanet_swin_t')
+# mmdet's Swin-T of SWIN_CONFIG, for a wheel without its configs; all four maps for the FPN of RETINANET_CONFIG
+SWIN_T = dict(type='SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2], num_heads=[3, 6, 12, 24], window_size=7,
+              mlp_ratio=4, qkv_bias=True, qk_scale=None, drop_rate=0.0, attn_drop_rate=0.0, drop_path_rate=0.2,
+              patch_norm=True, with_cp=False, convert_weights=True)
+BOXES_PER_IMAGE = 3
+
+
+# --- empty Triton launches
+
+class EmptyKernel:
+    """A Triton kernel whose launch runs nothing: ``kernel[grid](*args, **kwargs)`` evaluates a callable ``grid`` on
+    the keyword arguments (as triton does) and returns; every tensor passed keeps its contents. ``launched[name]``
+    counts the launches."""
+
+    def __init__(self, name: str, launched: Counter) -> None:
+        self.name, self.launched = name, launched
+
+    def __getitem__(self, grid: Any) -> Callable[..., None]:
+        def launch(*args: Any, **kwargs: Any) -> None:
+            if callable(grid):
+                grid(kwargs)
+            self.launched[self.name] += 1
+        return launch
+
+
+class EmptyKernels:
+    """A kernel module (what ``triton_route.load_kernels`` returns) whose Triton kernels are :class:`EmptyKernel`;
+    its other attributes are the module's own."""
+
+    def __init__(self, module: Any, launched: Counter) -> None:
+        self.module, self.launched = module, launched
+
+    def __getattr__(self, name: str) -> Any:
+        from triton.runtime import KernelInterface
+
+        kernel = getattr(self.module, name)
+        return EmptyKernel(name, self.launched) if isinstance(kernel, KernelInterface) else kernel
+
+
+@contextlib.contextmanager
+def empty_triton_launches() -> Iterator[Counter]:
+    """Inside, every Triton launch of the package is empty (:class:`EmptyKernel`) and the kernels write their result
+    dtype as on a GPU (no float32 buffer cast back, which the interpreter's bfloat16 stores need); yields the
+    ``Counter`` of launches per kernel name. Patched by this benchmark and restored after the block."""
+    from soft_mm.ops import triton_route
+
+    launched: Counter = Counter()
+    load_kernels, store_dtype = triton_route.load_kernels, triton_route.store_dtype
+    triton_route.load_kernels = lambda module: EmptyKernels(load_kernels(module), launched)
+    triton_route.store_dtype = lambda dtype: dtype
+    try:
+        yield launched
+    finally:
+        triton_route.load_kernels, triton_route.store_dtype = load_kernels, store_dtype
+
+
+@contextlib.contextmanager
+def gpu_route() -> Iterator[Counter]:
+    """The GPU route on CPU tensors with empty Triton launches (:func:`empty_triton_launches` inside
+    :func:`~soft_mm.ops.triton_route.interpreted_triton_route`); yields the launches' ``Counter``."""
+    from soft_mm.ops.triton_route import interpreted_triton_route
+
+    with interpreted_triton_route(), empty_triton_launches() as launched:
+        yield launched
+
+
+def on_route(fn: Callable[[], object], cpu_route: bool) -> Callable[[], object]:
+    """``fn`` run on the GPU route with empty Triton launches (:func:`gpu_route`), or on the CPU's own route."""
+    if cpu_route:
+        return fn
+
+    def run() -> object:
+        with gpu_route():
+            return fn()
+    return run
+
+
+def step_launches(step: Callable[[], object], model: torch.nn.Module, cpu_route: bool) -> dict[str, int]:
+    """``{'launches': n, 'triton': k}``: what one ``step`` of ``model`` launches on its route (``launch_counts``'
+    counter: ATen operators that compute and Triton launches, these empty)."""
+    from launch_counts import count
+
+    with contextlib.nullcontext() if cpu_route else gpu_route():
+        launches = count(step, model)
+    return dict(launches=len(launches), triton=sum(launch.name.startswith('triton.') for launch in launches))
+
+
+# --- the models, narrowed
+
+def narrow(channels: Sequence[int], divisor: int) -> list[int]:
+    """``channels`` divided by ``divisor``.
+
+    Raises:
+        ValueError: a width that ``divisor`` does not divide.
+    """
+    if any(c % divisor for c in channels):
+        raise ValueError(f'width_divisor={divisor} does not divide the channels {list(channels)}')
+    return [c // divisor for c in channels]
+
+
+def build_narrow_backbone(name: str, hw: tuple[int, int], divisor: int) -> torch.nn.Module:
+    """The backbone ``name`` of :data:`BACKBONE_MODELS` with its default stochastic depth, in train mode, as
+    ``harness.build_backbone(name, hw, stochastic_depth=True)`` builds it, every stage's channels divided by
+    ``divisor`` (depths, heads, windows, kernels and landmarks kept)."""
+    if divisor == 1:
+        return build_backbone(name, hw, stochastic_depth=True).train()
+    if name == SOFT:
+        from soft_mm.models.arch import ARCH_SETTINGS
+        from soft_mm.models.pyramid import SoftPyramid
+
+        arch, soft_norm = SOFT_BACKBONES[name]
+        settings = dict(ARCH_SETTINGS[arch], embed_dims=tuple(narrow(ARCH_SETTINGS[arch]['embed_dims'], divisor)))
+        pyramid = SoftPyramid(settings, soft_norm=soft_norm)
+        pyramid.init_pyramid_weights()
+        return PyramidMaps(pyramid).train()
+    if name not in ('swin_t', 'convnext_t'):
+        raise ValueError(f'unknown backbone {name!r}; one of {", ".join(BACKBONE_MODELS)}')
+    import timm
+
+    channels = narrow(build_backbone(name, hw).feature_info.channels(), divisor)
+    widths = dict(img_size=hw, embed_dim=channels[0]) if name == 'swin_t' else dict(dims=tuple(channels))
+    return timm.create_model(TIMM_BACKBONES[name], pretrained=False, features_only=True, **widths).train()
+
+
+def backbone_step(model: torch.nn.Module, x: torch.Tensor, dtype: torch.dtype = torch.bfloat16,
+                  ) -> Callable[[], None]:
+    """One training step of a backbone (in train mode), as ``launch_counts.count_model`` counts it: the forward of
+    ``x`` under autocast to ``dtype``, the backward of the maps' means, ``zero_grad``."""
+    def step() -> None:
+        with autocast_to(x.device.type, dtype):
+            maps = model(x)
+        torch.autograd.backward([m.float().mean() for m in maps])
+        model.zero_grad(set_to_none=True)
+    return step
+
+
+def mmdet_available() -> str | None:
+    """None where mmdet and mmcv's compiled ops import, else why not."""
+    try:
+        import mmcv.ops  # noqa: F401
+        import mmdet  # noqa: F401
+    except Exception as err:  # an import of compiled ops fails in many ways
+        return f'{type(err).__name__}: {err}'
+    return None
+
+
+def _swin_t_backbone() -> tuple[dict[str, Any], str]:
+    """mmdet's Swin-T of :data:`SWIN_CONFIG` from the mmdet wheel's configs (else :data:`SWIN_T`) and its source."""
+    import mmdet
+    from mmengine.config import Config
+
+    path = Path(mmdet.__file__).parent / '.mim' / 'configs' / SWIN_CONFIG
+    if not path.is_file():
+        return dict(SWIN_T), 'SWIN_T (the mmdet wheel has no configs)'
+    backbone = Config.fromfile(str(path)).model.backbone.to_dict()
+    backbone.pop('_delete_', None)
+    return backbone, f'mmdet::{SWIN_CONFIG}'
+
+
+def build_retinanet(name: str, divisor: int = 1) -> tuple[torch.nn.Module, Any, dict[str, Any]]:
+    """``(model, optim_wrapper, description)`` of the detector ``name`` of :data:`DETECTORS`, in train mode,
+    initialised (no checkpoint): :data:`RETINANET_CONFIG`'s model and optimizer (``foreach=True``, a GPU's default),
+    the backbone replaced by mmdet's Swin-T with its four maps for ``retinanet_swin_t``; every channel count of the
+    backbone, the FPN and the head divided by ``divisor``. The optim wrapper is
+    :class:`soft_mm.engine.CPUAmpOptimWrapper` (bfloat16 autocast on CPU)."""
+    if name not in DETECTORS:
+        raise ValueError(f'unknown detector {name!r}; one of {", ".join(DETECTORS)}')
+    from mmdet.registry import MODELS
+    from mmdet.utils import register_all_modules
+    from mmengine.config import Config
+    from mmengine.logging import MMLogger
+    from mmengine.optim import build_optim_wrapper
+
+    import soft_mm.engine  # noqa: F401  (registers CPUAmpOptimWrapper)
+    from soft_mm.models.arch import resolve_arch
+
+    register_all_modules(init_default_scope=True)
+    cfg = Config.fromfile(str(ROOT / RETINANET_CONFIG))
+    model_cfg = copy.deepcopy(cfg.model)
+    description: dict[str, Any] = dict(config=RETINANET_CONFIG)
+    if name == 'retinanet_swin_t':
+        backbone, description['backbone'] = _swin_t_backbone()
+        # Swin's stages double the channels: all four maps for the FPN
+        channels = narrow([backbone['embed_dims'] * 2 ** i for i in range(len(backbone['depths']))], divisor)
+        backbone.update(out_indices=tuple(range(len(channels))), embed_dims=channels[0])
+        model_cfg.backbone = backbone
+        model_cfg.neck.in_channels = channels
+    else:
+        arch = resolve_arch(model_cfg.backbone.arch)
+        model_cfg.backbone['arch'] = dict(arch, embed_dims=tuple(narrow(arch['embed_dims'], divisor)))
+        model_cfg.neck.in_channels = narrow(model_cfg.neck.in_channels, divisor)
+    model_cfg.backbone['init_cfg'] = None
+    model_cfg.neck.out_channels = narrow([model_cfg.neck.out_channels], divisor)[0]
+    model_cfg.bbox_head.in_channels = narrow([model_cfg.bbox_head.in_channels], divisor)[0]
+    model_cfg.bbox_head.feat_channels = narrow([model_cfg.bbox_head.feat_channels], divisor)[0]
+    model = MODELS.build(model_cfg)
+    logger = MMLogger.get_current_instance()
+    level = logger.level
+    logger.setLevel(logging.WARNING)  # init_weights logs every parameter
+    try:
+        model.init_weights()
+    finally:
+        logger.setLevel(level)
+    model.train()
+    optimizer = dict(cfg.optim_wrapper.optimizer.to_dict(), foreach=True)
+    optim_wrapper = build_optim_wrapper(model, dict(type='CPUAmpOptimWrapper', optimizer=optimizer))
+    description.update(backbone_type=model_cfg.backbone['type'], neck_in_channels=list(model_cfg.neck.in_channels),
+                       head_channels=model_cfg.bbox_head.feat_channels, optimizer=optimizer)
+    return model, optim_wrapper, description
+
+
+def detection_batch(batch: int, hw: tuple[int, int], seed: int = 0) -> dict[str, list]:
+    """A fixed synthetic batch as mmdet's data loader hands it to ``train_step``: ``batch`` uint8 BGR images of
+    ``hw`` and their samples, each with :data:`BOXES_PER_IMAGE` ground-truth boxes (HorizontalBoxes, 1/8 to 1/2 of
+    the image a side) and labels."""
+    from mmdet.structures import DetDataSample
+    from mmdet.structures.bbox import HorizontalBoxes
+    from mmengine.structures import InstanceData
+
+    gen = torch.Generator().manual_seed(seed)
+    h, w = hw
+    inputs, samples = [], []
+    for _ in range(batch):
+        inputs.append(torch.randint(0, 256, (3, h, w), dtype=torch.uint8, generator=gen))
+        size = torch.tensor([w, h]) * (0.125 + 0.375 * torch.rand(BOXES_PER_IMAGE, 2, generator=gen))
+        corner = (torch.tensor([w, h]) - size) * torch.rand(BOXES_PER_IMAGE, 2, generator=gen)
+        sample = DetDataSample(metainfo=dict(img_shape=(h, w), ori_shape=(h, w), scale_factor=(1.0, 1.0)))
+        sample.gt_instances = InstanceData(bboxes=HorizontalBoxes(torch.cat([corner, corner + size], 1)),
+                                           labels=torch.randint(0, 80, (BOXES_PER_IMAGE,), generator=gen))
+        samples.append(sample)
+    return dict(inputs=inputs, data_samples=samples)
+
+
+def detector_step(model: torch.nn.Module, optim_wrapper: Any, data: dict[str, list]) -> Callable[[], dict]:
+    """One ``model.train_step(data, optim_wrapper)``: the step users time (its log variables returned)."""
+    def step() -> dict:
+        return model.train_step(data, optim_wrapper)
+    return step
+
+
+# --- the parts
+
+class Case(NamedTuple):
+    """One timed row: ``step`` of ``model`` on its route, and the launches of the same step at full width."""
+
+    step: Callable[[], object]
+    model: torch.nn.Module
+    cpu_route: bool
+    full_width_launches: int
+
+
+def _case(build: Callable[[int], tuple[torch.nn.Module, Callable[[], object]]], divisor: int,
+          cpu_route: bool) -> Case:
+    """The :class:`Case` of ``build(divisor) -> (model, step)``, its launches at full width counted on the way (that
+    model freed after)."""
+    model, step = build(divisor)
+    full = (model, step) if divisor == 1 else build(1)
+    full_launches = step_launches(full[1], full[0], cpu_route)['launches']
+    del full
+    return Case(step, model, cpu_route, full_launches)
+
+
+def _timed_rows(part: str, hw: tuple[int, int], cases: dict[str, Case], args: argparse.Namespace,
+                reference: str) -> list[dict]:
+    """Time ``cases`` interleaved and count each one's launches."""
+    runs = {name: on_route(case.step, case.cpu_route) for name, case in cases.items()}
+    times = interleaved_medians(runs, args.rounds, args.repeats, torch.device('cpu'),
+                                setups={name: gc.collect for name in runs})
+    rows = []
+    for name, case in cases.items():
+        counts = step_launches(case.step, case.model, case.cpu_route)
+        ms = 1e3 * times[name]
+        rows.append(dict(part=part, hw=list(hw), model=name, route='cpu' if case.cpu_route else 'gpu', ms=ms,
+                         ratio=times[name] / times[reference], us_per_launch=1e6 * times[name] / counts['launches'],
+                         full_width_launches=case.full_width_launches, **counts))
+    return rows
+
+
+def backbone_rows(args: argparse.Namespace, hw: tuple[int, int]) -> list[dict]:
+    """Part 1 at one input size: each backbone's training step (and SOFT's on the CPU route with ``--cpu-route``)."""
+    x = torch.randn(args.batch, 3, *hw, generator=torch.Generator().manual_seed(0))
+
+    def builder(name: str) -> Callable[[int], tuple[torch.nn.Module, Callable[[], object]]]:
+        def build(divisor: int) -> tuple[torch.nn.Module, Callable[[], object]]:
+            model = build_narrow_backbone(name, hw, divisor)
+            return model, backbone_step(model, x)
+        return build
+
+    cases = {name: _case(builder(name), args.width_divisor, False) for name in BACKBONE_MODELS}
+    if args.cpu_route:
+        cases[SOFT + CPU_ROUTE] = _case(builder(SOFT), args.width_divisor, True)
+    return _timed_rows('backbones', hw, cases, args, SOFT)
+
+
+def retinanet_rows(args: argparse.Namespace, hw: tuple[int, int], described: dict[str, Any]) -> list[dict]:
+    """Part 2 at one input size: each detector's ``train_step`` on the synthetic batch (and SOFT's on the CPU route
+    with ``--cpu-route``); ``described`` gets each detector's description."""
+    data = detection_batch(args.batch, hw)
+
+    def builder(name: str) -> Callable[[int], tuple[torch.nn.Module, Callable[[], object]]]:
+        def build(divisor: int) -> tuple[torch.nn.Module, Callable[[], object]]:
+            model, optim_wrapper, description = build_retinanet(name, divisor)
+            if divisor == args.width_divisor:
+                described[name] = description
+            return model, detector_step(model, optim_wrapper, data)
+        return build
+
+    cases = {name: _case(builder(name), args.width_divisor, False) for name in DETECTORS}
+    if args.cpu_route:
+        cases[DETECTORS[0] + CPU_ROUTE] = _case(builder(DETECTORS[0]), args.width_divisor, True)
+    return _timed_rows('retinanet', hw, cases, args, DETECTORS[0])
+
+
+# --- the command line
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
+    add_sizes_argument(parser, ['64x64'], 'input size (tiny: the host\'s work, not the arithmetic)')
+    parser.add_argument('--batch', type=int, default=2, help='images per batch (default: 2, mmdet\'s per GPU)')
+    parser.add_argument('--parts', nargs='+', choices=PARTS,
+                        help='what to time (default: both where mmdet and mmcv\'s ops import, else backbones)')
+    parser.add_argument('--width-divisor', type=int, choices=WIDTH_DIVISORS, default=DEFAULT_WIDTH_DIVISOR,
+                        help='every layer\'s channels divided by this (the same operators and launches, little '
+                             f'arithmetic; 1: the models\' own widths; default: {DEFAULT_WIDTH_DIVISOR})')
+    parser.add_argument('--cpu-route', action='store_true',
+                        help='also time SOFT\'s step on the CPU route (its own CPU kernels), for contrast')
+    parser.add_argument('--threads', type=int, default=1, help='torch threads (default: 1, as a GPU step\'s host)')
+    add_rounds_arguments(parser, 'work_dirs/host_time')
+    args = parser.parse_args(argv)
+    check_positive(parser, args, 'batch', 'threads')
+    if args.parts is None:
+        args.parts = list(PARTS) if mmdet_available() is None else ['backbones']
+    elif 'retinanet' in args.parts:
+        missing = mmdet_available()
+        if missing is not None:
+            parser.error(f'--parts retinanet needs mmdet and mmcv\'s compiled ops ({missing})')
+    return args
+
+
+def tables(rows: list[dict], described: dict[str, Any]) -> str:
+    titles = {'backbones': ('Backbones: forward under autocast, backward of the maps\' means, zero_grad', 'model'),
+              'retinanet': ('RetinaNet: model.train_step (data preprocessor, forward, loss, backward, optimizer step, '
+                            'zero_grad)', 'detector')}
+    lines = []
+    for part, (title, what) in titles.items():
+        part_rows = [r for r in rows if r['part'] == part]
+        if not part_rows:
+            continue
+        lines += ['', f'## {title}', '', f'| input | {what} | route | ms a step | ÷ SOFT\'s | launches a step (Triton) '
+                  '| µs a launch |', '|---|---|---|---|---|---|---|']
+        for r in part_rows:
+            differs = r['launches'] != r['full_width_launches']
+            launches = f"{r['launches']:,} ({r['triton']:,})" + (
+                f" **≠ {r['full_width_launches']:,} at full width**" if differs else '')
+            lines.append(f"| {r['hw'][0]}x{r['hw'][1]} | {r['model']} | {r['route'].upper()} | {r['ms']:.2f} | "
+                         f"{r['ratio']:.2f} | {launches} | {r['us_per_launch']:.1f} |")
+    for name, description in described.items():
+        lines.append(f'\n{name}: ' + ', '.join(f'{key} {value}' for key, value in description.items()))
+    return '\n'.join(lines).lstrip('\n') + '\n'
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    from soft_mm.ops import triton_route
+
+    if not (triton_route.interpreting() and triton_route.triton_available()):
+        raise SystemExit('host_time: the GPU route on CPU tensors needs TRITON_INTERPRET=1 set before triton is '
+                         f'imported and triton >= {".".join(map(str, triton_route.MIN_TRITON))}')
+    threads = torch.get_num_threads()
+    torch.set_num_threads(args.threads)
+    torch.set_flush_denormal(True)
+    rows: list[dict] = []
+    described: dict[str, Any] = {}
+    try:
+        for hw in args.sizes:
+            if 'backbones' in args.parts:
+                rows += backbone_rows(args, hw)
+            if 'retinanet' in args.parts:
+                rows += retinanet_rows(args, hw, described)
+    finally:
+        torch.set_num_threads(threads)
+        torch.set_flush_denormal(False)
+    width = ('the models\' own widths' if args.width_divisor == 1 else
+             f'every layer\'s channels / {args.width_divisor} (launches counted at both widths)')
+    header = (f'host time per training step, batch {args.batch}, {width}, bfloat16 autocast, CPU tensors on the GPU '
+              'route with every Triton launch empty (route CPU: SOFT\'s own CPU kernels), median of '
+              f'{args.rounds} interleaved rounds x {args.repeats} calls; {args.threads} thread(s), denormals flushed; '
+              f'torch {torch.__version__}, on {cpu_model()}. Included: Python, autograd, autocast, the dispatcher, '
+              'the CPU\'s arithmetic on the small tensors. Not included: Triton\'s own launcher and the driver (per '
+              'Triton launch on a GPU), CUDA\'s launch and allocator costs, CUDA autocast\'s float32 norms and '
+              'losses, the GPU\'s work.')
+    write_results(args.out, 'host_time', header + '\n\n' + tables(rows, described), args, header=header, rows=rows,
+                  detectors=described)
+    return 0
+
+
+if __name__ == '__main__':
+    sys.exit(main())
