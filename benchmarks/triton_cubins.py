@@ -32,13 +32,15 @@ request per target, padded size, kernel and products dtype as the module the dis
 (:mod:`soft_mm.ops.soft.backends.triton.targets`); ``tests/ops/test_triton_cubins.py`` compiles the same and holds it.
 
 ``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (:mod:`soft_mm.ops.functional.add_norm_kernels`,
-forward and backward, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
-that :mod:`soft_mm.ops.functional.add_norm_config` gives each width.
+forward and backward, in each flag set the models launch, ``LAYER_VARIANTS``, the stream in float32, bfloat16 or
+float16) at the given row widths, with the rows per program that :mod:`soft_mm.ops.functional.add_norm_config` gives
+each width.
 """
 from __future__ import annotations
 
 import argparse
 import importlib.util
+import itertools
 import json
 import os
 import re
@@ -48,8 +50,9 @@ import tempfile
 from pathlib import Path
 
 __all__ = ['ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS', 'LAUNCH_DTYPES',
-           'LAYER_KERNELS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS', 'format_shared_memory',
-           'format_table', 'layer_resource_usage', 'limit', 'resource_usage', 'shared_memory_table', 'table_module']
+           'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS',
+           'format_shared_memory', 'format_table', 'layer_resource_usage', 'limit', 'resource_usage',
+           'shared_memory_table', 'table_module']
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
@@ -85,7 +88,8 @@ LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
 LAYER_WIDTHS = (64, 128, 320, _ADD_NORM.MAX_ADD_NORM_WIDTH)
 # the tensors of the stream (the addends, the output and their gradients), in the stream's dtype; the rest float32
-_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'y_ptr', 'dy_ptr', 'dx_ptr')
+_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'sc_ptr', 'y_ptr', 'dy_ptr', 'ds_ptr', 'dx_ptr')
+LAYER_VARIANTS = _ADD_NORM.LAUNCH_VARIANTS
 
 
 def _tool(name: str) -> str:
@@ -203,22 +207,22 @@ def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dic
             for width in widths:
                 constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width),
                                  INTERPRET=False, INTERPRETED_BLOCKS=0)
-                for dtype in _DTYPE_NAMES:
-                    for name in LAYER_KERNELS:
-                        fn = getattr(kernels, name)
-                        used = {key: value for key, value in constants.items() if key in fn.arg_names}
-                        signature = {arg: 'constexpr' if arg in used else '*' + dtype if arg in _STREAM_POINTERS
-                                     else '*fp32' if arg.endswith('_ptr') else 'fp32' if arg == 'eps' else 'i32'
-                                     for arg in fn.arg_names}
-                        compiled = triton.compile(ASTSource(fn, signature, used), target=GPUTarget('cuda', arch, 32))
-                        cubin = Path(folder) / f'{name}_{arch}.cubin'
-                        cubin.write_bytes(compiled.asm['cubin'])
-                        dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
-                                              capture_output=True, text=True).stdout
-                        rows.append(dict(kernel=name, dtype=dtype, arch=f'sm_{arch}', width=width,
-                                         rows=constants['ROWS'], num_warps=compiled.metadata.num_warps,
-                                         dynamic_shared_bytes=int(compiled.metadata.shared),
-                                         **_parse_resources(dump)))
+                for dtype, variant, name in itertools.product(_DTYPE_NAMES, LAYER_VARIANTS, LAYER_KERNELS):
+                    fn = getattr(kernels, name)
+                    used = {key: value for key, value in {**constants, **LAYER_VARIANTS[variant]}.items()
+                            if key in fn.arg_names}
+                    signature = {arg: 'constexpr' if arg in used else '*' + dtype if arg in _STREAM_POINTERS
+                                 else '*fp32' if arg.endswith('_ptr') else 'fp32' if arg == 'eps' else 'i32'
+                                 for arg in fn.arg_names}
+                    compiled = triton.compile(ASTSource(fn, signature, used), target=GPUTarget('cuda', arch, 32))
+                    cubin = Path(folder) / f'{name}_{arch}.cubin'
+                    cubin.write_bytes(compiled.asm['cubin'])
+                    dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
+                                          capture_output=True, text=True).stdout
+                    rows.append(dict(kernel=name, variant=variant, dtype=dtype, arch=f'sm_{arch}', width=width,
+                                     rows=constants['ROWS'], num_warps=compiled.metadata.num_warps,
+                                     dynamic_shared_bytes=int(compiled.metadata.shared),
+                                     **_parse_resources(dump)))
     return rows
 
 
@@ -342,16 +346,16 @@ def format_layer_table(rows: list[dict]) -> str:
     """The add + LayerNorm rows as a text table: per kernel, dtype and width, per architecture the registers per
     thread, the spilled bytes and the dynamic shared memory."""
     archs = sorted({r['arch'] for r in rows}, key=lambda a: int(a[3:]))
-    lines = ['kernel dtype width rows ' + ' '.join(f'{a} regs / spill B / smem B' for a in archs)]
-    by_key = {(r['kernel'], r['dtype'], r['width'], r['arch']): r for r in rows}
-    for kernel, dtype, width in sorted({(r['kernel'], r['dtype'], r['width']) for r in rows}):
+    lines = ['kernel variant dtype width rows ' + ' '.join(f'{a} regs / spill B / smem B' for a in archs)]
+    by_key = {(r['kernel'], r['variant'], r['dtype'], r['width'], r['arch']): r for r in rows}
+    for kernel, variant, dtype, width in sorted({(r['kernel'], r['variant'], r['dtype'], r['width']) for r in rows}):
         cells = []
         for arch in archs:
-            r = by_key.get((kernel, dtype, width, arch))
+            r = by_key.get((kernel, variant, dtype, width, arch))
             cells.append('-' if r is None else
                          f"{r['registers']} / {r['stack_bytes'] + r['local_bytes']} / {r['dynamic_shared_bytes']}")
         rows_per_program = next(r['rows'] for r in rows if (r['kernel'], r['width']) == (kernel, width))
-        lines.append(f'{kernel} {dtype} {width} {rows_per_program} ' + ' '.join(cells))
+        lines.append(f"{kernel} '{variant}' {dtype} {width} {rows_per_program} " + ' '.join(cells))
     return '\n'.join(lines)
 
 

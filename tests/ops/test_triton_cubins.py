@@ -17,6 +17,7 @@ from triton_cubins import (
     KERNELS,
     LAUNCH_DTYPES,
     LAYER_KERNELS,
+    LAYER_VARIANTS,
     LAYER_WIDTHS,
     MIDDLE_BACKWARD_VARIANTS,
     MIDDLE_VARIANTS,
@@ -143,22 +144,23 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
     assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 
-@pytest.mark.slow  # 120 compilations: 2 kernels × 3 dtypes × 4 widths × 5 targets
+@pytest.mark.slow  # 240 compilations: 2 kernels × 2 variants × 3 dtypes × 4 widths × 5 targets
 def test_the_blocks_add_norm_kernels_compile_for_every_target_without_spills():
-    # the post-norm blocks' fused add + LayerNorm at SOFT's widths (64, 128; 320 padded to 512) and the widest the
-    # kernels take (1,024), with the rows per program of add_norm_config: no spilled register anywhere (at 16 rows of
-    # 512 channels the backward spilled 24-104 B on every target), shared memory a few KiB (reductions only)
+    # the post-norm blocks' fused add + LayerNorm (with the branch's bias and stochastic depth's scale) and the landmark
+    # sampler's LayerNorm + GELU at SOFT's widths (64, 128; 320 padded to 512) and the widest the kernels take (1,024),
+    # with the rows per program of add_norm_config: no spilled register anywhere (at 16 rows of 512 channels the
+    # backward spilled 24-104 B on every target), shared memory a few KiB (reductions only)
     rows = layer_resource_usage()
     archs = {f'sm_{t}' for t in TARGETS}
-    assert {(r['kernel'], r['dtype'], r['arch'], r['width']) for r in rows} == {
-        (kernel, dtype, arch, width) for kernel in LAYER_KERNELS for dtype in _PRODUCTS for arch in archs
-        for width in LAYER_WIDTHS}
+    assert {(r['kernel'], r['variant'], r['dtype'], r['arch'], r['width']) for r in rows} == {
+        (kernel, variant, dtype, arch, width) for kernel in LAYER_KERNELS for variant in LAYER_VARIANTS
+        for dtype in _PRODUCTS for arch in archs for width in LAYER_WIDTHS}
     for row in rows:
         assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
         assert 0 < row['registers'] <= 255 and row['dynamic_shared_bytes'] <= 8192, row
         assert row['rows'] == {64: 16, 128: 8, 320: 2, 1024: 1}[row['width']], row
     table = format_layer_table(rows).splitlines()
-    assert len(table) == 1 + len(LAYER_KERNELS) * len(_PRODUCTS) * len(LAYER_WIDTHS)
+    assert len(table) == 1 + len(LAYER_KERNELS) * len(LAYER_VARIANTS) * len(_PRODUCTS) * len(LAYER_WIDTHS)
 
 
 @pytest.mark.slow  # 46 compilations for sm_80

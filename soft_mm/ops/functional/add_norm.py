@@ -1,13 +1,16 @@
-"""A post-norm block's ``LayerNorm(residual + branch)``, cast to the stream's dtype, in one kernel on the GPU route.
+"""A post-norm block's ``LayerNorm(residual + branch)``, cast to the stream's dtype, in one kernel on the GPU route;
+with the branch's bias, stochastic depth's per-sample scale and a GELU after the norm folded into the same kernel.
 
-On CUDA under autocast, ``x = norm(x + branch).to(x.dtype)`` is four launches forward (the sum, LayerNorm's input
-cast to float32, LayerNorm, the cast back) and about as many backward (the casts' gradients, LayerNorm's backward of
-two or three kernels). :func:`add_layer_norm` runs the sum, the statistics and the normalisation in float32 in one
-Triton kernel (``add_norm_fwd_kernel_y``) and writes the result in the stream's dtype; its backward is one kernel for
-the sum's gradient (the same for both addends, the sum rebuilt from them rather than stored) with per-program partial
-sums of the weight's and bias's gradients, summed after: two launches. Everywhere else (CPU, a graph being traced or
-compiled, where the compiler fuses the same passes itself) it is the PyTorch form. The sum in float32 is at least as
-accurate as the PyTorch form's, which rounds it to the stream's dtype before normalising.
+On CUDA under autocast, ``x = norm(x + drop_path(proj(out))).to(x.dtype)`` is many launches forward (the projection's
+bias, the drop-path mask and its scale, the sum, LayerNorm's input cast to float32, LayerNorm, the cast back) and about
+as many backward. :func:`add_layer_norm` runs ``s = residual + scale * (branch + branch_bias)``, the statistics and the
+normalisation in float32 in one Triton kernel (``add_norm_fwd_kernel_y``) and writes the result in the stream's dtype;
+its backward is one kernel for the gradients of ``s`` and of the branch (``s`` rebuilt from the addends rather than
+stored) with per-program partial sums of the gradients of the norm's weight and bias and of the branch's bias, summed
+after: two launches. The same kernels without a residual and with a GELU after the norm are the SOFT layers' landmark
+sampler's LayerNorm and GELU (:func:`layer_norm_gelu`). Everywhere else (CPU, a graph being traced or compiled, where
+the compiler fuses the same passes itself) it is the PyTorch form. The sum in float32 is at least as accurate as the
+PyTorch form's, which rounds it to the stream's dtype before normalising.
 """
 from __future__ import annotations
 
@@ -19,86 +22,139 @@ from .. import triton_route
 from ..graph_mode import eager_tensors
 from .add_norm_config import BACKWARD_PROGRAMS, MAX_ADD_NORM_WIDTH, add_norm_rows, padded_width
 
-__all__ = ['MAX_ADD_NORM_WIDTH', 'add_layer_norm', 'fuses_add_norm']
+__all__ = ['MAX_ADD_NORM_WIDTH', 'add_layer_norm', 'fuses_add_norm', 'layer_norm_gelu']
+
+_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-
-
 def _kernels():
     return triton_route.load_kernels('soft_mm.ops.functional.add_norm_kernels')
 
 
-def fuses_add_norm(branch: Tensor, residual: Tensor, weight: Tensor | None) -> bool:
+def fuses_add_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None) -> bool:
     """Whether :func:`add_layer_norm` takes its fused kernels for these tensors: an eager call on the GPU route with
-    a usable triton, matching floating point shapes, an affine LayerNorm at most :data:`MAX_ADD_NORM_WIDTH` wide."""
+    a usable triton, matching floating point shapes (or no residual), an affine LayerNorm at most
+    :data:`MAX_ADD_NORM_WIDTH` wide."""
     # eager plain tensors first: under torch.fx's symbolic trace they are proxies, whose device cannot be asked
-    return (weight is not None and eager_tensors(branch, residual, weight)
-            and triton_route.takes_triton(branch, residual)
-            and branch.shape == residual.shape and residual.shape[-1] <= MAX_ADD_NORM_WIDTH
-            and branch.dtype in (torch.float32, torch.bfloat16, torch.float16)
-            and residual.dtype in (torch.float32, torch.bfloat16, torch.float16))
+    tensors = (branch,) if residual is None else (branch, residual)
+    return (weight is not None and eager_tensors(*tensors, weight) and triton_route.takes_triton(*tensors)
+            and (residual is None or branch.shape == residual.shape) and branch.shape[-1] <= MAX_ADD_NORM_WIDTH
+            and all(t.dtype in _FLOATS for t in tensors))
 
 
 def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t.contiguous().reshape(-1, t.shape[-1])
 
 
+def _launch_sizes(rows: int, width: int) -> tuple[int, int, int]:
+    """``(ROWS, programs, blocks per program)`` of the backward for a ``(rows, width)`` matrix."""
+    tile_rows = add_norm_rows(width)
+    blocks = _cdiv(rows, tile_rows)
+    per_program = _cdiv(blocks, min(blocks, BACKWARD_PROGRAMS))
+    return tile_rows, _cdiv(blocks, per_program), per_program
+
+
 class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, branch: Tensor, residual: Tensor, weight: Tensor, bias: Tensor, eps: float,
-                out_dtype: torch.dtype) -> Tensor:
-        x, r = _rows(branch), _rows(residual)
-        rows, width = r.shape
-        y = torch.empty(rows, width, dtype=triton_route.store_dtype(out_dtype), device=r.device)
-        mean = torch.empty(rows, dtype=torch.float32, device=r.device)
-        rstd = torch.empty_like(mean)
+    def forward(ctx, branch: Tensor, residual: Tensor | None, weight: Tensor, bias: Tensor,
+                branch_bias: Tensor | None, branch_scale: Tensor | None, eps: float, out_dtype: torch.dtype,
+                gelu: bool) -> Tensor:
+        x = _rows(branch)
+        r = x if residual is None else _rows(residual)
+        bb = x if branch_bias is None else branch_bias.contiguous()
+        sc = x if branch_scale is None else branch_scale.contiguous()
+        rows, width = x.shape
+        per_sample = rows // branch.shape[0]
+        y = torch.empty(rows, width, dtype=triton_route.store_dtype(out_dtype), device=x.device)
+        stats = torch.empty(2, rows, dtype=torch.float32, device=x.device)
         tile_rows = add_norm_rows(width)
+        flags = dict(HAS_RESIDUAL=residual is not None, HAS_BRANCH_BIAS=branch_bias is not None,
+                     HAS_SCALE=branch_scale is not None, GELU=gelu)
         _kernels().add_norm_fwd_kernel_y[(_cdiv(rows, tile_rows),)](
-            x, r, weight, bias, y, mean, rstd, rows, width, eps, ROWS=tile_rows, CP=padded_width(width))
-        ctx.save_for_backward(x, r, weight, mean, rstd)
-        ctx.shape, ctx.dtypes = residual.shape, (branch.dtype, residual.dtype, bias.dtype)
-        return y.to(out_dtype).reshape(residual.shape)
+            x, r, bb, sc, weight, bias, y, stats, rows, width, per_sample, eps, ROWS=tile_rows,
+            CP=padded_width(width), **flags)
+        ctx.save_for_backward(x, r, bb, sc, weight, bias, stats)
+        ctx.flags, ctx.per_sample, ctx.shape = flags, per_sample, branch.shape
+        ctx.dtypes = (branch.dtype, None if residual is None else residual.dtype,
+                      None if branch_bias is None else branch_bias.dtype)
+        return y.to(out_dtype).reshape(branch.shape)
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
-        x, r, weight, mean, rstd = ctx.saved_tensors
-        rows, width = r.shape
-        tile_rows = add_norm_rows(width)
-        blocks = _cdiv(rows, tile_rows)
-        programs = min(blocks, BACKWARD_PROGRAMS)
-        per_program = _cdiv(blocks, programs)
-        programs = _cdiv(blocks, per_program)
-        grad_sum = torch.empty(rows, width, dtype=triton_route.store_dtype(ctx.dtypes[1]), device=r.device)
-        partials = torch.empty(programs, 2, padded_width(width), dtype=torch.float32, device=r.device)
+        x, r, bb, sc, weight, bias, stats = ctx.saved_tensors
+        flags = ctx.flags
+        branch_dtype, residual_dtype, branch_bias_dtype = ctx.dtypes
+        rows, width = x.shape
+        tile_rows, programs, per_program = _launch_sizes(rows, width)
+        # the gradient of the sum, in the residual's dtype (the branch's without a residual)
+        grad_sum = torch.empty(rows, width, dtype=triton_route.store_dtype(residual_dtype or branch_dtype),
+                               device=x.device)
+        grad_x = (torch.empty(rows, width, dtype=triton_route.store_dtype(branch_dtype), device=x.device)
+                  if flags['HAS_SCALE'] else grad_sum)
+        partials = torch.empty(programs, 3, padded_width(width), dtype=torch.float32, device=x.device)
         _kernels().add_norm_bwd_kernel_dx[(programs,)](
-            _rows(grad), x, r, weight, mean, rstd, grad_sum, partials, rows, width, per_program, ROWS=tile_rows,
-            CP=padded_width(width), INTERPRET=triton_route.interpreting(),
-            INTERPRETED_BLOCKS=triton_route.interpreted_bound(per_program))
-        grad_weight, grad_bias = partials.sum(0)[:, :width]
-        grad_sum = grad_sum.to(ctx.dtypes[1]).reshape(ctx.shape)
-        grad_branch = grad_sum if ctx.dtypes[0] == ctx.dtypes[1] else grad_sum.to(ctx.dtypes[0])
-        return (grad_branch, grad_sum, grad_weight.to(weight.dtype), grad_bias.to(ctx.dtypes[2]), None, None)
+            _rows(grad), x, r, bb, sc, weight, bias, stats, grad_sum, grad_x, partials, rows, width, ctx.per_sample,
+            per_program, ROWS=tile_rows, CP=padded_width(width), INTERPRET=triton_route.interpreting(),
+            INTERPRETED_BLOCKS=triton_route.interpreted_bound(per_program), **flags)
+        grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
+        grad_branch = grad_x.to(branch_dtype).reshape(ctx.shape)
+        grad_residual = None
+        if residual_dtype is not None:
+            grad_residual = grad_sum.to(residual_dtype).reshape(ctx.shape)
+            if not flags['HAS_SCALE'] and branch_dtype == residual_dtype:
+                grad_branch = grad_residual  # one tensor for both addends' equal gradients
+        return (grad_branch, grad_residual, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype),
+                None if branch_bias_dtype is None else grad_branch_bias.to(branch_bias_dtype), None, None, None, None)
 
 
-def add_layer_norm(branch: Tensor, residual: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
-                   out_dtype: torch.dtype | None = None) -> Tensor:
-    """``F.layer_norm(residual + branch, (C,), weight, bias, eps).to(out_dtype)`` over the last dim ``C``, in one
-    Triton kernel forward and two launches backward where :func:`fuses_add_norm` says so (see the module
-    docstring), the PyTorch form elsewhere.
+def _pytorch_form(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
+                  out_dtype: torch.dtype, branch_bias: Tensor | None, branch_scale: Tensor | None,
+                  gelu: bool) -> Tensor:
+    s = branch if branch_bias is None else branch + branch_bias
+    if branch_scale is not None:  # (in the branch's dtype, as timm's DropPath scales it)
+        scale = branch_scale.to(s.dtype).reshape(-1, *([1] * (s.ndim - 1)))
+        s = s * scale if residual is None else torch.addcmul(residual, s, scale)
+    elif residual is not None:
+        s = residual + s
+    y = F.layer_norm(s, s.shape[-1:], weight, bias, eps)
+    return (F.gelu(y) if gelu else y).to(out_dtype)
+
+
+def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
+                   out_dtype: torch.dtype | None = None, *, branch_bias: Tensor | None = None,
+                   branch_scale: Tensor | None = None, gelu: bool = False) -> Tensor:
+    """``F.layer_norm(residual + branch_scale * (branch + branch_bias), (C,), weight, bias, eps).to(out_dtype)`` over
+    the last dim ``C`` (a GELU after the norm where ``gelu``), in one Triton kernel forward and two launches backward
+    where :func:`fuses_add_norm` says so (see the module docstring), the PyTorch form elsewhere.
 
     Args:
-        branch: ``(..., C)`` a block branch's output.
-        residual: ``(..., C)`` the residual stream (its dtype is the default output dtype).
+        branch: ``(B, ..., C)`` a block branch's output.
+        residual: ``(B, ..., C)`` the residual stream (its dtype is the default output dtype), or None.
         weight, bias: ``(C,)`` the LayerNorm's affine parameters.
         eps: the LayerNorm's epsilon.
-        out_dtype: the output's dtype (None: the residual's).
+        out_dtype: the output's dtype (None: the residual's, or the branch's without one).
+        branch_bias: ``(C,)`` a bias added to the branch (its last linear layer's, run without it), or None.
+        branch_scale: ``(B,)`` a scale of each sample's branch (stochastic depth's ``mask / keep``), or None.
+        gelu: apply the exact GELU to the normalised result.
     """
-    out_dtype = residual.dtype if out_dtype is None else out_dtype
+    if out_dtype is None:
+        out_dtype = (branch if residual is None else residual).dtype
+    if branch_scale is not None and tuple(branch_scale.shape) != (branch.shape[0],):
+        raise ValueError(f'add_layer_norm: branch_scale must have one value per sample, shape ({branch.shape[0]},), '
+                         f'got {tuple(branch_scale.shape)}')
     if bias is not None and fuses_add_norm(branch, residual, weight):
-        return _AddLayerNorm.apply(branch, residual, weight, bias, float(eps), out_dtype)
-    return F.layer_norm(residual + branch, residual.shape[-1:], weight, bias, eps).to(out_dtype)
+        return _AddLayerNorm.apply(branch, residual, weight, bias, branch_bias, branch_scale, float(eps), out_dtype,
+                                   bool(gelu))
+    return _pytorch_form(branch, residual, weight, bias, eps, out_dtype, branch_bias, branch_scale, gelu)
+
+
+def layer_norm_gelu(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
+                    out_dtype: torch.dtype | None = None) -> Tensor:
+    """``F.gelu(F.layer_norm(x, (C,), weight, bias, eps)).to(out_dtype)``: one kernel forward and two launches
+    backward on the GPU route (:func:`add_layer_norm` without a residual), statistics and GELU in float32."""
+    return add_layer_norm(x, None, weight, bias, eps, out_dtype, gelu=True)

@@ -4,7 +4,8 @@ module of plain Python (no torch, no triton), so that ``benchmarks/triton_cubins
 """
 from __future__ import annotations
 
-__all__ = ['BACKWARD_PROGRAMS', 'MAX_ADD_NORM_WIDTH', 'TILE_ELEMENTS', 'add_norm_rows', 'padded_width']
+__all__ = ['BACKWARD_PROGRAMS', 'LAUNCH_VARIANTS', 'MAX_ADD_NORM_WIDTH', 'TILE_ELEMENTS', 'add_norm_rows',
+           'padded_width']
 
 MAX_ADD_NORM_WIDTH = 1024  # the widest row the kernels take (SOFT's post-norm blocks: 64-352 channels)
 # elements of the (rows, padded width) tile a program holds at a time: at 2,048 the backward spills registers at 512
@@ -12,6 +13,13 @@ MAX_ADD_NORM_WIDTH = 1024  # the widest row the kernels take (SOFT's post-norm b
 # (tests/ops/test_triton_cubins.py)
 TILE_ELEMENTS = 1024
 BACKWARD_PROGRAMS = 256  # programs of the backward at most: each sums its rows' share of the weight's and bias's grads
+# the kernels' flag sets the models launch (each one compiled kernel): a post-norm block's sum with its branch's bias
+# and stochastic-depth scale (the widest code: without a scale a branch compiles less), and the landmark sampler's
+# LayerNorm and GELU without a residual
+LAUNCH_VARIANTS = {
+    'block sum': dict(HAS_RESIDUAL=True, HAS_BRANCH_BIAS=True, HAS_SCALE=True, GELU=False),
+    'norm + GELU': dict(HAS_RESIDUAL=False, HAS_BRANCH_BIAS=False, HAS_SCALE=False, GELU=True),
+}
 
 
 def padded_width(width: int) -> int:

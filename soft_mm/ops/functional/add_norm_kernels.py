@@ -1,17 +1,28 @@
 """The Triton kernels of :mod:`soft_mm.ops.functional.add_norm` (loaded through
 :func:`soft_mm.ops.triton_route.load_kernels`, under the current ``TRITON_INTERPRET`` setting).
 
-* :func:`add_norm_fwd_kernel_y` — ``y = LayerNorm(residual + branch)`` of ``ROWS`` rows a program, the sum and the
-  statistics in float32, ``y`` stored in its tensor's dtype, each row's mean and ``1 / std`` kept for the backward;
-* :func:`add_norm_bwd_kernel_dx` — the gradient of the sum (the same for both addends) of a share of the rows, and the
-  program's partial sums of the weight's and the bias's gradients (summed in torch afterwards).
+Per row of a ``(R, C)`` token matrix, with ``x`` the branch (``x_ptr``), ``bb`` its bias (``bb_ptr``), ``sc`` the
+per-sample scale of stochastic depth (``sc_ptr``, one float32 per sample of ``T`` rows) and ``r`` the residual
+(``r_ptr``), each of the three optional (the constexprs ``HAS_BRANCH_BIAS``, ``HAS_SCALE``, ``HAS_RESIDUAL``)::
 
-Rows are ``(R, C)`` contiguous (a token matrix); ``CP`` is C padded to a power of two, masked.
+    s = r + sc * (x + bb)          y = LayerNorm(s) * w + b          (then GELU(y) where GELU is set)
+
+* :func:`add_norm_fwd_kernel_y` — ``y`` of ``ROWS`` rows a program, the sum and the statistics in float32, ``y``
+  stored in its tensor's dtype, each row's mean and ``1 / std`` kept for the backward (``stats_ptr``, ``(2, R)``);
+* :func:`add_norm_bwd_kernel_dx` — the gradient of ``s`` (``ds_ptr``: the residual's), and where a scale is given
+  the branch's, ``sc * ds`` (``dx_ptr``; without one it is ``ds`` itself), of a share of the rows, and the program's
+  partial sums of the gradients of ``w``, ``b`` and ``bb`` (summed in torch afterwards).
+
+Rows are contiguous; ``CP`` is C padded to a power of two, masked. The GELU is the exact (erf) form.
 """
 import triton
 import triton.language as tl
 
-__all__ = ['add_norm_bwd_block', 'add_norm_bwd_kernel_dx', 'add_norm_fwd_kernel_y', 'load_rows']
+__all__ = ['add_norm_bwd_block', 'add_norm_bwd_kernel_dx', 'add_norm_fwd_kernel_y', 'gelu_and_grad', 'load_rows',
+           'summed_rows']
+
+_SQRT_HALF = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 
 @triton.jit
@@ -23,66 +34,117 @@ def load_rows(ptr, rows, row_ok, C, CP: tl.constexpr):
 
 
 @triton.jit
-def add_norm_fwd_kernel_y(x_ptr, r_ptr, w_ptr, b_ptr, y_ptr, mean_ptr, rstd_ptr, R, C, eps, ROWS: tl.constexpr,
-                          CP: tl.constexpr):
-    """``y = (s - mean(s)) / sqrt(var(s) + eps) * w + b`` with ``s = residual + branch`` (``r_ptr``, ``x_ptr``), per
-    row; grid ``(cdiv(R, ROWS),)``. Writes ``y`` (``y_ptr``, its own dtype), the row means and ``1 / std`` (float32)."""
+def summed_rows(x_ptr, r_ptr, bb_ptr, sc_ptr, rows, row_ok, C, T, ROWS: tl.constexpr, CP: tl.constexpr,
+                HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
+    """``(s, scale)``: the float32 ``(ROWS, CP)`` tile of ``s = r + sc * (x + bb)`` (zero outside) and each row's
+    scale ``(ROWS,)`` (1 without one)."""
+    cols = tl.arange(0, CP)
+    col_ok = cols < C
+    s = load_rows(x_ptr, rows, row_ok, C, CP)
+    if HAS_BRANCH_BIAS:
+        bb = tl.load(bb_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
+        s = tl.where(row_ok[:, None] & col_ok[None, :], s + bb[None, :], 0.0)
+    scale = tl.full((ROWS,), 1.0, tl.float32)
+    if HAS_SCALE:
+        scale = tl.load(sc_ptr + rows // T, mask=row_ok, other=0.0).to(tl.float32)
+        s = s * scale[:, None]
+    if HAS_RESIDUAL:
+        s += load_rows(r_ptr, rows, row_ok, C, CP)
+    return s, scale
+
+
+@triton.jit
+def gelu_and_grad(y):
+    """``(GELU(y), GELU'(y))``, the exact (erf) GELU, float32."""
+    cdf = 0.5 * (1.0 + tl.math.erf(y * _SQRT_HALF))
+    return y * cdf, cdf + y * _INV_SQRT_2PI * tl.exp(-0.5 * y * y)
+
+
+@triton.jit
+def add_norm_fwd_kernel_y(x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, R, C, T, eps,
+                          ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                          HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr):
+    """``y = (s - mean(s)) / sqrt(var(s) + eps) * w + b`` per row (then ``GELU(y)`` where ``GELU``), ``s`` as the
+    module docstring gives it; grid ``(cdiv(R, ROWS),)``. Writes ``y`` (``y_ptr``, its own dtype), the row means
+    (``stats_ptr[0]``) and ``1 / std`` (``stats_ptr[1]``), float32."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < R
     cols = tl.arange(0, CP)
     col_ok = cols < C
-    s = load_rows(x_ptr, rows, row_ok, C, CP) + load_rows(r_ptr, rows, row_ok, C, CP)
+    s, _ = summed_rows(x_ptr, r_ptr, bb_ptr, sc_ptr, rows, row_ok, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS,
+                       HAS_SCALE)
     mean = tl.sum(s, axis=1) / C
     centred = tl.where(col_ok[None, :], s - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
     w = tl.load(w_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     b = tl.load(b_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)
     y = centred * rstd[:, None] * w[None, :] + b[None, :]
+    if GELU:
+        y, _ = gelu_and_grad(y)
     mask = row_ok[:, None] & col_ok[None, :]
     tl.store(y_ptr + rows[:, None] * C + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
-    tl.store(mean_ptr + rows, mean, mask=row_ok)
-    tl.store(rstd_ptr + rows, rstd, mask=row_ok)
+    tl.store(stats_ptr + rows, mean, mask=row_ok)
+    tl.store(stats_ptr + R + rows, rstd, mask=row_ok)
 
 
 @triton.jit
-def add_norm_bwd_block(dw, db, w, dy_ptr, x_ptr, r_ptr, mean_ptr, rstd_ptr, dx_ptr, block, R, C, ROWS: tl.constexpr,
-                       CP: tl.constexpr):
-    """Rows ``block * ROWS ..`` of :func:`add_norm_bwd_kernel_dx`: stores their ``ds``, returns ``(dw, db)`` with
-    their share added."""
+def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr, ds_ptr, dx_ptr, block, R,
+                       C, T, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                       HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr):
+    """Rows ``block * ROWS ..`` of :func:`add_norm_bwd_kernel_dx`: stores their ``ds`` (and ``dx``), returns
+    ``(dw, db, dbb)`` with their share added."""
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < R
     cols = tl.arange(0, CP)
     mask = row_ok[:, None] & (cols[None, :] < C)
-    mean = tl.load(mean_ptr + rows, mask=row_ok, other=0.0)
-    rstd = tl.load(rstd_ptr + rows, mask=row_ok, other=0.0)
-    s = load_rows(x_ptr, rows, row_ok, C, CP) + load_rows(r_ptr, rows, row_ok, C, CP)
+    mean = tl.load(stats_ptr + rows, mask=row_ok, other=0.0)
+    rstd = tl.load(stats_ptr + R + rows, mask=row_ok, other=0.0)
+    s, scale = summed_rows(x_ptr, r_ptr, bb_ptr, sc_ptr, rows, row_ok, C, T, ROWS, CP, HAS_RESIDUAL,
+                           HAS_BRANCH_BIAS, HAS_SCALE)
     xh = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
     dy = load_rows(dy_ptr, rows, row_ok, C, CP)
+    if GELU:  # the gradient through the GELU of the normalised row, rebuilt from xh
+        _, slope = gelu_and_grad(xh * w[None, :] + b[None, :])
+        dy = tl.where(mask, dy * slope, 0.0)
     g = dy * w[None, :]
     ds = (g - xh * (tl.sum(g * xh, axis=1) / C)[:, None] - (tl.sum(g, axis=1) / C)[:, None]) * rstd[:, None]
-    tl.store(dx_ptr + rows[:, None] * C + cols[None, :], ds.to(dx_ptr.dtype.element_ty), mask=mask)
-    return dw + tl.sum(dy * xh, axis=0), db + tl.sum(dy, axis=0)
+    offsets = rows[:, None] * C + cols[None, :]
+    tl.store(ds_ptr + offsets, ds.to(ds_ptr.dtype.element_ty), mask=mask)
+    dx = ds
+    if HAS_SCALE:
+        dx = ds * scale[:, None]
+        tl.store(dx_ptr + offsets, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+    if HAS_BRANCH_BIAS:
+        dbb += tl.sum(dx, axis=0)
+    return dw + tl.sum(dy * xh, axis=0), db + tl.sum(dy, axis=0), dbb
 
 
 @triton.jit
-def add_norm_bwd_kernel_dx(dy_ptr, x_ptr, r_ptr, w_ptr, mean_ptr, rstd_ptr, dx_ptr, dwb_ptr, R, C, blocks_per_program,
-                           ROWS: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr,
-                           INTERPRETED_BLOCKS: tl.constexpr):
+def add_norm_bwd_kernel_dx(dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, stats_ptr, ds_ptr, dx_ptr, part_ptr, R,
+                           C, T, blocks_per_program, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
+                           INTERPRET: tl.constexpr, INTERPRETED_BLOCKS: tl.constexpr):
     """The backward of :func:`add_norm_fwd_kernel_y`; grid ``(programs,)``, program ``p`` taking the row blocks
     ``p * blocks_per_program ..`` (``ROWS`` rows each, :func:`add_norm_bwd_block`). Per row, with ``xh = (s - mean) *
-    rstd`` rebuilt from the addends and ``g = w * dy``: ``ds = (g - xh * mean(g * xh) - mean(g)) * rstd``, stored to
-    ``dx_ptr`` (the gradient of both addends, its own dtype). The program's sums ``sum(dy * xh)`` and ``sum(dy)`` over
-    its rows, float32, go to ``dwb_ptr[p, 0]`` and ``dwb_ptr[p, 1]`` (``(programs, 2, CP)``). Under the interpreter
-    the loop's bound is ``INTERPRETED_BLOCKS``, ``blocks_per_program`` as a constexpr (0 when compiled; why:
-    ``soft_mm/ops/soft/backends/triton/kernels.py``)."""
+    rstd`` rebuilt from the addends, ``dy`` passed through the GELU's slope where ``GELU``, and ``g = w * dy``:
+    ``ds = (g - xh * mean(g * xh) - mean(g)) * rstd``, stored to ``ds_ptr`` (the gradient of ``s``, its own dtype),
+    and ``sc * ds`` to ``dx_ptr`` where ``HAS_SCALE``. The program's float32 sums over its rows of ``dy * xh``,
+    ``dy`` and the branch's gradient go to ``part_ptr[p, 0]``, ``[p, 1]`` and ``[p, 2]`` (``(programs, 3, CP)``).
+    Under the interpreter the loop's bound is ``INTERPRETED_BLOCKS``, ``blocks_per_program`` as a constexpr (0 when
+    compiled; why: ``soft_mm/ops/soft/backends/triton/kernels.py``)."""
     p = tl.program_id(0)
     cols = tl.arange(0, CP)
     w = tl.load(w_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
+    b = tl.load(b_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
     dw = tl.zeros((CP,), dtype=tl.float32)
     db = tl.zeros((CP,), dtype=tl.float32)
+    dbb = tl.zeros((CP,), dtype=tl.float32)
     block = p * blocks_per_program
     for _ in range(0, INTERPRETED_BLOCKS if INTERPRET else blocks_per_program):
-        dw, db = add_norm_bwd_block(dw, db, w, dy_ptr, x_ptr, r_ptr, mean_ptr, rstd_ptr, dx_ptr, block, R, C, ROWS, CP)
+        dw, db, dbb = add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr, ds_ptr,
+                                         dx_ptr, block, R, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE,
+                                         GELU)
         block += 1
-    tl.store(dwb_ptr + (p * 2) * CP + cols, dw)
-    tl.store(dwb_ptr + (p * 2 + 1) * CP + cols, db)
+    tl.store(part_ptr + (p * 3) * CP + cols, dw)
+    tl.store(part_ptr + (p * 3 + 1) * CP + cols, db)
+    tl.store(part_ptr + (p * 3 + 2) * CP + cols, dbb)

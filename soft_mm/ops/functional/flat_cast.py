@@ -3,10 +3,12 @@ under autocast, instead of autocast casting each weight at each layer call (one 
 weight, hundreds per training step).
 
 :func:`flat_cast` concatenates the tensors into one flat buffer, scales segments of it in place where asked (a scale
-folded into a weight, as SOFT's query scale), casts the buffer once and hands back views of it; the backward does the
-reverse (one concatenation of the gradients, one cast, the segments scaled). The values are those of casting each
-scaled tensor by itself (``(t * scale).to(dtype)``: the product in the tensors' dtype, then one rounding), forward and
-backward, so a model that takes them computes what autocast's per-call casts give it.
+folded into a weight, as SOFT's query scale; one multi-tensor launch for all segments), casts the buffer once and hands
+back views of it, one per tensor or per group of tensors concatenated along their rows (projections that read the same
+input, run as one GEMM); the backward does the reverse (one concatenation of the gradients, one cast, the segments
+scaled). The values are those of casting each scaled tensor by itself (``(t * scale).to(dtype)``: the product in the
+tensors' dtype, then one rounding), forward and backward, so a model that takes them computes what autocast's per-call
+casts give it.
 """
 from __future__ import annotations
 
@@ -15,78 +17,123 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-__all__ = ['flat_cast']
+__all__ = ['FlatCastPlan', 'flat_cast']
 
 
 def _scale_segments(flat: Tensor, segments: Sequence[tuple[int, int, float]]) -> None:
-    for start, end, scale in segments:
-        flat[start:end].mul_(scale)
+    """Each segment of ``flat`` times its scale, in place: one multi-tensor launch for all of them."""
+    if segments:
+        torch._foreach_mul_([flat[start:end] for start, end, _ in segments], [scale for _, _, scale in segments])
 
 
 class _FlatCast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, dtype: torch.dtype, segments: tuple[tuple[int, int, float], ...], *tensors: Tensor,
-                ) -> tuple[Tensor, ...]:
+    def forward(ctx, dtype: torch.dtype, segments: tuple[tuple[int, int, float], ...],
+                groups: tuple[tuple[int, torch.Size], ...], *tensors: Tensor) -> tuple[Tensor, ...]:
         ctx.set_materialize_grads(False)
-        ctx.segments = segments
+        ctx.segments, ctx.groups = segments, groups
         ctx.metas = [(t.shape, t.dtype, t.device) for t in tensors]
         flat = torch.cat([t.reshape(-1) for t in tensors])
         _scale_segments(flat, segments)
         low = flat.to(dtype)
         outputs, start = [], 0
-        for t in tensors:
-            outputs.append(low[start:start + t.numel()].view(t.shape))
-            start += t.numel()
+        for numel, shape in groups:
+            outputs.append(low[start:start + numel].view(shape))
+            start += numel
         return tuple(outputs)
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         present = [g for g in grads if g is not None]
         if not present:
-            return (None, None, *([None] * len(grads)))
+            return (None, None, None, *([None] * len(ctx.metas)))
         low = present[0].dtype
-        parts = [g.reshape(-1) if g is not None else torch.zeros(shape.numel(), dtype=low, device=device)
-                 for g, (shape, _, device) in zip(grads, ctx.metas)]
+        device = ctx.metas[0][2]
+        parts = [g.reshape(-1) if g is not None else torch.zeros(numel, dtype=low, device=device)
+                 for g, (numel, _) in zip(grads, ctx.groups)]
         flat = torch.cat(parts).to(ctx.metas[0][1])
         _scale_segments(flat, ctx.segments)
         out, start = [], 0
-        for g, (shape, _, _) in zip(grads, ctx.metas):
-            out.append(None if g is None else flat[start:start + shape.numel()].view(shape))
-            start += shape.numel()
-        return (None, None, *out)
+        for g, (numel, _) in zip(grads, ctx.groups):  # each tensor of a group gets its share of the group's gradient
+            end = start + numel
+            while start < end:
+                shape = ctx.metas[len(out)][0]
+                out.append(None if g is None else flat[start:start + shape.numel()].view(shape))
+                start += shape.numel()
+        return (None, None, None, *out)
+
+
+def _group_shapes(tensors: list[Tensor], groups: Sequence[int]) -> tuple[tuple[int, torch.Size], ...]:
+    """``(numel, shape)`` of each group's output: its tensors concatenated along their first dim."""
+    if (any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in groups)
+            or sum(groups) != len(tensors)):
+        raise ValueError(f'flat_cast: groups must be ints >= 1 summing to the number of tensors ({len(tensors)}), '
+                         f'got {list(groups)}')
+    shapes, start = [], 0
+    for count in groups:
+        members = tensors[start:start + count]
+        start += count
+        if any(t.ndim == 0 or t.shape[1:] != members[0].shape[1:] for t in members):
+            raise ValueError('flat_cast: the tensors of a group must have at least one dim and share all but the '
+                             f'first, got shapes {[tuple(t.shape) for t in members]}')
+        shape = torch.Size((sum(t.shape[0] for t in members), *members[0].shape[1:]))
+        shapes.append((shape.numel(), shape))
+    return tuple(shapes)
+
+
+class FlatCastPlan:
+    """What :func:`flat_cast` computes from the tensors' shapes, scales and groups, checked once: ``plan(tensors,
+    dtype)`` casts tensors of those shapes (the same parameters, step after step) without redoing it.
+
+    Raises:
+        ValueError: as :func:`flat_cast`.
+    """
+
+    def __init__(self, tensors: Sequence[Tensor], scales: Sequence[float] | None = None,
+                 groups: Sequence[int] | None = None) -> None:
+        tensors = list(tensors)
+        if not tensors:
+            raise ValueError('flat_cast: tensors must hold at least one tensor')
+        if len({(t.dtype, t.device) for t in tensors}) != 1:
+            raise ValueError('flat_cast: the tensors must share one dtype and device, got '
+                             f'{sorted({(str(t.dtype), str(t.device)) for t in tensors})}')
+        scales = [1.0] * len(tensors) if scales is None else [float(s) for s in scales]
+        if len(scales) != len(tensors):
+            raise ValueError(f'flat_cast: scales must have one float per tensor ({len(tensors)}), got {len(scales)}')
+        self.shapes = (tuple((t.numel(), t.shape) for t in tensors) if groups is None
+                       else _group_shapes(tensors, groups))
+        segments, start = [], 0
+        for t, scale in zip(tensors, scales):
+            end = start + t.numel()
+            if scale != 1.0:
+                if segments and segments[-1][1] == start and segments[-1][2] == scale:
+                    segments[-1] = (segments[-1][0], end, scale)
+                else:
+                    segments.append((start, end, scale))
+            start = end
+        self.segments = tuple(segments)
+
+    def __call__(self, tensors: Sequence[Tensor], dtype: torch.dtype) -> tuple[Tensor, ...]:
+        return _FlatCast.apply(dtype, self.segments, self.shapes, *tensors)
 
 
 def flat_cast(tensors: Sequence[Tensor], dtype: torch.dtype, scales: Sequence[float] | None = None,
-              ) -> tuple[Tensor, ...]:
-    """``tuple((t * s).to(dtype) for t, s in zip(tensors, scales))`` in a few launches, differentiable in each tensor.
+              groups: Sequence[int] | None = None) -> tuple[Tensor, ...]:
+    """``tuple((t * s).to(dtype) for t, s in zip(tensors, scales))`` in a few launches, differentiable in each tensor;
+    with ``groups``, consecutive tensors concatenated into one output.
 
     Args:
         tensors: tensors of one dtype and device (a model's weights), any shapes.
         dtype: the dtype to cast to (e.g. the autocast dtype).
         scales: a float per tensor (None: 1 for all); tensors with the same scale next to each other share a launch.
+        groups: how many consecutive tensors each output holds, concatenated along their first dim (e.g. ``[2, 1]``:
+            the first two tensors as one output, as a fused projection's weight, then the third); None: one each.
 
     Returns:
-        The cast tensors, of the inputs' shapes (contiguous views of one buffer).
+        The cast tensors (or groups), contiguous views of one buffer.
 
     Raises:
-        ValueError: the tensors are empty or differ in dtype or device, or ``scales`` does not match them.
+        ValueError: the tensors are empty or differ in dtype or device, ``scales`` does not match them, or ``groups``
+            does not split them into tensors that can be concatenated.
     """
-    tensors = list(tensors)
-    if not tensors:
-        raise ValueError('flat_cast: tensors must hold at least one tensor')
-    if len({(t.dtype, t.device) for t in tensors}) != 1:
-        raise ValueError('flat_cast: the tensors must share one dtype and device, got '
-                         f'{sorted({(str(t.dtype), str(t.device)) for t in tensors})}')
-    scales = [1.0] * len(tensors) if scales is None else [float(s) for s in scales]
-    if len(scales) != len(tensors):
-        raise ValueError(f'flat_cast: scales must have one float per tensor ({len(tensors)}), got {len(scales)}')
-    segments, start = [], 0
-    for t, scale in zip(tensors, scales):
-        end = start + t.numel()
-        if scale != 1.0:
-            if segments and segments[-1][1] == start and segments[-1][2] == scale:
-                segments[-1] = (segments[-1][0], end, scale)
-            else:
-                segments.append((start, end, scale))
-        start = end
-    return _FlatCast.apply(dtype, tuple(segments), *tensors)
+    return FlatCastPlan(tensors, scales, groups)(tensors, dtype)
