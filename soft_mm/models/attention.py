@@ -9,11 +9,13 @@ from timm.layers import register_notrace_function
 from torch import nn
 
 from ..ops import soft_attention
+from ..ops.functional.add_norm import fuses_add_norm, layer_norm_gelu
 from ..ops.functional.head_conv import head_depthwise_conv
 from ..ops.functional.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from ..ops.functional.residual import hooked, linear_residual
 from ..ops.functional.sdpa import softmax_attention
-from ..ops.graph_mode import exporting
+from ..ops.graph_mode import eager_tensors, exporting
+from ..ops.triton_route import gpu_route
 from .settings import AttentionSettings, attention_settings, is_int
 
 # torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op, the
@@ -83,12 +85,23 @@ def _channels_last_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tens
     return _token_map(t, hw_shape).permute(0, 3, 1, 2)
 
 
-def _project(proj: nn.Linear, out: torch.Tensor, residual: torch.Tensor | None) -> torch.Tensor:
+def _project(proj: nn.Linear, out: torch.Tensor, residual: torch.Tensor | None, output_bias: bool = True,
+             ) -> torch.Tensor:
     """``proj(out)``, or ``residual + proj(out)`` with the sum started in the GEMM where it can be (not where a hook
-    watches ``proj``)."""
+    watches ``proj``); ``proj(out)`` without its bias where ``output_bias`` is False (the caller adds it)."""
+    if not output_bias:
+        return F.linear(out, proj.weight)
     if residual is None or hooked(proj):
         return proj(out) if residual is None else residual + proj(out)
     return linear_residual(out, proj.weight, proj.bias, residual)
+
+
+def fuses_projections(x: torch.Tensor, *projections: nn.Module) -> bool:
+    """Whether an attention layer runs its projections that read ``x`` as one GEMM: an eager call on the GPU route
+    (:func:`~soft_mm.ops.triton_route.gpu_route`, where a launch saved is time saved), none of them hooked. The same
+    operations whether or not :mod:`soft_mm.models.weight_cast` cast the weights (a checkpoint's recomputation, which
+    runs outside the cast, must find the operations of the forward it repeats)."""
+    return eager_tensors(x) and gpu_route(x) and not hooked(*projections)
 
 
 def _setting(name: str) -> property:
@@ -150,12 +163,18 @@ class SoftAttention(nn.Module):
         # a hook point with no parameters: forward hooks on it see the (B, h, m, d) landmarks of every forward
         # (soft_mm.models.attention_health records them there without changing any result)
         self.landmark_probe = nn.Identity()
-        # the query projection's weight and bias, scaled and cast once for this forward ('query_weight',
-        # 'query_bias'), while soft_mm.models.weight_cast.weights_cast_once holds them; empty otherwise
-        self.cast_queries: dict[str, torch.Tensor] = {}
+        # the projections' weights scaled and cast once for this forward while soft_mm.models.weight_cast holds them:
+        # 'qkv_weight' and 'qkv_bias' (the query/key projection's, scaled, and the values' as one (2C, C) matrix), or
+        # 'query_weight' and 'query_bias' alone; empty otherwise
+        self.cast_weights: dict[str, torch.Tensor] = {}
 
     # forward takes ``residual`` (the blocks hand it their sum; False on an instance: they add it themselves)
     adds_residual = True
+
+    @property
+    def output_bias(self) -> torch.Tensor | None:
+        """The bias of the output projection, which ``forward(..., output_bias=False)`` leaves to the caller."""
+        return self.proj.bias
 
     landmark_mode = _setting('landmark_mode')
     landmark_grid = _setting('landmark_grid')
@@ -211,36 +230,62 @@ class SoftAttention(nn.Module):
         grid_h, grid_w = grid
         patches = tokens.reshape(b, grid_h, r, grid_w, r, h, d).permute(0, 5, 1, 3, 6, 2, 4).reshape(-1, d * r * r)
         landmarks = F.linear(patches, self.landmark_conv.weight.reshape(d, d * r * r))
-        landmarks = F.gelu(self.landmark_norm(landmarks))
+        norm = self.landmark_norm
+        if fuses_add_norm(landmarks, None, norm.weight) and type(norm) is nn.LayerNorm and not hooked(norm):
+            # the GPU route: LayerNorm and GELU in one kernel, float32 out (what the op computes its kernel in, and
+            # what CUDA autocast's float32 LayerNorm would give)
+            landmarks = layer_norm_gelu(landmarks, norm.weight, norm.bias, norm.eps, torch.float32)
+        else:
+            landmarks = F.gelu(norm(landmarks))
         return landmarks.reshape(b, h, grid_h * grid_w, d)
+
+    def _heads(self, tokens: torch.Tensor) -> torch.Tensor:
+        """``(B, N, C) -> (B, h, N, d)``, a view."""
+        b, n, _ = tokens.shape
+        return tokens.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def _query_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The query/key projection's weight and bias times ``d^-1/4``: cast once with the model's other weights where
+        :mod:`soft_mm.models.weight_cast` holds them, else scaled here (the C x C weight, not the N x C queries)."""
+        weight = self.cast_weights.get('query_weight')
+        if weight is not None:
+            return weight, self.cast_weights.get('query_bias')
+        scale = self.head_dim ** -0.25
+        return self.qk.weight * scale, None if self.qk.bias is None else self.qk.bias * scale
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """``x (B, N, C) -> q (B, h, N, d)``, the shared query/key projection scaled by ``d^-1/4``: a head-split view
-        of the token-major projection. The scale is folded into the projection's C x C weight and bias rather than
-        applied as a pass over the N x C queries."""
-        b, n, _ = x.shape
-        weight = self.cast_queries.get('query_weight')
+        of the token-major projection."""
+        return self._heads(F.linear(x, *self._query_weights()))
+
+    def _queries_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(q (B, h, N, d), v tokens (B, N, C))``: the scaled query/key projection and the value projection, one
+        GEMM on the GPU route (:func:`fuses_projections`) with the two weights as one ``(2C, C)`` matrix (cast once
+        that way where the cast holds them, else concatenated for the call), two GEMMs elsewhere."""
+        if not fuses_projections(x, self.qk, self.v):
+            return self.queries(x), self.v(x)
+        weight, bias = self.cast_weights.get('qkv_weight'), self.cast_weights.get('qkv_bias')
         if weight is None:
-            scale = self.head_dim ** -0.25
-            weight, bias = self.qk.weight * scale, None if self.qk.bias is None else self.qk.bias * scale
-        else:  # scaled and cast with the model's other weights (soft_mm.models.weight_cast)
-            bias = self.cast_queries.get('query_bias')
-        return F.linear(x, weight, bias).reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+            query_weight, query_bias = self._query_weights()
+            weight = torch.cat([query_weight, self.v.weight])
+            bias = None if query_bias is None else torch.cat([query_bias, self.v.bias])
+        q_tokens, v_tokens = F.linear(x, weight, bias).split(x.shape[-1], dim=-1)
+        return self._heads(q_tokens), v_tokens
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor | None = None,
-                ) -> torch.Tensor:
+                output_bias: bool = True) -> torch.Tensor:
         """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``; ``residual + `` that where a
         residual ``(B, N, C)`` is given (the block's sum, started in the output projection's GEMM in CPU inference:
-        :func:`~soft_mm.ops.functional.residual.linear_residual`)."""
+        :func:`~soft_mm.ops.functional.residual.linear_residual`); without the output projection's bias
+        (:attr:`output_bias`) where ``output_bias`` is False."""
         h, w = _check_hw(x, hw_shape)  # (unpacked: a traced call's result is one node, its items two more)
         hw_shape = (h, w)
         b, n, c = x.shape
         # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d))). q and v are
         # head-split views of the token-major projections (no copy); the tiled attention keeps that layout, so its
         # output, the value conv (a channels-last map) and the output projection all read each other in place.
-        q = self.queries(x)
-        v_tokens = self.v(x)
-        v = v_tokens.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
+        q, v_tokens = self._queries_and_values(x)
+        v = self._heads(v_tokens)
         landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
         out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, soft_norm=self.soft_norm,
                              ridge=self.settings.newton_ridge, backward=self.settings.newton_backward)
@@ -262,7 +307,7 @@ class SoftAttention(nn.Module):
                 local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim)
                 local = local.permute(0, 2, 3, 1).reshape(b, n, c)
             out = out + local
-        return _project(self.proj, out, residual)
+        return _project(self.proj, out, residual, output_bias)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, landmarks={self.landmark_mode}(grid={self.landmark_grid}, '
@@ -282,17 +327,38 @@ class SoftmaxAttention(nn.Module):
         self.kv = nn.Linear(dim, 2 * dim, bias=qkv_bias)
         self.proj = nn.Linear(dim, dim)
 
+        # the q and kv projections' weights cast once for this forward as one (3C, C) matrix, 'qkv_weight' and
+        # 'qkv_bias', while soft_mm.models.weight_cast holds them; empty otherwise
+        self.cast_weights: dict[str, torch.Tensor] = {}
+
     adds_residual = True  # as SoftAttention's
 
+    @property
+    def output_bias(self) -> torch.Tensor | None:
+        """The bias of the output projection (as :attr:`SoftAttention.output_bias`)."""
+        return self.proj.bias
+
+    def _queries_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """``q, k, v (B, h, N, d)``: one GEMM on the GPU route (:func:`fuses_projections`), two elsewhere."""
+        b, n, _ = x.shape
+        if not fuses_projections(x, self.q, self.kv):
+            q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
+            k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+            return q, k, v
+        weight, bias = self.cast_weights.get('qkv_weight'), self.cast_weights.get('qkv_bias')
+        if weight is None:
+            weight = torch.cat([self.q.weight, self.kv.weight])
+            bias = None if self.q.bias is None else torch.cat([self.q.bias, self.kv.bias])
+        return F.linear(x, weight, bias).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
+
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None,
-                residual: torch.Tensor | None = None) -> torch.Tensor:
+                residual: torch.Tensor | None = None, output_bias: bool = True) -> torch.Tensor:
         """``x (B, N, C) -> (B, N, C)``, plus ``residual`` where one is given (as :meth:`SoftAttention.forward`)."""
         b, n, c = x.shape
-        q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
-        k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
+        q, k, v = self._queries_keys_values(x)
         # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of
         # F.scaled_dot_product_attention (what an export calls) divides by a given `scale` where PyTorch multiplies
         # by it (a head_dim-times sharper softmax in the exported graph)
         # (bfloat16 operands attended in float32 in eager CPU inference: soft_mm.ops.functional.sdpa)
         out = softmax_attention(q, k, v)
-        return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual)
+        return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual, output_bias)

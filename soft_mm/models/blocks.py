@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from timm.layers import DropPath, Mlp, register_notrace_function
 from torch import nn
 
@@ -28,31 +29,60 @@ class GeluMlp(Mlp):
     """timm's ``Mlp`` (same parameters and state-dict keys) whose first linear layer and GELU run as one fused GEMM
     in CPU inference (:func:`soft_mm.ops.functional.gelu.linear_gelu`); other activations, training and other devices
     run timm's forward unchanged. ``forward(x, residual)`` returns ``residual + mlp(x)``, the sum started in the second
-    layer's GEMM in CPU inference (:func:`soft_mm.ops.functional.residual.linear_residual`). (The benchmarks' A/B
-    variants without either patch the instance's forward in the benchmark code: ``benchmarks/harness.py``.)"""
+    layer's GEMM in CPU inference (:func:`soft_mm.ops.functional.residual.linear_residual`); ``forward(x,
+    output_bias=False)`` leaves out the second layer's bias (:attr:`output_bias`), for a caller that adds it itself.
+    (The benchmarks' A/B variants without either patch the instance's forward in the benchmark code:
+    ``benchmarks/harness.py``.)"""
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    @property
+    def output_bias(self) -> torch.Tensor | None:
+        """The bias of the branch's last linear layer (``fc2``)."""
+        return self.fc2.bias
+
+    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, output_bias: bool = True,
+                ) -> torch.Tensor:
         if not isinstance(self.act, nn.GELU):
             out = super().forward(x)
             return out if residual is None else residual + out
         x = self.norm(self.drop1(linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate)))
+        if not output_bias:
+            return self.drop2(F.linear(x, self.fc2.weight))
         if residual is None or (self.training and self.drop2.p > 0) or hooked(self.fc2):
             out = self.drop2(self.fc2(x))
             return out if residual is None else residual + out
         return linear_residual(x, self.fc2.weight, self.fc2.bias, residual)
 
 
+def drop_path_scales(keep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
+    """Stochastic depth's per-sample scales of several residual branches at once: ``(n, batch)`` in ``dtype`` (the
+    residual stream's), each ``1 / keep`` with probability ``keep`` and 0 otherwise (as timm's ``DropPath`` scales a
+    kept branch, in the branch's dtype), drawn in two launches. ``keep``: ``(n, 1)`` the branches' keep probabilities
+    (``1 - drop_prob``), all > 0."""
+    return torch.empty(keep.shape[0], batch, dtype=dtype, device=keep.device).bernoulli_(keep).div_(keep)
+
+
+def _residual_sum(residual: torch.Tensor, branch: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """``residual + scale * branch`` for tokens ``(B, N, C)`` with ``scale (B,)`` per sample (in the branch's dtype, as
+    timm's ``DropPath`` scales it), one operator; ``residual + branch`` without one."""
+    if scale is None:
+        return residual + branch
+    return torch.addcmul(residual, branch, scale.to(branch.dtype)[:, None, None])
+
+
 class Block(nn.Module):
     """A transformer block around any token-mixing ``attn(x, hw_shape)``: ``(B, N, C) -> (B, N, C)``.
 
     ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``, each sum and norm one fused kernel
-    on the GPU route (:func:`~soft_mm.ops.functional.add_norm.add_layer_norm`).
+    on the GPU route (:func:`~soft_mm.ops.functional.add_norm.add_layer_norm`), the branch's last bias (an
+    ``output_bias`` of the branch) and stochastic depth's scale inside it.
     ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``.
-    Both residual branches go through stochastic depth with probability ``drop_path``. Where that is the identity
-    (``drop_path=0`` or eval mode) the sums are handed to the branches' last linear layers (``residual=``), which start
-    them in their GEMMs in CPU inference; an attention module without ``adds_residual = True`` (one that takes no
-    ``residual`` argument) and a branch that a forward hook watches get the plain sum, so hooks see the branch's own
-    output.
+    Both residual branches go through stochastic depth with probability ``drop_path`` (``drop_prob``): in training each
+    sample's branch scaled by ``mask / keep`` inside the sum it joins, the masks given by the caller (``drop_scales``:
+    the stage draws its blocks' at once, :func:`drop_path_scales`) or drawn here. Where stochastic depth is the
+    identity (``drop_path=0`` or eval mode) the sums are handed to the branches' last linear layers (``residual=``),
+    which start them in their GEMMs in CPU inference; an attention module without ``adds_residual = True`` (one that
+    takes no ``residual`` argument) and a branch that a forward hook watches get the plain sum, so hooks see the
+    branch's own output.
     """
 
     def __init__(self, dim: int, attn: nn.Module, mlp_ratio: float = 4.0, post_norm: bool = False,
@@ -63,23 +93,27 @@ class Block(nn.Module):
         self.attn = attn
         self.norm2 = nn.LayerNorm(dim, eps=norm_eps)
         self.mlp = GeluMlp(dim, int(dim * mlp_ratio), act_layer=act_layer)
+        self.drop_prob = float(drop_path)
+        # (kept as a module for its repr and for code that looks for it; the forward applies the same scales itself)
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
-    def _attend(self, y: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor) -> torch.Tensor:
-        """``residual + drop_path(attn(y))``."""
-        if self._sum_in_branch() and getattr(self.attn, 'adds_residual', False) and not hooked(self.attn):
+    def _attend(self, y: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor,
+                scale: torch.Tensor | None) -> torch.Tensor:
+        """``residual + scale * attn(y)``."""
+        if scale is None and self._sum_in_branch() and getattr(self.attn, 'adds_residual', False) \
+                and not hooked(self.attn):
             return self.attn(y, hw_shape, residual=residual)
-        return residual + self.drop_path(self.attn(y, hw_shape))
+        return _residual_sum(residual, self.attn(y, hw_shape), scale)
 
-    def _feed_forward(self, y: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
-        """``residual + drop_path(mlp(y))``."""
-        if self._sum_in_branch() and not hooked(self.mlp):
+    def _feed_forward(self, y: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+        """``residual + scale * mlp(y)``."""
+        if scale is None and self._sum_in_branch() and not hooked(self.mlp):
             return self.mlp(y, residual=residual)
-        return residual + self.drop_path(self.mlp(y))
+        return _residual_sum(residual, self.mlp(y), scale)
 
     def _sum_in_branch(self) -> bool:
         """Whether stochastic depth is the identity here (none, or eval mode), so a branch may add its residual."""
-        return isinstance(self.drop_path, nn.Identity) or not self.training
+        return self.drop_prob == 0 or not self.training
 
     def _fuses_add_norm(self, x: torch.Tensor) -> bool:
         """Whether the post-norm sums and norms run as :func:`~soft_mm.ops.functional.add_norm.add_layer_norm`'s fused
@@ -87,17 +121,31 @@ class Block(nn.Module):
         return (type(self.norm1) is nn.LayerNorm and type(self.norm2) is nn.LayerNorm
                 and fuses_add_norm(x, x, self.norm1.weight) and not hooked(self.norm1, self.norm2, self.attn, self.mlp))
 
-    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
-        if self.post_norm and self._fuses_add_norm(x):
-            # on the GPU route: each sum, its LayerNorm (float32 statistics) and the cast back to the stream's dtype in
-            # one kernel
-            x = add_layer_norm(self.drop_path(self.attn(x, hw_shape)), x, self.norm1.weight, self.norm1.bias,
-                               self.norm1.eps)
-            return add_layer_norm(self.drop_path(self.mlp(x)), x, self.norm2.weight, self.norm2.bias, self.norm2.eps)
+    def _drop_scales(self, x: torch.Tensor, drop_scales: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+        """The two branches' per-sample scales of stochastic depth (None where it is the identity)."""
+        if self._sum_in_branch():
+            return None, None
+        if drop_scales is None:
+            keep = torch.full((2, 1), 1.0 - self.drop_prob, dtype=torch.float32, device=x.device)
+            drop_scales = drop_path_scales(keep, x.shape[0], x.dtype)
+        return drop_scales[0], drop_scales[1]
+
+    def forward(self, x: torch.Tensor, hw_shape: tuple[int, int], drop_scales: torch.Tensor | None = None,
+                ) -> torch.Tensor:
+        """``x (B, N, C) -> (B, N, C)``; ``drop_scales (2, B)``: the attention's and the MLP's stochastic-depth scales
+        (:func:`drop_path_scales`), used in training where ``drop_prob > 0`` (None: drawn here)."""
+        attn_scale, mlp_scale = self._drop_scales(x, drop_scales)
+        if self.post_norm and self._fuses_add_norm(x) and hasattr(self.attn, 'output_bias'):
+            # on the GPU route: each sum (the branch's last bias and its stochastic-depth scale in it), its LayerNorm
+            # (float32 statistics) and the cast back to the stream's dtype in one kernel
+            x = add_layer_norm(self.attn(x, hw_shape, output_bias=False), x, self.norm1.weight, self.norm1.bias,
+                               self.norm1.eps, branch_bias=self.attn.output_bias, branch_scale=attn_scale)
+            return add_layer_norm(self.mlp(x, output_bias=False), x, self.norm2.weight, self.norm2.bias,
+                                  self.norm2.eps, branch_bias=self.mlp.output_bias, branch_scale=mlp_scale)
         if self.post_norm:
             # the stream keeps its dtype: CUDA autocast runs LayerNorm in float32 and returns float32, which would
             # turn the residual stream float32 (every linear then casts it back); a no-op elsewhere
-            x = self.norm1(self._attend(x, hw_shape, x)).to(x.dtype)
-            return self.norm2(self._feed_forward(x, x)).to(x.dtype)
-        x = self._attend(self.norm1(x), hw_shape, x)
-        return self._feed_forward(self.norm2(x), x)
+            x = self.norm1(self._attend(x, hw_shape, x, attn_scale)).to(x.dtype)
+            return self.norm2(self._feed_forward(x, x, mlp_scale)).to(x.dtype)
+        x = self._attend(self.norm1(x), hw_shape, x, attn_scale)
+        return self._feed_forward(self.norm2(x), x, mlp_scale)

@@ -5,7 +5,11 @@ mmengine's ``cfg.compile`` compiles the whole ``train_step``, where mmdet's vary
 target assignment and its losses break or recompile the graph; a stage takes one tensor in and gives one out, so
 ``dynamic=True`` makes one graph for every input size (mmdet pads each batch to a multiple of 32: the sizes vary from
 batch to batch). ``mode='reduce-overhead'`` records a CUDA graph per size on top, for a GPU step that waits for
-Python.
+Python: with ``pad_size_divisor=`` (e.g. ``dict(mode='reduce-overhead', pad_size_divisor=256)``) the input is padded
+with zeros at the bottom and the right to the next multiple of it for the stages, so a COCO schedule's many sizes fall
+into a few buckets (one graph each, as fixed-size detection recipes pad to a few sizes), and each map handed back is
+cropped to the size the unpadded input gives. The padding joins the attention of the border tokens (as mmdet's own
+padding to a multiple of 32 does), so the maps differ a little from the unpadded input's near the padded borders.
 
 The compiled stages are built on a stage's first eager forward and belong to that model object: a copy of the model
 (``copy.deepcopy``, as mmengine's EMA hook makes one; pickling) starts without them and compiles its own on its first
@@ -18,30 +22,51 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from ..ops.graph_mode import graph_mode
 
-__all__ = ['COMPILE_KEYWORDS', 'CompiledStages', 'check_compile_stages']
+__all__ = ['BUCKET_KEYWORD', 'COMPILE_KEYWORDS', 'CompiledStages', 'check_compile_stages', 'padded_input']
 
-# the torch.compile keywords compile_stages takes
+# the torch.compile keywords compile_stages takes, and its own key of the input's size buckets
 COMPILE_KEYWORDS = ('dynamic', 'mode', 'backend', 'fullgraph', 'options')
+BUCKET_KEYWORD = 'pad_size_divisor'
 
 
 def check_compile_stages(value: bool | dict | None) -> dict[str, Any] | None:
-    """``compile_stages`` as the keywords of ``torch.compile`` (None: off).
+    """``compile_stages`` as the keywords of ``torch.compile`` and :data:`BUCKET_KEYWORD` (None: off).
 
     Raises:
-        ValueError: ``value`` is not None, a bool or a dict of :data:`COMPILE_KEYWORDS`.
+        ValueError: ``value`` is not None, a bool or a dict of :data:`COMPILE_KEYWORDS` and :data:`BUCKET_KEYWORD`,
+            or its ``pad_size_divisor`` is not an int >= 1.
     """
     if value is None or value is False:
         return None
     if value is True:
         return dict(dynamic=True)
-    if isinstance(value, dict) and set(value) <= set(COMPILE_KEYWORDS):
-        return dict(value)
-    raise ValueError(f'compile_stages must be None, True (dict(dynamic=True)) or a dict of torch.compile keywords '
-                     f'{COMPILE_KEYWORDS}, got {value!r}')
+    if not (isinstance(value, dict) and set(value) <= {*COMPILE_KEYWORDS, BUCKET_KEYWORD}):
+        raise ValueError(f'compile_stages must be None, True (dict(dynamic=True)) or a dict of torch.compile keywords '
+                         f'{COMPILE_KEYWORDS} and {BUCKET_KEYWORD!r}, got {value!r}')
+    divisor = value.get(BUCKET_KEYWORD, 1)
+    if isinstance(divisor, bool) or not isinstance(divisor, int) or divisor < 1:
+        raise ValueError(f'compile_stages[{BUCKET_KEYWORD!r}] must be an int >= 1 (the input padded to a multiple of '
+                         f'it), got {divisor!r}')
+    return dict(value)
+
+
+def padded_input(x: torch.Tensor, divisor: int) -> tuple[torch.Tensor, Callable[[torch.Tensor, int], torch.Tensor]]:
+    """``(x padded, crop)``: ``x (B, C, H, W)`` zero-padded at the bottom and the right to the next multiple of
+    ``divisor`` (compile_stages' ``pad_size_divisor``), and ``crop(map, i)``, stage ``i``'s map cut to the size the
+    unpadded input gives it (``ceil(H / 2^(i + 2))``, as the stride-2 convs round)."""
+    height, width = x.shape[-2:]
+    pad_h, pad_w = -height % divisor, -width % divisor
+
+    def crop(stage_map: torch.Tensor, stage: int) -> torch.Tensor:
+        stride = 2 ** (stage + 2)
+        return stage_map[..., :-(-height // stride), :-(-width // stride)]
+
+    return F.pad(x, (0, pad_w, 0, pad_h)), crop
 
 
 def _log(message: str) -> None:
@@ -78,6 +103,7 @@ class CompiledStages:
             return stage
         compiled = self.runners.get(id(stage))
         if compiled is None:
+            options = {key: value for key, value in options.items() if key != BUCKET_KEYWORD}
             compiled = self.runners[id(stage)] = torch.compile(_own_forward(stage), **options)
             _log(f'soft_mm: a backbone stage ({type(stage).__name__} of {sum(1 for _ in stage.parameters())} '
                  f'parameter tensors) runs under torch.compile({", ".join(f"{k}={v!r}" for k, v in options.items())})')

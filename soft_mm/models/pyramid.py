@@ -37,12 +37,12 @@ from torch.utils.checkpoint import checkpoint
 from ..ops.graph_mode import exporting
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
-from .blocks import Block, TanhGELU
-from .compiled import CompiledStages, check_compile_stages
+from .blocks import Block, TanhGELU, drop_path_scales
+from .compiled import BUCKET_KEYWORD, CompiledStages, check_compile_stages, padded_input
 from .conv import STEM_CHANNELS, ConvBNAct, conv_stem, like_input  # noqa: F401 (where they were)
 from .official.layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
-from .weight_cast import weights_cast_once
+from .weight_cast import cast_once_applies, weights_cast_once
 
 PRETRAIN_IMG_SIZE = 224
 
@@ -87,6 +87,10 @@ class SoftStage(nn.Module):
     copies. Prefix tokens (the classifier's cls token, position embedding included) join the blocks' sequence in
     front of the map tokens and come back separately; ``norm`` (the pyramid's final norm, which the checkpoint layout
     keeps at the top level) is applied to all tokens after the blocks when given.
+
+    On the GPU route under autocast the stage's weights are cast once per forward
+    (:func:`~soft_mm.models.weight_cast.weights_cast_once`), and in training the stochastic-depth masks of all its
+    blocks are drawn at once (:func:`~soft_mm.models.blocks.drop_path_scales`), each applied inside the sum it guards.
     """
 
     def __init__(self, downsample: nn.Module, dim: int, pos_grid: int, blocks: list[nn.Module],
@@ -97,18 +101,30 @@ class SoftStage(nn.Module):
         self.pos_embed = nn.Parameter(torch.zeros(1, pos_grid * pos_grid, dim))
         self.blocks = nn.ModuleList(blocks)
         self.with_cp = with_cp
+        # each block's two branches' keep probabilities (1 - drop_prob), (2 * blocks, 1); None without stochastic depth
+        keep = [1.0 - getattr(block, 'drop_prob', 0.0) for block in blocks for _ in range(2)]
+        self.register_buffer('drop_keep', torch.tensor(keep).reshape(-1, 1) if min(keep, default=1.0) < 1 else None,
+                             persistent=False)
 
     def resized_pos_embed(self, hw_shape: tuple[int, int]) -> torch.Tensor:
         """``(1, H*W, C)``: the 224-input embedding bilinearly resized to ``hw_shape`` (:func:`resize_pos_embed`)."""
         return resize_pos_embed(self.pos_embed, self.pos_grid, hw_shape)
 
-    def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
+    def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int],
+                   drop_scales: torch.Tensor | None) -> torch.Tensor:
         if self.with_cp and torch.is_grad_enabled():
-            return checkpoint(block, tokens, hw_shape, use_reentrant=False)
-        return block(tokens, hw_shape)
+            return checkpoint(block, tokens, hw_shape, drop_scales, use_reentrant=False)
+        return block(tokens, hw_shape, drop_scales)
 
     def forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None, norm: nn.Module | None = None,
                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not cast_once_applies(self, x):  # (no context manager where a graph is traced)
+            return self._forward(x, prefix_tokens, norm)
+        with weights_cast_once(self, x):
+            return self._forward(x, prefix_tokens, norm)
+
+    def _forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None, norm: nn.Module | None,
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
         if not exporting():
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.downsample(x)
@@ -121,8 +137,11 @@ class SoftStage(nn.Module):
         num_prefix = 0 if prefix_tokens is None else prefix_tokens.shape[1]
         if prefix_tokens is not None:
             tokens = torch.cat([prefix_tokens.expand(b, -1, -1).to(tokens.dtype), tokens], dim=1)
-        for block in self.blocks:
-            tokens = self._run_block(block, tokens, (h, w))
+        # (B, 2 * blocks) masks of stochastic depth, drawn at once; none in eval mode
+        scales = (drop_path_scales(self.drop_keep, b, tokens.dtype) if self.training and self.drop_keep is not None
+                  else None)
+        for j, block in enumerate(self.blocks):
+            tokens = self._run_block(block, tokens, (h, w), None if scales is None else scales[2 * j:2 * j + 2])
         if norm is not None:
             tokens = norm(tokens)
         prefix_out = None if prefix_tokens is None else tokens[:, :num_prefix]
@@ -270,12 +289,15 @@ class SoftPyramid(nn.Module):
         final = len(self.embed_dims) - 1  # the arch's last stage (a pruned classifier may hold fewer)
         last_stage = len(self.stages) - 1 if last_stage is None else min(last_stage, len(self.stages) - 1)
         maps, prefix_out = [], None
-        with weights_cast_once(self, x):  # on the GPU route under autocast: one cast of the weights, not one a layer
-            for i, stage in enumerate(self.stages[:last_stage + 1]):
-                is_final = i == final
-                run = self._compiled.runner(stage, self.compile_stages) if self.compile_stages else stage
-                x, prefix_out = run(x, prefix_tokens if is_final else None, self.norm if is_final else None)
-                # contiguous NCHW: the stage's channels-last view is what mmcv's RoIAlign (and other C++/CUDA ops
-                # that read the raw buffer as NCHW) silently misreads
-                maps.append(x.contiguous())
+        divisor = (self.compile_stages or {}).get(BUCKET_KEYWORD, 1)
+        crop = None  # (compile_stages' size buckets, for CUDA graphs; a branch on None only where fx traces this)
+        if divisor > 1:
+            x, crop = padded_input(x, divisor)
+        for i, stage in enumerate(self.stages[:last_stage + 1]):
+            is_final = i == final
+            run = self._compiled.runner(stage, self.compile_stages) if self.compile_stages else stage
+            x, prefix_out = run(x, prefix_tokens if is_final else None, self.norm if is_final else None)
+            # contiguous NCHW: the stage's channels-last view is what mmcv's RoIAlign (and other C++/CUDA ops
+            # that read the raw buffer as NCHW) silently misreads
+            maps.append((x if crop is None else crop(x, i)).contiguous())
         return maps, prefix_out

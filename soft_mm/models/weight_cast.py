@@ -1,97 +1,212 @@
-"""The pyramid's GEMM weights cast once per forward under autocast on the GPU route, instead of once per layer call.
+"""A stage's GEMM weights cast once per forward under autocast on the GPU route, instead of once per layer call.
 
 Autocast casts a float32 weight to the autocast dtype at every linear and conv call it meets, and the backward casts its
 gradient back: two launches per weight and step, about 370 for SOFT-Norm-Small, the largest item of an eager GPU step
 whose time goes to launches. On the GPU route (:func:`~soft_mm.ops.triton_route.gpu_route`) under autocast, in eager
-runs, :func:`weights_cast_once` casts the weights and biases of every linear layer, of the SOFT layers' landmark and
-value convs and, in training mode, of the stem's and the downsamplings' convs in one
-:func:`~soft_mm.ops.functional.flat_cast.flat_cast` (a few launches, forward and backward) and hands each layer its cast
-tensors for the forward: the same values autocast would have given it, so the outputs and gradients are the same. The
-shared query/key projection gets its weight with SOFT's ``d^-1/4`` scale folded in (the product rounded once, as
-:meth:`~soft_mm.models.attention.SoftAttention.queries` does it).
+runs, :func:`weights_cast_once` casts the weights and biases of a stage's linear layers, of its SOFT layers' landmark
+convs and, in training mode, of its downsampling convs in a few :func:`~soft_mm.ops.functional.flat_cast.flat_cast`
+launches, forward and backward, and hands each layer its cast tensors for the forward: the same values autocast would
+have given it, so the outputs and gradients are the same. The projections that read the same input come out as one
+matrix (a SOFT layer's query/key and value projections, ``(2C, C)``, with SOFT's ``d^-1/4`` scale folded into the query
+rows, the product rounded once as :meth:`~soft_mm.models.attention.SoftAttention.queries` does it; the softmax stage's
+query and key/value projections, ``(3C, C)``), which the layers run as one GEMM.
 
-Left to autocast: the stem's and the downsamplings' convs in eval mode (their BatchNorm folds into the weight there),
-the value convs (autocast casts each head's filter after repeating it over the head's channels, so the filter's
-gradient sums those channels in float32; cast before the repeat, the sum would run in the low dtype), any layer under
-gradient checkpointing (its recomputation must see the same operations), compiled and exported graphs
-(where the compiler fuses the casts) and CPU runs (not launch-bound; the copy would cost more than it saves).
+What training needs of it, and how it is met:
+
+* **one cast per stage** (:class:`~soft_mm.models.pyramid.SoftStage` enters it), so the stage's weight gradients are
+  ready when the backward leaves the stage: DDP's buckets of the later stages go out while the earlier stages'
+  backward runs;
+* **frozen weights apart**: the weights that need no gradient (``frozen_stages``, a frozen backbone,
+  ``requires_grad_(False)`` on any subset) are cast in a cast of their own, whose outputs need no gradient, so nothing
+  of a frozen stage is kept for the backward or computed in it;
+* **standing aside** where it would be wrong or is not wanted: outside eager runs (compiled and exported graphs, where
+  the compiler fuses the casts), on CPU runs (not launch-bound), under gradient checkpointing of the blocks
+  (``with_cp``), where saved-tensor hooks are active around the stage (an outside checkpoint wrapper that will
+  recompute the forward, or activation offloading), and where a weight is not a plain tensor or parameter (FSDP2's
+  ``DTensor``, which casts its own).
+
+Left to autocast: the downsampling convs in eval mode (their BatchNorm folds into the weight there) and the value convs
+(autocast casts each head's filter after repeating it over the head's channels, so the filter's gradient sums those
+channels in float32; cast before the repeat, the sum would run in the low dtype).
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import weakref
 from collections.abc import Iterator
 
 import torch
 from torch import nn
 
-from ..ops.functional.flat_cast import flat_cast
+from ..ops.functional.flat_cast import FlatCastPlan
 from ..ops.graph_mode import eager_tensors
 from ..ops.precision import autocast_dtype
 from ..ops.triton_route import gpu_route
-from .attention import SoftAttention
+from .attention import SoftAttention, SoftmaxAttention
+from .blocks import Block
 from .conv import ConvBNAct
 
 __all__ = ['cast_once_applies', 'weights_cast_once']
 
-
-def cast_once_applies(model: nn.Module, x: torch.Tensor) -> bool:
-    """Whether :func:`weights_cast_once` casts ``model``'s weights for input ``x``: an eager call on the GPU route
-    under a low-precision autocast, no gradient checkpointing."""
-    dtype = autocast_dtype(x.device.type)
-    return (dtype in (torch.bfloat16, torch.float16) and gpu_route(x) and eager_tensors(x)
-            and not getattr(model, 'with_cp', False))
+_PLAIN = (torch.Tensor, nn.Parameter)
 
 
-def _weights(model: nn.Module) -> list[tuple[nn.Module, str, torch.Tensor, float]]:
-    """``(owner, name, tensor, scale)`` of every weight cast once, found in one walk of the modules: the query/key
-    projections first (their scale; the owner of a query weight is its SOFT layer, ``name`` ``'query_weight'`` or
-    ``'query_bias'``), then the SOFT layers' landmark convs, the convs of :class:`ConvBNAct` in training mode and the
-    linear layers, in the modules' order."""
-    queries, others, linears, projections = [], [], [], set()
-    for module in model.modules():
-        if isinstance(module, SoftAttention):
+@dataclasses.dataclass
+class _Cast:
+    """One output of the cast: the parameters ``sources`` (``(layer, name)``: one, or projections concatenated along
+    their rows) scaled by ``scales``, for ``owner``: a layer's parameter ``key`` swapped in, or an entry ``key`` of an
+    attention layer's ``cast_weights``."""
+
+    owner: nn.Module
+    key: str
+    sources: list[tuple[nn.Module, str]]
+    scales: list[float]
+
+    @property
+    def tensors(self) -> list[torch.Tensor]:
+        return [layer._parameters[name] for layer, name in self.sources]
+
+    @property
+    def trainable(self) -> bool:
+        return self.tensors[0].requires_grad
+
+
+def saved_tensor_hooks_active() -> bool:
+    """Whether saved-tensor hooks are active (a non-reentrant checkpoint recording a forward it will recompute,
+    activation offloading)."""
+    top = getattr(torch._C._autograd, '_top_saved_tensors_default_hooks', None)
+    return top is not None and top(False) is not None
+
+
+def cast_once_applies(stage: nn.Module, x: torch.Tensor) -> bool:
+    """Whether :func:`weights_cast_once` may cast ``stage``'s weights for input ``x``: an eager call on the GPU route
+    under a low-precision autocast, no gradient checkpointing of its blocks, no saved-tensor hooks around it."""
+    # (the eager check first: under torch.compile nothing else here may be traced)
+    return (eager_tensors(x) and gpu_route(x) and autocast_dtype(x.device.type) in (torch.bfloat16, torch.float16)
+            and not getattr(stage, 'with_cp', False) and not saved_tensor_hooks_active())
+
+
+def _group(owner: nn.Module, key: str, layers: list[nn.Linear], name: str, scales: list[float]) -> list[_Cast]:
+    """The ``name`` (weight or bias) of ``layers`` as one cast (``owner.cast_weights[key]``), or none where a layer
+    has none."""
+    if any(getattr(layer, name) is None for layer in layers):
+        return []
+    return [_Cast(owner, key, [(layer, name) for layer in layers], scales)]
+
+
+def _projections(owner: nn.Module, layers: list[nn.Linear], scales: list[float]) -> list[_Cast] | None:
+    """The projections that read the same input as one weight and one bias (``qkv_weight``, ``qkv_bias``), or None
+    where they cannot share a cast (some of them frozen, some not; a bias on some only)."""
+    params = [p for layer in layers for p in (layer.weight, layer.bias) if p is not None]
+    if len({p.requires_grad for p in params}) > 1 or len({layer.bias is None for layer in layers}) > 1:
+        return None
+    return (_group(owner, 'qkv_weight', layers, 'weight', scales)
+            + _group(owner, 'qkv_bias', layers, 'bias', scales))
+
+
+def _parameters(module: nn.Module, skip: set[int] = frozenset()) -> list[_Cast]:
+    return [_Cast(module, name, [(module, name)], [1.0]) for name, p in module.named_parameters(recurse=False)
+            if id(p) not in skip]
+
+
+def _casts(stage: nn.Module) -> tuple[list[_Cast], list[ConvBNAct]]:
+    """Every cast of ``stage``'s weights, and its conv + BatchNorm modules (whose mode decides whether their weights
+    are cast), in one walk of its modules."""
+    casts, done, kept, convs = [], set(), set(), []
+    for module in stage.modules():
+        if isinstance(module, Block) and module.post_norm:
+            # the branches' last biases join the fused sum and norm in float32 (add_layer_norm reads them as they
+            # are): nothing to cast
+            kept.update(id(getattr(branch, 'output_bias', None)) for branch in (module.attn, module.mlp))
+        elif isinstance(module, SoftAttention):
             scale = module.head_dim ** -0.25
-            queries.append((module, 'query_weight', module.qk.weight, scale))
-            if module.qk.bias is not None:
-                queries.append((module, 'query_bias', module.qk.bias, scale))
-            projections.add(module.qk)
+            merged = _projections(module, [module.qk, module.v], [scale, 1.0])
+            if merged is None:  # the query weights scaled alone; the value projection as any linear layer
+                merged = [_Cast(module, 'query_weight', [(module.qk, 'weight')], [scale])]
+                if module.qk.bias is not None:
+                    merged.append(_Cast(module, 'query_bias', [(module.qk, 'bias')], [scale]))
+                done.add(module.qk)
+            else:
+                done.update((module.qk, module.v))
+            casts += merged
             conv = getattr(module, 'landmark_conv', None)
             if conv is not None:
-                others.append((conv, 'weight', conv.weight, 1.0))
-        elif isinstance(module, ConvBNAct) and module.bn.training:  # (in eval mode its BatchNorm folds into it)
-            others += [(module.conv, name, p, 1.0) for name, p in module.conv.named_parameters(recurse=False)]
-        elif isinstance(module, nn.Linear):
-            linears.append(module)  # a query projection is known only once its SOFT layer is reached
-    others += [(module, name, p, 1.0) for module in linears if module not in projections
-               for name, p in module.named_parameters(recurse=False)]
-    return [entry for entry in queries + others if entry[2].dtype == torch.float32]
+                casts += _parameters(conv)
+        elif isinstance(module, SoftmaxAttention):
+            merged = _projections(module, [module.q, module.kv], [1.0, 1.0])
+            if merged is not None:
+                casts += merged
+                done.update((module.q, module.kv))
+        elif isinstance(module, ConvBNAct):
+            convs.append(module)
+            if module.bn.training:  # (in eval mode its BatchNorm folds into it)
+                casts += _parameters(module.conv)
+        elif isinstance(module, nn.Linear) and module not in done:
+            casts += _parameters(module, kept)
+    return [cast for cast in casts if all(t.dtype == torch.float32 for t in cast.tensors)], convs
+
+
+class _StagePlan:
+    """A stage's casts worked out once (one walk of its modules, the flat casts' layouts) and reused while the stage's
+    parameters, their ``requires_grad`` and its BatchNorms' modes are those it was worked out for; a parameter
+    replaced, frozen or unfrozen, or a mode changed makes a new plan. (A layer replaced by another is not seen: the
+    new layer computes under autocast's own casts, the old one's weights are cast for nothing.)"""
+
+    def __init__(self, stage: nn.Module) -> None:
+        casts, self.convs = _casts(stage)
+        self.modes = [conv.bn.training for conv in self.convs]
+        self.sources = [(layer, name, layer._parameters[name]) for cast in casts for layer, name in cast.sources]
+        self.flags = [tensor.requires_grad for _, _, tensor in self.sources]
+        self.plain = all(type(tensor) in _PLAIN for _, _, tensor in self.sources)
+        self.groups = []
+        for group in ([cast for cast in casts if cast.trainable], [cast for cast in casts if not cast.trainable]):
+            if group:
+                tensors = [t for cast in group for t in cast.tensors]
+                plan = FlatCastPlan(tensors, [s for cast in group for s in cast.scales],
+                                    [len(cast.sources) for cast in group])
+                self.groups.append((group, tensors, plan))
+
+    def current(self) -> bool:
+        """Whether the stage is still as the plan found it."""
+        return (all(layer._parameters.get(name) is tensor and tensor.requires_grad == flag
+                    for (layer, name, tensor), flag in zip(self.sources, self.flags))
+                and all(conv.bn.training == mode for conv, mode in zip(self.convs, self.modes)))
+
+
+# each stage's plan, by the stage object (a copy of the model, e.g. mmengine's EMA model, makes its own)
+_PLANS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _plan(stage: nn.Module) -> _StagePlan:
+    plan = _PLANS.get(stage)
+    if plan is None or not plan.current():
+        plan = _PLANS[stage] = _StagePlan(stage)
+    return plan
 
 
 @contextlib.contextmanager
-def weights_cast_once(model: nn.Module, x: torch.Tensor) -> Iterator[None]:
-    """Inside, ``model``'s layers compute with their weights cast once to the autocast dtype (see the module
+def weights_cast_once(stage: nn.Module, x: torch.Tensor) -> Iterator[None]:
+    """Inside, ``stage``'s layers compute with their weights cast once to the autocast dtype (see the module
     docstring), where :func:`cast_once_applies`; elsewhere nothing changes."""
-    if not cast_once_applies(model, x):
+    plan = _plan(stage) if cast_once_applies(stage, x) else None
+    if plan is None or not plan.groups or not plan.plain:
         yield
         return
-    entries = _weights(model)
-    if not entries:
-        yield
-        return
-    cast = flat_cast([tensor for _, _, tensor, _ in entries], autocast_dtype(x.device.type),
-                     [scale for _, _, _, scale in entries])
-    swapped = []
-    for (owner, name, _, _), low in zip(entries, cast):
-        if isinstance(owner, SoftAttention):
-            owner.cast_queries[name] = low
-        else:
-            swapped.append((owner, name, owner._parameters[name]))
-            owner._parameters[name] = low
+    dtype = autocast_dtype(x.device.type)
+    swapped, entries = [], []
+    for group, tensors, flat in plan.groups:
+        for cast, low in zip(group, flat(tensors, dtype)):
+            if isinstance(cast.owner, (SoftAttention, SoftmaxAttention)):
+                cast.owner.cast_weights[cast.key] = low
+                entries.append(cast.owner)
+            else:
+                swapped.append((cast.owner, cast.key, cast.owner._parameters[cast.key]))
+                cast.owner._parameters[cast.key] = low
     try:
         yield
     finally:
-        for owner, name, parameter in swapped:
-            owner._parameters[name] = parameter
-        for owner, _, _, _ in entries:
-            if isinstance(owner, SoftAttention):
-                owner.cast_queries.clear()
+        for owner, key, parameter in swapped:
+            owner._parameters[key] = parameter
+        for owner in entries:
+            owner.cast_weights.clear()

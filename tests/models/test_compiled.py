@@ -18,10 +18,16 @@ def test_the_switch_takes_none_true_or_compile_keywords():
     assert check_compile_stages(None) is None and check_compile_stages(False) is None
     assert check_compile_stages(True) == dict(dynamic=True)
     assert check_compile_stages(dict(mode='reduce-overhead')) == dict(mode='reduce-overhead')
+    assert check_compile_stages(dict(mode='reduce-overhead', pad_size_divisor=256)) == dict(
+        mode='reduce-overhead', pad_size_divisor=256)
     with pytest.raises(ValueError, match=r"compile_stages must be None, True \(dict\(dynamic=True\)\) or a dict of "
                                          r"torch.compile keywords \('dynamic', 'mode', 'backend', 'fullgraph', "
-                                         r"'options'\), got \{'dynamc': True\}"):
+                                         r"'options'\) and 'pad_size_divisor', got \{'dynamc': True\}"):
         SOFT(ARCH, compile_stages=dict(dynamc=True))
+    for bad in (0, 2.5, True):
+        with pytest.raises(ValueError, match=r"compile_stages\['pad_size_divisor'\] must be an int >= 1 \(the input "
+                                             rf"padded to a multiple of it\), got {bad!r}"):
+            SOFT(ARCH, compile_stages=dict(pad_size_divisor=bad))
 
 
 def test_each_stage_compiles_once_and_gives_the_eager_maps():
@@ -37,3 +43,29 @@ def test_each_stage_compiles_once_and_gives_the_eager_maps():
     assert len(compiled._compiled.runners) == 4
     twin = copy.deepcopy(compiled)  # (mmengine's EMA copies the model): the copy compiles its own stages
     assert twin._compiled.runners == {} and twin.compile_stages == compiled.compile_stages
+
+
+def test_the_padded_buckets_give_the_maps_of_the_padded_input_cropped():
+    """compile_stages' pad_size_divisor: the input padded with zeros at the bottom and right to the next multiple, the
+    maps cropped to the unpadded input's sizes; two sizes of one bucket are one static graph."""
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(1)
+        return graph_module.forward
+
+    torch.manual_seed(0)
+    eager = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0).eval()
+    bucketed = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0,
+                    compile_stages=dict(backend=counting_backend, dynamic=False, pad_size_divisor=64)).eval()
+    bucketed.load_state_dict(eager.state_dict())
+    for height, width in ((70, 100), (90, 128), (65, 75)):  # all in the 128 x 128 bucket
+        x = torch.randn(1, 3, height, width)
+        with torch.no_grad():
+            maps = bucketed(x)
+            padded = eager(torch.nn.functional.pad(x, (0, 128 - width, 0, 128 - height)))
+        for i, (got, full) in enumerate(zip(maps, padded)):
+            stride = 2 ** (i + 2)
+            assert got.shape[-2:] == (-(-height // stride), -(-width // stride))
+            torch.testing.assert_close(got, full[..., :got.shape[-2], :got.shape[-1]], rtol=1e-5, atol=1e-5)
+    assert len(graphs) == 4  # one graph a stage for the three sizes
