@@ -51,6 +51,7 @@ from .config import (
     NUM_WARPS,
     PRODUCTS_CODES,
     kernel_block,
+    kernel_stages,
     middle_warps,
     padded,
     split_count,
@@ -102,8 +103,9 @@ def _strides(t: Tensor) -> tuple[int, ...]:
 class _Launch:
     """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
     tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
-    block of its group (the reductions over the tokens, one partial sum per program). The block is the kernel's on the
-    device's target (:func:`~.config.kernel_block`; the default blocks under the interpreter)."""
+    block of its group (the reductions over the tokens, one partial sum per program). The block and the pipeline
+    stages are the kernel's on the device's target (:func:`~.config.kernel_block`, :func:`~.config.kernel_stages`; the
+    defaults under the interpreter)."""
 
     def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, kernel: str) -> None:
         self.batch, self.heads, self.n, self.d = q.shape
@@ -111,7 +113,8 @@ class _Launch:
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
         self.interpret = triton_route.interpreting()
         on_gpu = not self.interpret and q.device.type == 'cuda'
-        self.block = kernel_block(kernel, triton_route.cuda_target(q.device) if on_gpu else None)
+        target = triton_route.cuda_target(q.device) if on_gpu else None
+        self.block, self.stages = kernel_block(kernel, target), kernel_stages(kernel, target)
         self.groups = self.batch * self.heads
         self.nblk = -(-self.n // self.block)
         self.grid = (self.nblk, self.groups)
@@ -127,7 +130,7 @@ class _Launch:
 
     def meta(self, products: int) -> dict:
         return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, INTERPRET=self.interpret,
-                    num_warps=NUM_WARPS)
+                    num_warps=NUM_WARPS, num_stages=self.stages)
 
     def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
         """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),

@@ -3,8 +3,11 @@ the device once, against the shared memory the kernels of a call ask for at laun
 
 A call goes to the kernels only where
 
-* the device's capability is one the kernels are compiled and checked for (:data:`~.config.TARGETS`: sm_75, sm_80,
-  sm_86, sm_89, sm_90), each with its own launch configuration (:func:`~.config.kernel_block`);
+* the device is an NVIDIA GPU whose capability is one the kernels are compiled and checked for
+  (:data:`~.config.TARGETS`: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121), each with its own
+  launch configuration (:func:`~.config.kernel_block`, :func:`~.config.kernel_stages`), under a triton it is checked
+  with (Blackwell: >= 3.8); an AMD GPU under ROCm, whose capability torch reports as if it were one (an MI250X's 9.0),
+  is declined as what it is (:func:`soft_mm.ops.triton_route.device_reasons`);
 * its dtypes run there: no bfloat16 below :data:`~.config.BFLOAT16_MIN_TARGET` (Turing has no bfloat16 arithmetic);
 * every kernel the call launches (the forward's context, output and m×m kernels and the one that sums the context;
   with a backward the backward's) fits the device's shared memory per block, as the table of :mod:`.shared_memory`
@@ -21,8 +24,8 @@ from __future__ import annotations
 
 import torch
 
-from ....triton_route import DeviceLimits, device_limits
-from .config import BFLOAT16_MIN_TARGET, GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, TARGETS, padded
+from ....triton_route import DeviceLimits, device_limits, device_reasons
+from .config import GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, padded
 from .shared_memory import SHARED_MEMORY
 
 __all__ = ['DeviceLimits', 'device_limits', 'launch_reasons', 'launched_kernels', 'shared_memory_needed']
@@ -79,18 +82,14 @@ def launch_reasons(limits: DeviceLimits, dtype: torch.dtype, products: torch.dty
         num_landmarks: m; head_dim, value_dim: d and d_v (None: not known, the backend's largest assumed).
         needs_grad: whether the backward's kernels will run too.
     """
-    target = limits.target
-    if target not in TARGETS:
-        built = ', '.join(f'sm_{t}' for t in TARGETS)
-        return [f'is built and checked for {built}, not this {limits}']
-    reasons = []
-    low = {dtype, products} & {torch.bfloat16}
-    if low and target < BFLOAT16_MIN_TARGET:
-        reasons.append(f'has no bfloat16 kernels below sm_{BFLOAT16_MIN_TARGET} (this {limits})')
+    unbuilt = device_reasons(limits, bfloat16=False)
+    if unbuilt:  # no kernels for the device at all (and no table to read)
+        return unbuilt
+    reasons = device_reasons(limits, bfloat16=torch.bfloat16 in (dtype, products))
     m = MAX_LANDMARKS if num_landmarks is None else num_landmarks
     d = max(MAX_HEAD_DIM if head_dim is None else head_dim, MAX_HEAD_DIM if value_dim is None else value_dim)
     if m <= MAX_LANDMARKS and d <= MAX_HEAD_DIM:  # (above them the declared limits give the reason)
-        need, kernel = shared_memory_needed(target, m, d, _dtype_name(products), needs_grad)
+        need, kernel = shared_memory_needed(limits.target, m, d, _dtype_name(products), needs_grad)
         if need > limits.shared_memory_per_block:
             reasons.append(f'needs {need:,} B of shared memory per block at m = {m}, d = {d} ({kernel}, '
                            f'{_dtype_name(products)} products); this {limits} allows '
