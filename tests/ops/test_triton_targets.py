@@ -1,12 +1,15 @@
 """The Triton backend on every GPU a detection user trains on: a fake device of each kind (capability, opt-in shared
 memory per block, NVIDIA or AMD) and the dispatcher's decision and reason for it, at the published sizes and at the
 largest declared corner, in each dtype, with and without a backward; from the table of :mod:`~soft_mm.ops.soft.backends.
-triton.shared_memory` (which tests/ops/test_triton_cubins.py holds against the compiled kernels)."""
+triton.shared_memory` (which tests/ops/test_triton_cubins.py holds against the compiled kernels). The decisions table
+of docs/advanced/precision_and_backends.md is held here, row by row."""
+import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 from helpers.op_checks import triton_kernels
+from helpers.repo import ROOT
 
 import soft_mm.ops.soft.backends.triton.backend as triton_backend
 from soft_mm.ops.precision.soft_policy import precision_policy
@@ -273,3 +276,72 @@ def test_the_layers_fused_kernels_run_on_the_same_targets(monkeypatch, capabilit
                                                                                'rocm', 'gfx90a'))
     assert not triton_route.takes_triton(float32)
 
+
+# The decisions table of docs/advanced/precision_and_backends.md: each row a GPU (the names its first column gives)
+TABLE_GPUS = {'T4, RTX 20xx': T4, 'V100': V100, 'A100, A800': A100, 'RTX 30xx, A10, A40, A6000': RTX_3090,
+              'Jetson AGX Orin': ORIN, 'RTX 40xx, L4, L40S': RTX_4090, 'H100, H200, H20': H100, 'B200, GB200': B200,
+              'B300, GB300': B300, 'RTX 50xx, RTX PRO 6000 Blackwell': RTX_5090, 'DGX Spark (GB10)': DGX_SPARK,
+              'MI250X': MI250X, 'MI300X': MI300X}
+TABLE_HEADER = ('| GPU (target, shared memory per block) | m = 49, d = 32: training | m = 49, d = 32: inference '
+                '| m = d = 64: training | m = d = 64: inference |')
+_AUTOCASTS = (('float32', None), ('bfloat16', torch.bfloat16), ('float16', torch.float16))
+
+
+def _short_reason(reason: str) -> str:
+    """The Triton backend's refusal, as a table cell says it."""
+    needs = re.match(r'needs ([\d,]+) B of shared memory', reason)
+    for start, short in (('is built and checked for NVIDIA GPUs', 'an AMD GPU'),
+                         ('is built and checked for', 'not a target'),
+                         ('has no bfloat16 kernels', f'no bfloat16 below sm_{BFLOAT16_MIN_TARGET}'),
+                         ('is checked on sm_', 'triton too old')):
+        if reason.startswith(start):
+            return short
+    assert needs, reason
+    return f'needs {needs.group(1)} B'
+
+
+def decision_cell(sizes: dict, grad: bool) -> str:
+    """What a call of float32 inputs, alone or under bfloat16 or float16 autocast, gets on the (fake) device: one
+    backend for all three, or each with its dtypes; the reference math with the Triton backend's reason."""
+    groups: dict[str, list[str]] = {}
+    for name, autocast in _AUTOCASTS:
+        backend, _ = choose(torch.float32, autocast=autocast, grad=grad, sizes=sizes)
+        label = 'Triton'
+        if backend != 'triton':
+            with pytest.raises(DispatchError) as err:
+                choose(torch.float32, autocast=autocast, grad=grad, sizes=sizes, name='triton')
+            label = f'reference ({_short_reason(str(err.value).split("backend " + repr("triton") + " ", 1)[1])})'
+        groups.setdefault(label, []).append(name)
+    if len(groups) == 1:
+        return next(iter(groups))
+    return '; '.join(f'{", ".join(names)}: {label}' for label, names in groups.items())
+
+
+def _row_label(names: str, limits: DeviceLimits) -> str:
+    if limits.platform == 'rocm':
+        major, minor = limits.capability
+        return f'{names} ({limits.arch}, ROCm, reports {major}.{minor}; {limits.shared_memory_per_block:,} B)'
+    return f'{names} (sm_{limits.target}, {limits.shared_memory_per_block:,} B)'
+
+
+def _documented_rows() -> list[str]:
+    lines = (ROOT / 'docs' / 'advanced' / 'precision_and_backends.md').read_text().splitlines()
+    start = lines.index(TABLE_HEADER) + 2
+    return [line for line in lines[start:start + len(TABLE_GPUS) + 1] if line.startswith('|')]
+
+
+@pytest.mark.parametrize('names', list(TABLE_GPUS))
+def test_each_row_of_the_documented_decisions_table_is_the_dispatcher_s(on_device, names):
+    limits = TABLE_GPUS[names]
+    on_device(limits)
+    cells = [decision_cell(sizes, grad) for sizes in (PUBLISHED, CORNER) for grad in (True, False)]
+    expected = f'| {_row_label(names, limits)} | ' + ' | '.join(cells) + ' |'
+    rows = _documented_rows()
+    assert expected in rows, '\n'.join([expected, *rows])
+
+
+def test_the_documented_decisions_table_has_a_row_for_every_gpu_and_no_other():
+    rows = _documented_rows()
+    assert [row.split(' | ')[0][2:] for row in rows] == [_row_label(n, g) for n, g in TABLE_GPUS.items()]
+    # every target, and every way of being declined, appears
+    assert {g.target for g in TABLE_GPUS.values() if g.built_for} == set(TARGETS)
