@@ -20,10 +20,12 @@ with ``--no-index`` against setuptools 81).
 The JSON file is rewritten after each part (and after each correctness case), so a crash or a timeout keeps what was
 measured; a case or a part that raises is recorded with its error and the check goes on.
 
-First, which calls the Triton backend takes on this device (``targets``): its compute capability and shared memory
-per block, and the backend chosen at the published sizes and at the largest declared corner, float32 and bfloat16 /
-float16 autocast, inference and training, with the reason where the Triton backend declines (a GPU it is not built
-for, bfloat16 below sm_80, a kernel over the device's shared memory).
+First, which calls the Triton backend takes on this device (``targets``): its compute capability (or, under ROCm, its
+AMD architecture) and shared memory per block, and the backend chosen at the published sizes and at the largest
+declared corner, float32 and bfloat16 / float16 autocast, inference and training, with the reason where the Triton
+backend declines (a GPU it is not built for, an AMD GPU, a triton older than the target is checked with, bfloat16
+below sm_80, a kernel over the device's shared memory), and each ``BackendFallbackWarning`` a model's eager calls
+would raise, in its words.
 
 Parts:
 
@@ -135,12 +137,18 @@ def triton_refusal(device: torch.device, tokens: int, landmarks: int, head_dim: 
 def target_decisions(cfg: dict, device: torch.device) -> list[dict]:
     """The dispatcher's choice on this device at the published sizes and at the backend's largest declared corner, for
     float32 and bfloat16 / float16 autocast, inference and training: the backend taken automatically and, where it is
-    not the Triton backend, why (the device's capability and shared memory per block decide: see
-    ``soft_mm/ops/soft/backends/triton/targets.py``). Printed first, recorded as ``targets``."""
+    not the Triton backend, why (the device's platform, capability and shared memory per block decide: see
+    ``soft_mm/ops/soft/backends/triton/targets.py``), with the ``BackendFallbackWarning`` a model's eager call raises
+    there (:func:`~soft_mm.ops.soft.dispatch.decide`), printed in its words. Printed first, recorded as
+    ``targets``."""
+    import warnings  # (here, not at the top: the rest of this file is another change's)
+
+    from soft_mm.ops.soft.dispatch import BackendFallbackWarning, decide
     if device.type == 'cuda':
         limits = device_limits(device.index)
-        print(f'  {limits}: compute capability {limits.capability[0]}.{limits.capability[1]}, '
-              f'{limits.shared_memory_per_block:,} B of shared memory per block', flush=True)
+        print(f'  {limits}: {"AMD GPU under ROCm, reported" if limits.platform == "rocm" else "compute"} capability '
+              f'{limits.capability[0]}.{limits.capability[1]}, {limits.shared_memory_per_block:,} B of shared memory '
+              'per block', flush=True)
     tokens = cfg['op_tokens'][0]
     rows = []
     corners = (('published', (cfg['landmarks'], cfg['head_dim'])), ('corner', (MAX_LANDMARKS, MAX_HEAD_DIM)))
@@ -148,14 +156,21 @@ def target_decisions(cfg: dict, device: torch.device) -> list[dict]:
         for dtype_name, products in (('float32', None), ('bfloat16', torch.bfloat16), ('float16', torch.float16)):
             for needs_grad in (False, True):
                 policy = precision_policy(device.type, products or torch.float32)
-                backend, _ = select(device.type, torch.float32, policy, tokens, needs_grad, 'eager', num_landmarks=m,
-                                    head_dim=d, value_dim=d, device_index=device.index)
+                call = (device.type, torch.float32, policy, tokens, needs_grad, 'eager')
+                where = dict(num_landmarks=m, head_dim=d, value_dim=d, device_index=device.index)
+                backend, _ = select(*call, **where)
+                with warnings.catch_warnings(record=True) as told:  # what the op's eager decision says (once)
+                    warnings.simplefilter('always', BackendFallbackWarning)
+                    decide(*call, **where)
                 reason = None if backend.name == 'triton' else triton_refusal(device, tokens, m, d, products,
                                                                               needs_grad)
+                announced = [str(w.message) for w in told if issubclass(w.category, BackendFallbackWarning)]
                 rows.append(dict(sizes=sizes, landmarks=m, head_dim=d, dtype=dtype_name, training=needs_grad,
-                                 backend=backend.name, triton_reason=reason))
+                                 backend=backend.name, triton_reason=reason, warnings=announced))
                 print(f"  m={m:>2} d={d:>2} {dtype_name:<8} {'training ' if needs_grad else 'inference'}: "
                       f"{backend.name}{f' (triton {reason})' if reason else ''}", flush=True)
+                for message in announced:
+                    print(f'    BackendFallbackWarning: {message}', flush=True)
     return rows
 
 

@@ -7,25 +7,28 @@ Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``
 backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the three float32 kernels
 that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
-architecture (by default every capability the backend is built for: sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada,
-sm_90 Hopper; sm_100 and sm_120 where the installed ptxas knows them), each with its own launch configuration (the
-blocks of ``config.kernel_block``) — the real GPU code, with the real bfloat16 branches, not the interpreter's
-emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads each cubin's
-registers per thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports as many
-spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no spills. The compilation
-runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own library functions
-are decorated for the interpreter and cannot be compiled); this file imports only triton and the standard library, so
-the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise a stride of
-1 or a multiple of 16, which only removes instructions; the shared memory is the same, checked at the published sizes
-on sm_80, sm_86 and sm_90).
+architecture (by default every capability the backend is built for that the installed triton is checked with: sm_75
+Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, and from triton 3.8 sm_100, sm_103, sm_120 and sm_121
+Blackwell, ``config.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of ``config.kernel_block``,
+the pipeline stages of ``config.kernel_stages``) — the real GPU code, with the real bfloat16 branches, not the
+interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads
+each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports
+as many spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no spills. The
+compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own library
+functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the standard
+library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise
+a stride of 1 or a multiple of 16, which only removes instructions; the shared memory is the same, checked at the
+published sizes on sm_80, sm_86 and sm_90).
 
-    python benchmarks/triton_cubins.py [--arch 75 80 86 89 90] [--landmarks 49 ...] [--head-dim 32 ...] [--json]
+    python benchmarks/triton_cubins.py [--arch 75 80 86 89 90 100 103 120 121] [--landmarks 49 ...] [--head-dim 32 ...]
+        [--json]
     python benchmarks/triton_cubins.py --write-table   # regenerate soft_mm/ops/soft/backends/triton/shared_memory.py
     python benchmarks/triton_cubins.py --layers [--width 64 128 320 1024]   # the blocks' add + LayerNorm kernels
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
 (``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (a T4's 65,536 B,
-an RTX 3090's or 4090's 101,376, an A100's 166,912, an H100's 232,448); cuobjdump reports only the static part.
+an RTX 3090's, 4090's or 5090's 101,376, an A100's 166,912, an H100's or B200's 232,448); cuobjdump reports only the
+static part.
 Several sizes give every (m, d) corner and a second table of the largest request per corner. ``--write-table``
 compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
@@ -39,6 +42,7 @@ each width.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import itertools
 import json
@@ -49,8 +53,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-__all__ = ['ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS', 'LAUNCH_DTYPES',
-           'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS',
+__all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS',
+           'LAUNCH_DTYPES', 'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS',
+           'MIDDLE_VARIANTS',
            'format_shared_memory', 'format_table', 'layer_resource_usage', 'limit', 'resource_usage',
            'shared_memory_table', 'table_module']
 
@@ -58,6 +63,9 @@ _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
 _Q_POINTERS = ('q_ptr', 'dq_ptr')
 _V_POINTERS = ('x_ptr', 'v_ptr', 'do_ptr', 'o_ptr', 'dv_ptr')
+# the PTX of a tensor-core product: mma.sync (sm_75..sm_120), wgmma (sm_90), tcgen05.mma (sm_100: its operand dtypes
+# are in the instruction descriptor, ``kind::f16`` for both bfloat16 and float16)
+_TENSOR_CORE_INSTRUCTIONS = r'(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\.\S+'
 _TRITON_BACKEND = Path(__file__).resolve().parents[1] / 'soft_mm/ops/soft/backends/triton'
 _KERNELS_FILE = _TRITON_BACKEND / 'kernels.py'
 
@@ -70,8 +78,18 @@ def _load(name: str, path: Path):
     return module
 
 
+def _installed_triton() -> tuple[int, ...]:
+    """The installed triton's (major, minor), from its package metadata (without importing it)."""
+    try:
+        return tuple(int(part) for part in re.findall(r'\d+', importlib.metadata.version('triton'))[:2])
+    except importlib.metadata.PackageNotFoundError:
+        return (0, 0)
+
+
 _CONFIG = _load('soft_mm_triton_config', _TRITON_BACKEND / 'config.py')
 ARCHS = _CONFIG.TARGETS
+# the targets the installed triton is checked with (config.TARGET_MIN_TRITON: Blackwell from triton 3.8), the default
+CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _CONFIG.TARGET_MIN_TRITON.get(arch, (0,)))
 KERNELS = _CONFIG.KERNELS
 LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES
 # the m×m kernels' rows: (the name in the table, SOFT_NORM); their tensors are float32 whatever the inputs' dtype
@@ -161,13 +179,14 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     from triton.compiler import ASTSource
 
     kernels = _load('soft_mm_triton_kernels_aot', _KERNELS_FILE)
-    launches = []  # (table name, kernel, q, v, products, arch, signature, constants, warps)
+    launches = []  # (table name, kernel, q, v, products, arch, signature, constants, warps, stages)
     for arch in archs:
         for name in KERNELS:
             fn = getattr(kernels, name)
             for q, v, products in LAUNCH_DTYPES:
                 launches.append((name, fn, q, v, products, arch,
-                                 *_signature(fn, q, v, products, num_landmarks, head_dim, arch), _CONFIG.NUM_WARPS))
+                                 *_signature(fn, q, v, products, num_landmarks, head_dim, arch), _CONFIG.NUM_WARPS,
+                                 _CONFIG.kernel_stages(name, arch)))
         middle, middle_backward = kernels.nystrom_middle_fwd_kernel_mid_inv, kernels.nystrom_middle_bwd_kernel_dl
         for (label, soft_norm), fn in [*((variant, middle) for variant in MIDDLE_VARIANTS),
                                        *((variant, middle_backward)
@@ -175,19 +194,19 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
                                        *(((name, False), getattr(kernels, name)) for name in GROUP_KERNELS)]:
             launches.append((label, fn, 'fp32', '-', 'fp32', arch,
                              *_middle_signature(fn, soft_norm, num_landmarks, head_dim),
-                             _CONFIG.middle_warps(num_landmarks)))
+                             _CONFIG.middle_warps(num_landmarks), _CONFIG.DEFAULT_STAGES))
     rows = []
     with tempfile.TemporaryDirectory() as folder:
-        for label, fn, q, v, products, arch, signature, constants, warps in launches:
+        for label, fn, q, v, products, arch, signature, constants, warps, stages in launches:
             compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', arch, 32),
-                                      options=dict(num_warps=warps))
+                                      options=dict(num_warps=warps, num_stages=stages))
             cubin = Path(folder) / f'{label}_{arch}.cubin'
             cubin.write_bytes(compiled.asm['cubin'])
             dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
                                   capture_output=True, text=True).stdout
-            mma = sorted(set(re.findall(r'(?:wgmma\.mma_async|mma\.sync)\.\S+', compiled.asm['ptx'])))
+            mma = sorted(set(re.findall(_TENSOR_CORE_INSTRUCTIONS, compiled.asm['ptx'])))
             rows.append(dict(kernel=label, q=q, v=v, products=products, arch=f'sm_{arch}',
-                             num_landmarks=num_landmarks, head_dim=head_dim, num_warps=warps,
+                             num_landmarks=num_landmarks, head_dim=head_dim, num_warps=warps, num_stages=stages,
                              block=constants.get('BLOCK'), tensor_core_instructions=mma,
                              dynamic_shared_bytes=int(compiled.metadata.shared), **_parse_resources(dump)))
     return rows
@@ -226,7 +245,7 @@ def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dic
     return rows
 
 
-def layer_resource_usage(archs: tuple[int, ...] = ARCHS, widths: tuple[int, ...] = LAYER_WIDTHS,
+def layer_resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, widths: tuple[int, ...] = LAYER_WIDTHS,
                          timeout: float = 1800) -> list[dict]:
     """The rows of :func:`_compile_layers` (``kernel``, ``dtype``, ``arch``, ``width``, ``rows``, ``num_warps``,
     ``registers``, ``stack_bytes``, ``local_bytes``, ``shared_bytes``, ``dynamic_shared_bytes``), compiled in a child
@@ -258,7 +277,7 @@ def _child(arguments: list[str], timeout: float) -> list[dict]:
 
 
 def _compiles_for(arch: int) -> bool:
-    """Whether the installed triton and its ptxas build a cubin for ``arch`` (sm_100 and sm_120 need a recent one)."""
+    """Whether the installed triton and its ptxas build a cubin for ``arch`` (Blackwell needs a recent one)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -271,14 +290,15 @@ def _compiles_for(arch: int) -> bool:
     return True
 
 
-def resource_usage(archs: tuple[int, ...] = ARCHS, num_landmarks: int | tuple[int, ...] = 49,
+def resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, num_landmarks: int | tuple[int, ...] = 49,
                    head_dim: int | tuple[int, ...] = 32, timeout: float = 1800) -> list[dict]:
     """One row per kernel, dtype combination, architecture and size: ``kernel``, ``q``, ``v``, ``products``,
     ``arch``, ``num_landmarks``, ``head_dim``, ``registers`` (per thread), ``stack_bytes`` (spilled registers; 0 =
     none), ``local_bytes``, ``shared_bytes`` (cuobjdump's static shared memory), ``dynamic_shared_bytes`` (the shared
     memory a launch asks for, from the compiled metadata: what must fit the device's limit per block),
-    ``num_warps``, ``block`` and ``tensor_core_instructions`` (the PTX's ``mma.sync`` / ``wgmma`` instructions, e.g.
-    ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``; none where the products are IEEE float32 FMAs).
+    ``num_warps``, ``num_stages``, ``block`` and ``tensor_core_instructions`` (the PTX's ``mma.sync`` / ``wgmma`` /
+    ``tcgen05.mma`` instructions, e.g. ``mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32``; none where the
+    products are IEEE float32 FMAs).
 
     Compiled in a child process without ``TRITON_INTERPRET`` (see the module docstring); needs triton, no GPU.
     ``num_landmarks`` (m) and ``head_dim`` (d = d_v), an int or a tuple of them (every pair: the corners), set the
@@ -410,9 +430,9 @@ def table_module(rows: list[dict]) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument('--arch', type=int, nargs='+', default=list(ARCHS),
-                        help='compute capabilities, e.g. 80 90 (default: the targets, ' + ' '.join(map(str, ARCHS))
-                        + '; 100 and 120 where the installed ptxas builds them)')
+    parser.add_argument('--arch', type=int, nargs='+', default=list(CHECKED_ARCHS),
+                        help='compute capabilities, e.g. 80 90 (default: the targets the installed triton is checked '
+                        'with, ' + ' '.join(map(str, CHECKED_ARCHS)) + ')')
     parser.add_argument('--landmarks', type=int, nargs='+', default=[49],
                         help='m, one or more (padded to a power of two >= 16)')
     parser.add_argument('--head-dim', type=int, nargs='+', default=[32], help='d = d_v, one or more (padded likewise)')
@@ -434,11 +454,14 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(rows) if args.json else format_layer_table(rows))
         return 0
     if args.write_table:
+        if CHECKED_ARCHS != ARCHS:  # the table must hold every target
+            newest = max(_CONFIG.TARGET_MIN_TRITON.values())
+            parser.error(f'--write-table compiles every target, which needs triton >= {".".join(map(str, newest))}')
         archs, landmarks, head_dims = ARCHS, DECLARED_LANDMARKS, DECLARED_HEAD_DIMS
     if os.environ.get('TRITON_INTERPRET', '0') == '1':
         rows = resource_usage(archs, landmarks, head_dims)
     else:
-        unbuilt = [arch for arch in archs if arch not in ARCHS and not _compiles_for(arch)]
+        unbuilt = [arch for arch in archs if arch not in CHECKED_ARCHS and not _compiles_for(arch)]
         if unbuilt:
             print(f'triton_cubins: the installed triton builds no cubin for sm_{", sm_".join(map(str, unbuilt))}; '
                   'left out', file=sys.stderr)

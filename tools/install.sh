@@ -8,10 +8,12 @@
 # openmim -> soft_mm (editable).
 #
 # Environment switches:
-#   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm)
+#   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm), keyed by Python, torch and the
+#                   ops: CPU, or CUDA and the architectures built for (a CUDA wheel is reused only where they cover
+#                   the visible GPU)
 #   FORCE_CUDA=1    build mmcv's CUDA ops too (needs nvcc of torch's CUDA major version; also chosen automatically
-#                   when torch sees a GPU); TORCH_CUDA_ARCH_LIST (default without a visible GPU: "8.0;9.0") picks the
-#                   architectures
+#                   when torch sees a GPU); TORCH_CUDA_ARCH_LIST picks the architectures (default: the visible GPUs'
+#                   own, as torch's extension builder picks them; without a visible GPU "8.0;9.0")
 #   MAX_JOBS        parallel compile jobs for mmcv (default: number of cores)
 #   SOFT_MM_WITH_MIM=0  skip openmim (installed by default, then what its dependencies downgrade is re-pinned;
 #                       tests/tools/test_mim.py needs it)
@@ -42,6 +44,36 @@ main() {
   trap 'rm -f "$PINS"' EXIT
   pip_q() { "$PY" -m pip install --disable-pip-version-check -q -c "$ROOT/tools/constraints.txt" -c "$PINS" "$@"; }
 
+  # the cache key of a TORCH_CUDA_ARCH_LIST: its entries sorted, "8.6" -> sm86, "9.0a" -> sm90a, "8.6+PTX" -> sm86ptx
+  # (a name such as "Ampere" kept as it is), joined by "-"
+  arch_key() {
+    echo "$1" | tr ' ;' '\n\n' | sed -e '/^$/d' -e 's/^\([0-9]*\)\.\([0-9]*[a-z]*\)/sm\1\2/' -e 's/+PTX$/ptx/' \
+      | LC_ALL=C sort -u | paste -sd- -
+  }
+  # a cached CUDA wheel folder under the prefix $1 whose architectures cover every visible GPU ($2, as "7.5;8.6"):
+  # code for the GPU's major version at or below its minor (sm80 runs on an sm_86), or PTX at or below its capability;
+  # an arch-specific entry (sm90a) only on exactly that GPU. Prints the folder, or nothing.
+  covering_wheel_dir() {
+    "$PY" - "$1" "$2" <<'PYEOF'
+import glob, os, re, sys
+prefix = sys.argv[1]
+gpus = [tuple(int(part) for part in g.split('.')) for g in sys.argv[2].split(';')]
+def covers(entry, gpu):
+    match = re.fullmatch(r'sm(\d+?)(\d)(a?)(ptx)?', entry)
+    if match is None:
+        return False
+    arch = (int(match.group(1)), int(match.group(2)))
+    if match.group(4):
+        return arch <= gpu
+    return arch == gpu if match.group(3) else (arch[0] == gpu[0] and arch[1] <= gpu[1])
+for folder in sorted(glob.glob(glob.escape(prefix) + '-cuda-*')):
+    entries = os.path.basename(folder)[len(os.path.basename(prefix)) + len('-cuda-'):].split('-')
+    if glob.glob(os.path.join(folder, 'mmcv-*.whl')) and all(any(covers(e, g) for e in entries) for g in gpus):
+        print(folder)
+        break
+PYEOF
+  }
+
   step "checking the toolchain"
   command -v "$PY" >/dev/null 2>&1 || die "no Python interpreter '$PY' on PATH; activate an environment or set PYTHON=/path/to/python."
   "$PY" -c 'import sys; sys.exit(0 if sys.version_info >= (3, 9) else 1)' \
@@ -62,8 +94,9 @@ main() {
 
   step "torch"
   # one Python start reads everything the install needs of torch: its version, whether it is inside the supported
-  # range (pyproject.toml's torch requirement, one home), whether a GPU is visible, its CUDA version, and the pins
-  # that keep it (written to $PINS); it prints nothing when torch or torchvision is missing
+  # range (pyproject.toml's torch requirement, one home), whether a GPU is visible, its CUDA version, the CUDA
+  # architectures of the visible GPUs, and the pins that keep it (written to $PINS); it prints nothing when torch or
+  # torchvision is missing
   TORCH_RANGE=$(sed -n 's/^ *"torch\([<>=!,.0-9]*\)",*$/\1/p' "$ROOT/pyproject.toml" | head -n 1)
   probe_torch() {
     "$PY" - "$TORCH_RANGE" "$PINS" <<'PYEOF' 2>/dev/null
@@ -89,7 +122,17 @@ with open(sys.argv[2], 'w') as f:
 cuda = getattr(torch, 'cuda', None)
 gpu = int(bool(cuda is not None and cuda.is_available()))
 cuda_version = getattr(getattr(torch, 'version', None), 'cuda', None) or '-'
-print(torch.__version__, torchvision.__version__, int(in_range), gpu, cuda_version)
+# the architectures torch's extension builder compiles for the visible GPUs when TORCH_CUDA_ARCH_LIST is unset: each
+# GPU's capability, capped at the newest torch was built for, the newest also as PTX (ROCm's torch reports no CUDA)
+# (and the GPUs' own capabilities, which a cached wheel must cover)
+archs = caps = '-'
+if gpu and cuda_version != '-':
+    built = [int(a.split('_')[1]) for a in cuda.get_arch_list() if a.startswith('sm_')]
+    top = divmod(max(built), 10) if built else (99, 9)
+    found = sorted({tuple(cuda.get_device_capability(i)) for i in range(cuda.device_count())})
+    caps = ';'.join(f'{major}.{minor}' for major, minor in found)
+    archs = ';'.join(sorted({f'{major}.{minor}' for major, minor in (min(cap, top) for cap in found)})) + '+PTX'
+print(torch.__version__, torchvision.__version__, int(in_range), gpu, cuda_version, archs, caps)
 PYEOF
   }
   TORCH_FOUND=$(probe_torch)
@@ -101,7 +144,7 @@ PYEOF
     TORCH_FOUND=$(probe_torch)
     [ -n "$TORCH_FOUND" ] || die "torch==$TORCH_VERSION and torchvision==$TORCHVISION_VERSION installed but 'import torch, torchvision' fails; run it in Python to see why."
   fi
-  read -r TORCH_FULL _ TORCH_IN_RANGE GPU_VISIBLE TORCH_CUDA <<< "$TORCH_FOUND"
+  read -r TORCH_FULL _ TORCH_IN_RANGE GPU_VISIBLE TORCH_CUDA GPU_ARCHS GPU_CAPS <<< "$TORCH_FOUND"
   [ "$TORCH_IN_RANGE" = 1 ] || die "the installed torch $TORCH_FULL is outside the range soft_mm supports (torch$TORCH_RANGE); install a torch in that range (e.g. pip install 'torch==$TORCH_VERSION' 'torchvision==$TORCHVISION_VERSION', or torch 2.1.2 with torchvision 0.16.2 for mmcv's prebuilt wheels) and rerun."
   TORCH_TAG=${TORCH_FULL//+/_}
   echo "pinned for the rest of the install: $(tr '\n' ' ' < "$PINS")"
@@ -134,15 +177,36 @@ PYEOF
       export CPATH="$WHEEL_INCLUDES${CPATH:+:$CPATH}"
       echo "CUDA math headers from torch's nvidia wheels: CPATH=$CPATH"
     fi
-    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && [ "$GPU_VISIBLE" != 1 ]; then
+    ARCHS_CHOSEN=user
+    if [ -z "${TORCH_CUDA_ARCH_LIST:-}" ] && [ "$GPU_VISIBLE" = 1 ] && [ "${GPU_ARCHS:--}" != "-" ]; then
+      export TORCH_CUDA_ARCH_LIST="$GPU_ARCHS"  # what torch would pick for the visible GPUs, named for the cache key
+      ARCHS_CHOSEN=gpu
+      echo "building the CUDA ops for the visible GPU: TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
+    elif [ -z "${TORCH_CUDA_ARCH_LIST:-}" ]; then
       export TORCH_CUDA_ARCH_LIST="8.0;9.0"  # no GPU to ask: Ampere and Hopper, not every architecture torch knows
       echo "no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST (set it to choose others)"
     fi
     WITH_CUDA=1
   fi
-  OPS_KIND=$([ "$WITH_CUDA" = 1 ] && echo cuda || echo cpu)
   PY_TAG=$("$PY" -c 'import sys; print(f"cp{sys.version_info.major}{sys.version_info.minor}")')
-  WHEEL_DIR="$CACHE/wheels/mmcv-$MMCV_VERSION-$PY_TAG-torch$TORCH_TAG-$OPS_KIND"
+  WHEEL_PREFIX="$CACHE/wheels/mmcv-$MMCV_VERSION-$PY_TAG-torch$TORCH_TAG"
+  if [ "$WITH_CUDA" = 1 ]; then
+    # a CUDA wheel is keyed by the architectures it holds code for ("8.0;9.0" -> cuda-sm80-sm90; "8.6+PTX" ->
+    # cuda-sm86ptx): a wheel built elsewhere (without a GPU: sm_80 and sm_90) is not taken for a T4 or a Blackwell GPU
+    OPS_KIND=cuda-$(arch_key "$TORCH_CUDA_ARCH_LIST")
+    WHEEL_DIR="$WHEEL_PREFIX-$OPS_KIND"
+    if [ "$ARCHS_CHOSEN" = gpu ] && ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
+      COVERING=$(covering_wheel_dir "$WHEEL_PREFIX" "$GPU_CAPS")
+      if [ -n "$COVERING" ]; then
+        WHEEL_DIR=$COVERING
+        OPS_KIND=${COVERING#"$WHEEL_PREFIX-"}
+        echo "the cached wheel in $WHEEL_DIR holds code for this GPU (compute capability $GPU_CAPS)"
+      fi
+    fi
+  else
+    OPS_KIND=cpu
+    WHEEL_DIR="$WHEEL_PREFIX-cpu"
+  fi
   mmcv_ok() {
     "$PY" -c "import mmcv, sys; from mmcv.ops import batched_nms, roi_align; sys.exit(0 if mmcv.__version__ == '$MMCV_VERSION' else 1)" >/dev/null 2>&1
   }

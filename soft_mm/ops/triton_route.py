@@ -20,19 +20,24 @@ from types import ModuleType
 
 import torch
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'TARGETS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route',
-           'cuda_target', 'device_limits', 'gpu_route', 'interpreted_bound', 'interpreted_triton_route', 'interpreting',
-           'load_kernels', 'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
+__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'PLATFORMS', 'TARGETS', 'TARGET_MIN_TRITON', 'TRITON_VERSION',
+           'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons', 'gpu_route',
+           'interpreted_bound', 'interpreted_triton_route', 'interpreting', 'load_kernels', 'route_device_type',
+           'store_dtype', 'takes_triton', 'triton_available']
 
 # The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
 # 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
 MIN_TRITON = (3, 4)
-# The compute capabilities (10 * major + minor) every Triton kernel of the package is compiled and checked for
-# (benchmarks/triton_cubins.py; tests/ops/test_triton_cubins.py: 0 spills): sm_75 Turing, sm_80 / sm_86 Ampere,
-# sm_89 Ada, sm_90 Hopper. A device of another capability runs the PyTorch forms. bfloat16 needs sm_80 (Turing has no
-# bfloat16 arithmetic).
-TARGETS = (75, 80, 86, 89, 90)
+# The compute capabilities (10 * major + minor) of the NVIDIA GPUs every Triton kernel of the package is compiled and
+# checked for (benchmarks/triton_cubins.py; tests/ops/test_triton_cubins.py: 0 spills): sm_75 Turing, sm_80 / sm_86
+# Ampere, sm_89 Ada, sm_90 Hopper, sm_100 / sm_103 / sm_120 / sm_121 Blackwell. A device of another capability (a V100,
+# a Jetson Orin's sm_87), and any AMD GPU under ROCm, runs the PyTorch forms. bfloat16 needs sm_80 (Turing has no
+# bfloat16 arithmetic). The Blackwell targets are checked with triton >= 3.8 (TARGET_MIN_TRITON: its ptxas is the first
+# that knows sm_103 and sm_121, and the checked 0 spills are its code's). The backend's config.py repeats these three.
+TARGETS = (75, 80, 86, 89, 90, 100, 103, 120, 121)
 BFLOAT16_MIN_TARGET = 80
+TARGET_MIN_TRITON = {100: (3, 8), 103: (3, 8), 120: (3, 8), 121: (3, 8)}
+PLATFORMS = ('cuda', 'rocm')
 
 
 def _installed_triton() -> tuple[int, ...] | None:
@@ -52,20 +57,38 @@ class DeviceLimits:
 
     Attributes:
         name: the device's name (``torch.cuda.get_device_name``).
-        capability: ``(major, minor)``.
+        capability: ``(major, minor)``: on ROCm what torch reports for the AMD GPU (e.g. ``(9, 0)`` for an MI250X),
+            which names no NVIDIA architecture.
         shared_memory_per_block: the opt-in shared memory a block may ask for, bytes.
+        platform: ``'cuda'`` (an NVIDIA GPU) or ``'rocm'`` (an AMD GPU under torch's ROCm build, where ``torch.cuda``
+            is the HIP device API).
+        arch: ROCm's architecture name (e.g. ``'gfx90a'``); None on NVIDIA.
     """
 
     name: str
     capability: tuple[int, int]
     shared_memory_per_block: int
+    platform: str = 'cuda'
+    arch: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.platform not in PLATFORMS:
+            raise ValueError(f'DeviceLimits: platform must be one of {PLATFORMS}, got {self.platform!r}')
 
     @property
     def target(self) -> int:
-        """The capability as ``10 * major + minor`` (e.g. 89), the key of the launch configurations and tables."""
+        """The capability as ``10 * major + minor`` (e.g. 89), the key of the launch configurations and tables
+        (meaningful on NVIDIA only: see :attr:`built_for`)."""
         return 10 * self.capability[0] + self.capability[1]
 
+    @property
+    def built_for(self) -> bool:
+        """Whether the kernels are compiled and checked for this device: an NVIDIA GPU of :data:`TARGETS`."""
+        return self.platform == 'cuda' and self.target in TARGETS
+
     def __str__(self) -> str:
+        if self.platform == 'rocm':
+            return f'{self.name} ({self.arch or "AMD GPU"}, ROCm)'
         return f'{self.name} (sm_{self.target})'
 
 
@@ -76,6 +99,9 @@ def _read_limits(index: int) -> DeviceLimits:
         import triton
 
         optin = triton.runtime.driver.active.utils.get_device_properties(index)['max_shared_mem']
+    if getattr(torch.version, 'hip', None):  # torch's ROCm build: an AMD GPU behind torch.cuda
+        arch = str(getattr(props, 'gcnArchName', '')).split(':')[0] or None
+        return DeviceLimits(props.name, (props.major, props.minor), int(optin), 'rocm', arch)
     return DeviceLimits(props.name, (props.major, props.minor), int(optin))
 
 
@@ -141,6 +167,26 @@ def route_device_type(tensor: torch.Tensor) -> str:
     return 'cuda' if gpu_route(tensor) else tensor.device.type
 
 
+def device_reasons(limits: DeviceLimits, bfloat16: bool) -> list[str]:
+    """Every reason why the package's Triton kernels do not run on the device of ``limits`` (empty if they do), whatever
+    the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`TARGETS`, a triton older than the target is
+    checked with (:data:`TARGET_MIN_TRITON`), bfloat16 below :data:`BFLOAT16_MIN_TARGET`. The SOFT op's backend adds
+    its kernels' shared memory (``soft_mm/ops/soft/backends/triton/targets.py``)."""
+    built = ', '.join(f'sm_{t}' for t in TARGETS)
+    if limits.platform == 'rocm':
+        return [f'is built and checked for NVIDIA GPUs ({built}), not this {limits}: an AMD GPU, whatever capability '
+                f'torch reports for it ({limits.capability[0]}.{limits.capability[1]})']
+    if limits.target not in TARGETS:
+        return [f'is built and checked for {built}, not this {limits}']
+    needed = TARGET_MIN_TRITON.get(limits.target)
+    if needed is not None and TRITON_VERSION is not None and needed > TRITON_VERSION:
+        found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, needed))
+        return [f'is checked on sm_{limits.target} with triton >= {needed} (found {found}), not on this {limits}']
+    if bfloat16 and limits.target < BFLOAT16_MIN_TARGET:
+        return [f'has no bfloat16 kernels below sm_{BFLOAT16_MIN_TARGET} (this {limits})']
+    return []
+
+
 def cuda_target(device: torch.device) -> int:
     """The compute capability of a CUDA device as ``10 * major + minor`` (e.g. 89), read once per device."""
     return device_limits(device.index).target
@@ -148,8 +194,9 @@ def cuda_target(device: torch.device) -> int:
 
 def takes_triton(*tensors: torch.Tensor) -> bool:
     """Whether a fused Triton kernel of the package's layers takes ``tensors``: a usable triton, and either CPU
-    tensors inside :func:`interpreted_triton_route` or CUDA tensors on a device of :data:`TARGETS`, bfloat16 ones only
-    from :data:`BFLOAT16_MIN_TARGET` (the SOFT op's backend checks its own calls, shared memory included)."""
+    tensors inside :func:`interpreted_triton_route` or CUDA tensors on a device :func:`device_reasons` finds nothing
+    against (an NVIDIA GPU of :data:`TARGETS`, bfloat16 ones only from :data:`BFLOAT16_MIN_TARGET`; the SOFT op's
+    backend checks its own calls, shared memory included)."""
     if not triton_available() or not tensors:
         return False
     device = tensors[0].device
@@ -157,9 +204,8 @@ def takes_triton(*tensors: torch.Tensor) -> bool:
         return _ROUTE['cpu']
     if device.type != 'cuda':
         return False
-    target = cuda_target(device)
     bfloat16 = any(t.dtype == torch.bfloat16 for t in tensors)
-    return target in TARGETS and not (bfloat16 and target < BFLOAT16_MIN_TARGET)
+    return not device_reasons(device_limits(device.index), bfloat16)
 
 
 def interpreted_bound(bound: int) -> int:

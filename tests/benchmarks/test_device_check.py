@@ -123,3 +123,34 @@ def test_parts_run_in_their_order_and_alone(load_benchmark, tmp_path, monkeypatc
     with pytest.raises(SystemExit):
         tool.main(['--smoke', '--parts', 'speed'])
     assert "argument --parts: invalid choice: 'speed'" in capsys.readouterr().err
+
+
+def test_the_targets_part_prints_what_a_model_s_eager_call_is_told(load_benchmark, monkeypatch, capsys):
+    # an MI250X under ROCm (capability 9.0, as an H100's): every call on the reference math, the device named as an
+    # AMD GPU, and the BackendFallbackWarning an eager call raises there printed once, in its words
+    import torch
+
+    from soft_mm.ops.soft import dispatch
+    from soft_mm.ops.soft.backends.triton import backend as triton_backend
+    from soft_mm.ops.triton_route import DeviceLimits, triton_available
+    if not triton_available():
+        pytest.skip('without triton every GPU is declined for that')
+    tool = load_benchmark('device_check')
+    mi250x = DeviceLimits('AMD Instinct MI250X', (9, 0), 65_536, 'rocm', 'gfx90a')
+    for owner in (tool, triton_backend):
+        monkeypatch.setattr(owner, 'device_limits', lambda index=None: mi250x)
+    monkeypatch.setattr(dispatch, '_DECISIONS', {})
+    monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
+    rows = tool.target_decisions(tool.SMOKE, torch.device('cuda', 0))
+    assert len(rows) == 12 and {row['backend'] for row in rows} == {'reference'}
+    reason = ('is built and checked for NVIDIA GPUs (sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120, '
+              'sm_121), not this AMD Instinct MI250X (gfx90a, ROCm): an AMD GPU, whatever capability torch reports for '
+              'it (9.0)')
+    assert {row['triton_reason'] for row in rows} == {reason}
+    told = [message for row in rows for message in row['warnings']]
+    assert told == [f"soft_attention on cuda:0: the 'triton' backend {reason}; the 'reference' backend runs instead "
+                    "(said once per device and reason; soft_mm.ops.soft.dispatch.BackendFallbackWarning is its "
+                    "category)"]
+    out = capsys.readouterr().out
+    assert 'AMD Instinct MI250X (gfx90a, ROCm): AMD GPU under ROCm, reported capability 9.0, 65,536 B' in out
+    assert out.count('BackendFallbackWarning: ') == 1

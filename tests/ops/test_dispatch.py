@@ -1,5 +1,10 @@
 """Tests of the SOFT op's dispatch point and precision policy: which backend and dtypes a call gets, forced and
-automatic choices, the errors, and every backend's low-precision error against float64 by the FlashAttention rule."""
+automatic choices, the errors, the decisions kept per call signature and their announcements, and every backend's
+low-precision error against float64 by the FlashAttention rule."""
+import itertools
+import random
+import warnings
+
 import pytest
 import torch
 
@@ -11,7 +16,7 @@ from soft_mm.ops.soft import dispatch
 from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS
 from soft_mm.ops.soft.backends.triton.backend import triton_available
 from soft_mm.ops.soft.backends.triton.targets import DeviceLimits
-from soft_mm.ops.soft.dispatch import Backend, DispatchError, backends, select_backend
+from soft_mm.ops.soft.dispatch import Backend, BackendFallbackWarning, DispatchError, backends, decide, select_backend
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
@@ -146,9 +151,9 @@ def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
 
     fake = Backend(name='fake', priority=100, run=run, devices=('cpu',), dtypes=(torch.float32,),
                    mixed_precision=False, options=(('scale', 1.0),))
-    # registered into copies of the registry, which the monkeypatch puts back afterwards
-    monkeypatch.setattr(dispatch, '_BACKENDS', dict(dispatch._BACKENDS))
-    monkeypatch.setattr(dispatch, '_BY_PRIORITY', list(dispatch._BY_PRIORITY))
+    # registered into copies of the registry (and of the decisions kept from it), which the monkeypatch puts back
+    for name in ('_BACKENDS', '_BY_PRIORITY', '_TOKEN_THRESHOLDS', '_DECISIONS'):
+        monkeypatch.setattr(dispatch, name, type(getattr(dispatch, name))(getattr(dispatch, name)))
     dispatch.register_backend(fake)
     q, landmarks, v = torch.randn(1, 1, 8, 4), torch.randn(1, 1, 2, 4), torch.randn(1, 1, 8, 3)
     assert torch.equal(soft_attention(q, landmarks, v), v) and calls == [(q.shape, FP32)]
@@ -159,6 +164,151 @@ def test_a_registered_backend_is_picked_by_priority_and_called(monkeypatch):
     assert len(calls) == 1
     with pytest.raises(DispatchError, match="backend 'fake' has no mixed-precision products"):
         soft_attention(q, landmarks, v, backend='fake', precision='bfloat16')
+
+
+@pytest.fixture
+def fresh_decisions(monkeypatch):
+    """No decision kept and nothing announced before the test; those of the test dropped after it."""
+    monkeypatch.setattr(dispatch, '_DECISIONS', {})
+    monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
+
+
+def outcome(choose, *args, **kwargs):
+    """``(backend name, policy)`` of a choice, or the error it raises as ``(type, message)``."""
+    try:
+        backend, policy = choose(*args, **kwargs)
+    except (DispatchError, ValueError) as err:
+        return type(err), str(err)
+    return backend.name, policy
+
+
+def test_decide_keeps_exactly_the_decision_select_makes_for_every_signature(fresh_decisions, monkeypatch):
+    # every fact a decision depends on, in a shuffled order twice over (the second pass answered from the kept
+    # decisions), on CPU and on GPUs of several kinds, forced and automatic, with the policies' fallbacks: decide's
+    # answer, or error, is select's each time
+    from soft_mm.ops.soft.backends.triton import backend as triton_module
+    gpus = {0: DeviceLimits('NVIDIA H100 80GB HBM3', (9, 0), 232_448), 1: DeviceLimits('Tesla T4', (7, 5), 65_536),
+            2: DeviceLimits('NVIDIA GeForce RTX 5090', (12, 0), 101_376),
+            3: DeviceLimits('AMD Instinct MI250X', (9, 0), 65_536, 'rocm', 'gfx90a'),
+            4: DeviceLimits('NVIDIA GeForce RTX 4090', (8, 9), 101_376)}  # (m = d = 64: inference only)
+    monkeypatch.setattr(triton_module, 'device_limits', lambda index=None: gpus[index or 0])
+    f16_automatic = precision_policy('cpu', torch.float16)  # float16 products, else float32
+    f16_forced = precision_policy('cpu', torch.float16, 'float16')  # equal to it, without the fallback
+    assert f16_automatic == f16_forced and f16_automatic.chain() != f16_forced.chain()
+    grid = list(itertools.product(
+        [('cpu', None), ('cuda', 0), ('cuda', 1), ('cuda', 2), ('cuda', 3), ('cuda', 4)],
+        [torch.float32, torch.bfloat16, torch.float64],
+        [FP32, BF16_PRODUCTS, f16_automatic, f16_forced],
+        [False, True], ['eager', 'compile', 'export'], [None, 'triton', 'reference'],
+        [(49, 32, 32), (64, 64, 64), (65, 32, 32), (49, 32, 128), (49, 128, 32)],
+        [1, AUTO_TILING_MIN_TOKENS, AUTO_TILING_MIN_TOKENS + 1]))
+    rng = random.Random(0)
+    decisions = set()
+    for _ in range(2):
+        rng.shuffle(grid)
+        for (device, index), dtype, policy, grad, mode, name, (m, d, dv), tokens in grid:
+            args = (device, dtype, policy, tokens, grad, mode, name)
+            sizes = dict(num_landmarks=m, head_dim=d, value_dim=dv, device_index=index)
+            with warnings.catch_warnings():
+                warnings.simplefilter('ignore', BackendFallbackWarning)
+                kept = outcome(decide, *args, **sizes)
+            assert kept == outcome(dispatch.select, *args, **sizes), (args, sizes)
+            if kept[0] not in (DispatchError, ValueError):
+                decisions.add(kept)
+    # the grid reaches every backend and every policy of a chain
+    assert {name for name, _ in decisions} == {'triton', 'tiled', 'reference'}
+    assert {policy for _, policy in decisions} >= {FP32, BF16_PRODUCTS, F16_PRODUCTS}
+    assert 0 < len(dispatch._DECISIONS) <= dispatch.MAX_DECISIONS
+
+
+def test_the_kept_decisions_are_bounded_and_follow_what_the_checks_read(fresh_decisions, monkeypatch):
+    from soft_mm.ops import triton_route
+    monkeypatch.setattr(dispatch, 'MAX_DECISIONS', 8)
+    for m in range(1, 30):
+        decide('cpu', torch.float32, FP32, 100, False, num_landmarks=m)
+        assert len(dispatch._DECISIONS) <= 8
+    # the token count matters only through the backends' thresholds: one decision for every count on one side
+    dispatch.clear_decisions()
+    for tokens in (1, 100, AUTO_TILING_MIN_TOKENS):
+        assert decide('cpu', torch.float32, FP32, tokens, False)[0].name == 'reference'
+    assert len(dispatch._DECISIONS) == 1
+    assert decide('cpu', torch.float32, FP32, AUTO_TILING_MIN_TOKENS + 1, False)[0].name == 'tiled'
+    # a fact a backend's check reads (here: triton, gone) is part of the key: a new decision, not the kept one
+    if triton_available():
+        assert decide('cuda', torch.float32, FP32, 100, False, device_index=0)[0].name == 'triton'
+    monkeypatch.setattr(triton_route, 'TRITON_VERSION', None)
+    with pytest.warns(BackendFallbackWarning, match=r"the 'triton' backend needs triton \(pip install triton\); "
+                                                    r"the 'reference' backend runs instead"):
+        assert decide('cuda', torch.float32, FP32, 100, False, device_index=0)[0].name == 'reference'
+
+
+def test_soft_attention_decides_through_the_kept_decisions_only_when_eager(fresh_decisions, monkeypatch):
+    # dynamo traces the dispatcher's every step (select); the kept decisions are an eager call's alone
+    from soft_mm.ops.soft import attention
+    decided = []
+    monkeypatch.setattr(attention, 'decide', lambda *a, **k: decided.append(a) or dispatch.decide(*a, **k))
+    q, landmarks, v = torch.randn(1, 2, 24, 8), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 24, 8)
+    eager = soft_attention(q, landmarks, v)
+    assert [a[:2] for a in decided] == [('cpu', torch.float32)]
+    torch._dynamo.reset()
+    compiled = torch.compile(lambda *t: soft_attention(*t), backend='eager', fullgraph=True)
+    torch.testing.assert_close(compiled(q, landmarks, v), eager, rtol=1e-6, atol=1e-6)
+    assert len(decided) == 1  # the compiled call chose through select, not through the kept decisions
+    torch._dynamo.reset()
+
+
+def test_passing_over_a_backend_on_a_gpu_is_announced_once_per_device_and_reason(fresh_decisions, monkeypatch):
+    from soft_mm.ops.soft.backends.triton import backend as triton_module
+    if not triton_available():
+        pytest.skip('the Triton backend declines every GPU without triton')
+    v100 = DeviceLimits('Tesla V100-SXM2-32GB', (7, 0), 98_304)
+    monkeypatch.setattr(triton_module, 'device_limits', lambda index=None: v100)
+    sizes = dict(num_landmarks=49, head_dim=32, value_dim=32)
+    with pytest.warns(BackendFallbackWarning) as record:
+        assert decide('cuda', torch.float32, FP32, 10 ** 5, True, device_index=0, **sizes)[0].name == 'reference'
+    assert [str(w.message) for w in record] == [
+        "soft_attention on cuda:0: the 'triton' backend is built and checked for sm_75, sm_80, sm_86, sm_89, sm_90, "
+        "sm_100, sm_103, sm_120, sm_121, not this Tesla V100-SXM2-32GB (sm_70); the 'reference' backend runs instead "
+        "(said once per device and reason; soft_mm.ops.soft.dispatch.BackendFallbackWarning is its category)"]
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', BackendFallbackWarning)
+        # the same reason again (the same signature, inference, another dtype, another m): said already
+        decide('cuda', torch.float32, FP32, 10 ** 5, True, device_index=0, **sizes)
+        decide('cuda', torch.float32, FP32, 10 ** 5, False, device_index=0, **sizes)
+        decide('cuda', torch.bfloat16, BF16_PRODUCTS, 10 ** 5, True, device_index=0, **{**sizes, 'num_landmarks': 9})
+        # not announced: forced names (the error says it), CPU (the Triton kernels are no CPU path), traced calls
+        with pytest.raises(DispatchError):
+            decide('cuda', torch.float32, FP32, 10 ** 5, True, name='triton', device_index=0, **sizes)
+        decide('cpu', torch.float64, FP32, 10 ** 5, True, **sizes)
+    # another GPU is told afresh; so is another reason on this one (a float64 call: "does not take" added)
+    with pytest.warns(BackendFallbackWarning, match='on cuda:1: '):
+        decide('cuda', torch.float32, FP32, 10 ** 5, True, device_index=1, **sizes)
+    with pytest.warns(BackendFallbackWarning, match='does not take torch.float64 inputs'):
+        decide('cuda', torch.float64, Precision(*[torch.float64] * 4), 10 ** 5, True, device_index=0, **sizes)
+    # a user silences it by its category
+    dispatch.clear_decisions()
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        warnings.filterwarnings('ignore', category=BackendFallbackWarning)
+        decide('cuda', torch.float32, FP32, 10 ** 5, True, device_index=0, **sizes)
+
+
+def test_a_backend_passed_over_for_its_token_threshold_only_is_not_announced(fresh_decisions, monkeypatch):
+    # on the interpreted GPU route (CPU tensors taking a GPU's route, where CPU calls are announced) the tiled backend
+    # (CPU, automatic above 8192 tokens) passed over for fewer tokens is no fallback; the Triton kernels passed over
+    # for m = 65 are, and only they are named
+    from soft_mm.ops import triton_route
+    if not triton_available():
+        pytest.skip('needs triton for the interpreted route')
+    monkeypatch.setitem(triton_route._ROUTE, 'cpu', True)
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', BackendFallbackWarning)
+        assert decide('cpu', torch.float32, FP32, 100, True, num_landmarks=49)[0].name == 'triton'
+    with pytest.warns(BackendFallbackWarning) as record:
+        assert decide('cpu', torch.float32, FP32, 100, True, num_landmarks=65)[0].name == 'reference'
+    assert [str(w.message).split(';')[0] for w in record] == [
+        "soft_attention on cpu: the 'triton' backend takes at most 64 landmarks (got m = 65)"]
 
 
 @pytest.mark.parametrize('device_dtype, autocast, precision, expected', [

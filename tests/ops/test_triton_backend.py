@@ -184,3 +184,119 @@ def test_the_kernels_products_constants_are_the_launch_codes():
     kernels = backend._kernels()
     assert {name: getattr(kernels, f'PRODUCTS_{name.upper()}').value for name in config.PRODUCTS_CODES} \
         == config.PRODUCTS_CODES == {'float32': 0, 'bfloat16': 1, 'float16': 2}
+
+
+class _OutOfResources:
+    """A kernel that raises triton's OutOfResources at its launch (``kernel[grid](...)``), as triton does at a kernel's
+    first launch where it asks for more shared memory than the device has; counts its launches."""
+
+    def __init__(self):
+        self.launches = 0
+
+    def __getitem__(self, grid):
+        from triton.runtime.errors import OutOfResources
+
+        def launch(*args, **kwargs):
+            self.launches += 1
+            raise OutOfResources(200_704, 101_376, 'shared memory')
+        return launch
+
+
+@pytest.fixture
+def launch_failures(monkeypatch):
+    """``fail(kernel_name)``: that kernel raises OutOfResources from now on; the route is the interpreted GPU route,
+    with no decision kept, nothing announced and no failure recorded before the test (all dropped after it)."""
+    from soft_mm.ops import triton_route
+    from soft_mm.ops.soft import dispatch
+    from soft_mm.ops.soft.backends.triton import backend, targets
+    monkeypatch.setattr(dispatch, '_DECISIONS', {})
+    monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
+    monkeypatch.setattr(targets, '_FAILED_LAUNCHES', {})
+    monkeypatch.setitem(triton_route._ROUTE, 'cpu', True)  # (interpreted_triton_route(), for the test's duration)
+
+    def fail(kernel: str) -> _OutOfResources:
+        raising = _OutOfResources()
+        monkeypatch.setattr(backend._kernels(), kernel, raising)
+        return raising
+    return fail
+
+
+def _warnings_of(record) -> list[str]:
+    from soft_mm.ops.soft.dispatch import BackendFallbackWarning
+    return [str(w.message) for w in record if w.category is BackendFallbackWarning]
+
+
+def test_a_forward_kernel_that_cannot_launch_falls_back_to_the_reference_math_and_says_so(launch_failures):
+    from soft_mm.ops.soft.dispatch import DispatchError
+    tensors, grad_out = inputs(70, 9)
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=True, backend='reference')
+    raising = launch_failures('nystrom_fwd_kernel_context')
+    with pytest.warns(UserWarning) as record:
+        out = soft_attention(*(t.float() for t in tensors), soft_norm=True, ridge=0.01)
+    assert raising.launches == 1 and relative_error(out, reference[0]) < 3e-5  # the call ran again, on the reference
+    assert _warnings_of(record) == [
+        "soft_attention on cpu: the 'triton' backend could not launch its forward kernels on this device at m <= 16, "
+        "d <= 32 with float32 products (OutOfResources: out of resource: shared memory, Required: 200704, Hardware "
+        "limit: 101376. Reducing block sizes or `num_stages` may help.); the 'reference' backend runs instead (said "
+        "once per device and reason; soft_mm.ops.soft.dispatch.BackendFallbackWarning is its category)"]
+    # from then on such calls (forward and training, up to 16 landmarks and 32 dims) take the reference math at once,
+    # without a word; larger ones, and other products, still the kernels
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        fallback = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True)
+        soft_attention(*(t.float()[:, :, :, :20] for t in tensors), soft_norm=True)
+    assert raising.launches == 1
+    assert max(relative_error(a, b) for a, b in zip(fallback, reference)) < 3e-5
+    with pytest.warns(UserWarning, match='at m <= 32, d <= 32 with float32 products'):
+        soft_attention(*(t.float() for t in inputs(70, 20)[0]), soft_norm=True)  # m = 20 pads to 32: tried, failed
+    assert raising.launches == 2
+    with pytest.raises(DispatchError, match=r"backend 'triton' could not launch its forward kernels on this device "
+                                            r"at m <= 16, d <= 32 with float32 products \(OutOfResources"):
+        soft_attention(*(t.float() for t in tensors), backend='triton')
+
+
+def test_a_backward_kernel_that_cannot_launch_gives_the_same_gradients_in_pytorch(launch_failures):
+    tensors, grad_out = inputs(70, 9)
+    reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=True, backend='reference')
+    raising = launch_failures('nystrom_bwd_kernel_dq_dv_dl')
+    with pytest.warns(UserWarning) as record:
+        fused = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True)
+    assert raising.launches == 1
+    errors = [relative_error(a, b) for a, b in zip(fused, reference)]
+    assert max(errors) < 3e-5, errors  # the kernels' forward, the tiled backend's backward (float32 products)
+    reason = ("could not launch its backward kernels on this device at m <= 16, d <= 32 with float32 products "
+              "(OutOfResources: out of resource: shared memory")
+    assert len(_warnings_of(record)) == 1 and _warnings_of(record)[0].startswith(
+        f"soft_attention on cpu: the 'triton' backend {reason}") and 'this backward runs the same math in PyTorch, ' \
+        'and such calls take the next backend from now on' in _warnings_of(record)[0]
+    # the next training call takes the reference math, announced already (the same device and reason); inference
+    # calls still take the kernels
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        again = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True)
+        with torch.no_grad():
+            soft_attention(*(t.float() for t in tensors), soft_norm=True, ridge=0.01)
+    assert raising.launches == 1 and max(relative_error(a, b) for a, b in zip(again, reference)) < 3e-5
+
+
+@pytest.mark.parametrize('soft_norm', [False, True])
+def test_the_middle_backward_in_pytorch_is_the_kernel_s(launch_failures, soft_norm):
+    # the m×m part's backward kernel, and its PyTorch form where the kernel cannot launch: the same gradient
+    from soft_mm.ops.soft.backends.triton.backend import triton_nystrom_middle
+    gen = torch.Generator().manual_seed(5)
+    landmarks = 0.4 * torch.randn(2, 3, 9, 16, generator=gen)
+    grad_middle = torch.randn(2, 3, 9, 9, generator=gen)
+
+    def gradient():
+        leaf = landmarks.clone().requires_grad_()
+        return torch.autograd.grad(triton_nystrom_middle(leaf, 20, 0.01, soft_norm), leaf, grad_middle)[0]
+
+    kernel = gradient()
+    raising = launch_failures('nystrom_middle_bwd_kernel_dl')
+    with pytest.warns(UserWarning, match="could not launch its backward kernels of the m×m part on this device at "
+                                         r"m <= 16, d <= 16 \(OutOfResources"):
+        pytorch = gradient()
+    assert raising.launches == 1
+    assert relative_error(pytorch, kernel.double()) < 1e-5

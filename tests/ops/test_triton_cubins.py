@@ -1,16 +1,17 @@
 """triton_cubins: every Triton kernel the backend launches (the m×m one included), in every dtype
 combination the precision policy hands it, compiled on this CPU machine to real cubins for every target the backend is
-built for (sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper), each with its own blocks — the GPU code with
-the real bfloat16 branches, not the interpreter's emulation — with 0 spilled registers at the published sizes from
-triton 3.6 (sm_75: 3.8; older code generation spills 8-88 B in the backward: correct, slower) wherever the kernels are
-taken, and at every size the backend declares the shared memory each kernel asks for, which the dispatcher's table holds
-and decides with."""
+built for (sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, sm_100 / sm_103 / sm_120 / sm_121 Blackwell
+from triton 3.8), each with its own blocks and pipeline stages — the GPU code with the real bfloat16 branches, not the
+interpreter's emulation — with 0 spilled registers at the published sizes from triton 3.6 (sm_75 and Blackwell: 3.8;
+older code generation spills 8-88 B in the backward: correct, slower) wherever the kernels are taken, and at every size
+the backend declares the shared memory each kernel asks for, which the dispatcher's table holds and decides with."""
 import importlib.metadata
 import re
 
 import pytest
 from helpers.op_checks import triton_kernels
 from triton_cubins import (
+    CHECKED_ARCHS,
     DECLARED_HEAD_DIMS,
     DECLARED_LANDMARKS,
     GROUP_KERNELS,
@@ -36,8 +37,10 @@ from soft_mm.ops.soft.backends.triton.config import (
     MAX_LANDMARKS,
     NUM_WARPS,
     SHARED_MEMORY_PER_BLOCK,
+    TARGET_MIN_TRITON,
     TARGETS,
     kernel_block,
+    kernel_stages,
     middle_warps,
 )
 from soft_mm.ops.soft.backends.triton.shared_memory import SHARED_MEMORY, TRITON
@@ -45,8 +48,13 @@ from soft_mm.ops.soft.backends.triton.targets import DeviceLimits, launch_reason
 
 pytestmark = triton_kernels
 # the oldest triton whose cubins spill no register at the published sizes, per target: 3.6 (the GPU image's) for
-# sm_80..sm_90; sm_75 3.8 (the newest: triton 3.6 spills 8 B in its float16-products backward, where every dot is FMAs)
-SPILL_FREE_TRITON = {75: (3, 8), 80: (3, 6), 86: (3, 6), 89: (3, 6), 90: (3, 6)}
+# sm_80..sm_90; sm_75 3.8 (the newest: triton 3.6 spills 8 B in its float16-products backward, where every dot is FMAs);
+# Blackwell 3.8, the oldest it is compiled and checked with (config.TARGET_MIN_TRITON)
+SPILL_FREE_TRITON = {75: (3, 8), 80: (3, 6), 86: (3, 6), 89: (3, 6), 90: (3, 6), 100: (3, 8), 103: (3, 8),
+                     120: (3, 8), 121: (3, 8)}
+# the targets whose forward kernels multiply on the tensor cores through wgmma (Hopper) and tcgen05 (data-centre
+# Blackwell), where the block of the product has 64 rows; the others (and every backward) through mma.sync
+WGMMA_TARGETS, TCGEN05_TARGETS = (90,), (100, 103)
 PUBLISHED = (49, 32)  # the sizes every variant runs at: m = 49 landmarks (a 7×7 grid), head dim 32
 # 28 a size and target: 3 token kernels × 7 dtype combinations, 2 + 2 m×m ones, 3 that finish the split sums
 LAUNCHES = len(KERNELS) * len(LAUNCH_DTYPES) + len(MIDDLE_VARIANTS) + len(MIDDLE_BACKWARD_VARIANTS) + len(GROUP_KERNELS)
@@ -62,7 +70,7 @@ def _decisions_match_the_compiled_kernels(rows: list[dict]) -> None:
     opt-in limit) takes the call exactly where every kernel the call launches fits, as compiled here."""
     import torch
     dtypes = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-    for target in TARGETS:
+    for target in CHECKED_ARCHS:
         limit = SHARED_MEMORY_PER_BLOCK[target]
         device = DeviceLimits(f'sm_{target} device', divmod(target, 10), limit)
         for m in DECLARED_LANDMARKS:
@@ -79,11 +87,18 @@ def _decisions_match_the_compiled_kernels(rows: list[dict]) -> None:
                         assert fits == (not reasons), (target, m, d, products, needs_grad, reasons)
 
 
-@pytest.mark.slow  # 840 compilations (6 padded sizes × 28 launches × 5 targets): minutes when triton's cache is cold
+def test_the_tool_compiles_every_target_the_installed_triton_is_checked_with():
+    assert tuple(t for t in TARGETS if TARGET_MIN_TRITON.get(t, (0,)) <= TRITON_VERSION) == CHECKED_ARCHS
+    assert set(TARGET_MIN_TRITON) == {100, 103, 120, 121} and set(SPILL_FREE_TRITON) == set(TARGETS)
+    if TRITON_VERSION >= (3, 8):
+        assert CHECKED_ARCHS == TARGETS
+
+
+@pytest.mark.slow  # 1512 compilations (6 padded sizes × 28 launches × 9 targets): minutes when triton's cache is cold
 @pytest.mark.parametrize('head_dim', DECLARED_HEAD_DIMS)  # a third each: xdist's workers compile them side by side
 def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_decides_by_its_fit(head_dim):
-    rows = resource_usage(archs=TARGETS, num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
-    assert len(rows) == LAUNCHES * len(TARGETS) * len(DECLARED_LANDMARKS)
+    rows = resource_usage(archs=CHECKED_ARCHS, num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
+    assert len(rows) == LAUNCHES * len(CHECKED_ARCHS) * len(DECLARED_LANDMARKS)
     # the table the dispatcher reads: exactly these figures from the triton that wrote it, an upper bound of them
     # from any other (the decisions are then safe, never a launch that does not fit)
     compiled = shared_memory_table(rows)
@@ -107,13 +122,13 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
     if head_dim != PUBLISHED[1]:
         return
     published = [r for r in rows if (r['num_landmarks'], r['head_dim']) == PUBLISHED]
-    archs = tuple(f'sm_{t}' for t in TARGETS)
+    archs = tuple(f'sm_{t}' for t in CHECKED_ARCHS)
     expected = {(kernel, *dtypes, arch) for kernel in KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
     # the m×m kernel and its backward (float32 whatever the inputs), plain and SOFT-Norm
     group_names = [*(name for name, _ in MIDDLE_VARIANTS + MIDDLE_BACKWARD_VARIANTS), *GROUP_KERNELS]
     expected |= {(name, 'fp32', '-', 'fp32', arch) for name in group_names for arch in archs}
     assert {(r['kernel'], r['q'], r['v'], r['products'], r['arch']) for r in published} == expected
-    assert len(published) == LAUNCHES * len(TARGETS)
+    assert len(published) == LAUNCHES * len(CHECKED_ARCHS)
     for row in published:
         target = int(row['arch'][3:])
         assert 0 < row['registers'] <= 255, row
@@ -129,29 +144,33 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
             continue
         assert row['num_warps'] == NUM_WARPS
         assert row['block'] == kernel_block(row['kernel'], target)
+        assert row['num_stages'] == kernel_stages(row['kernel'], target)
         # the real low-precision branch: bfloat16 / float16 tensor-core products accumulating in float32 (sm_90:
-        # wgmma where the block has 64 rows), and none in float32 (IEEE FMAs: no TF32); on sm_75 triton writes every
-        # dot as FMAs (the operands still rounded to float16 first, the same products)
+        # wgmma where the block has 64 rows; sm_100 / sm_103: tcgen05, whose operand dtypes are in its instruction
+        # descriptor, kind::f16 for both), and none in float32 (IEEE FMAs: no TF32); on sm_75 triton writes every dot
+        # as FMAs (the operands still rounded to float16 first, the same products)
         instructions = row['tensor_core_instructions']
         if row['products'] == 'fp32' or not taken or target == 75:
             assert (row['products'] != 'fp32' and target != 75) or instructions == [], row
             continue
         low = {'bf16': 'bf16', 'fp16': 'f16'}[row['products']]
-        assert instructions and all(f'.f32.{low}.{low}' in i for i in instructions), row
+        assert instructions and all(f'.f32.{low}.{low}' in i or i == 'tcgen05.mma.cta_group::1.kind::f16'
+                                    for i in instructions), row
         backward = row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl'
-        assert any(i.startswith('wgmma') for i in instructions) == (target == 90 and not backward), row
+        assert any(i.startswith('wgmma') for i in instructions) == (target in WGMMA_TARGETS and not backward), row
+        assert any(i.startswith('tcgen05') for i in instructions) == (target in TCGEN05_TARGETS and not backward), row
     table = format_table(published).splitlines()
     assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 
-@pytest.mark.slow  # 240 compilations: 2 kernels × 2 variants × 3 dtypes × 4 widths × 5 targets
+@pytest.mark.slow  # 432 compilations: 2 kernels × 2 variants × 3 dtypes × 4 widths × 9 targets
 def test_the_blocks_add_norm_kernels_compile_for_every_target_without_spills():
     # the post-norm blocks' fused add + LayerNorm (with the branch's bias and stochastic depth's scale) and the landmark
     # sampler's LayerNorm + GELU at SOFT's widths (64, 128; 320 padded to 512) and the widest the kernels take (1,024),
     # with the rows per program of add_norm_config: no spilled register anywhere (at 16 rows of 512 channels the
     # backward spilled 24-104 B on every target), shared memory a few KiB (reductions only)
     rows = layer_resource_usage()
-    archs = {f'sm_{t}' for t in TARGETS}
+    archs = {f'sm_{t}' for t in CHECKED_ARCHS}
     assert {(r['kernel'], r['variant'], r['dtype'], r['arch'], r['width']) for r in rows} == {
         (kernel, variant, dtype, arch, width) for kernel in LAYER_KERNELS for variant in LAYER_VARIANTS
         for dtype in _PRODUCTS for arch in archs for width in LAYER_WIDTHS}

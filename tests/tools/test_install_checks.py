@@ -2,7 +2,8 @@
 major version differs from torch's stops the install with one sentence naming both and the way out; a toolkit without
 the math libraries' headers (cusparse.h, which torch's CUDA headers include) gets them from torch's nvidia wheels;
 without a GPU to ask, the build targets Ampere and Hopper (TORCH_CUDA_ARCH_LIST="8.0;9.0") instead of every
-architecture."""
+architecture; the cached CUDA wheel is keyed by the architectures it was built for and reused only where they cover the
+visible GPU (a fake torch reports one)."""
 from __future__ import annotations
 
 import os
@@ -21,10 +22,12 @@ def executable(path: Path, text: str) -> None:
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
-def run_installer(tmp_path: Path, nvcc_release: str, until: str | None = None, **env) -> tuple[int | None, str, str]:
+def run_installer(tmp_path: Path, nvcc_release: str, until: str | None = None, cached: str = 'cuda-sm80-sm90',
+                  **env) -> tuple[int | None, str, str]:
     """``(exit status, stdout, stderr)`` of the installer with FORCE_CUDA=1, an nvcc that reports ``nvcc_release``,
-    ``pip`` a no-op (everything it would install is installed) and a cache holding an mmcv wheel for CUDA ops, so
-    nothing is built or downloaded; stopped (status None) once a line of its output contains ``until``."""
+    ``pip`` a no-op (everything it would install is installed) and a cache holding an mmcv wheel of the ops ``cached``
+    (by default CUDA ops for sm_80 and sm_90, what a build without a GPU makes), so nothing is built or downloaded
+    where it is taken; stopped (status None) once a line of its output contains ``until``."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     executable(bin_dir / 'python', '#!/bin/sh\n[ "$1" = -m ] && [ "$2" = pip ] && exit 0\n'
@@ -32,7 +35,8 @@ def run_installer(tmp_path: Path, nvcc_release: str, until: str | None = None, *
     executable(bin_dir / 'nvcc', '#!/bin/sh\n'
                                  f'echo "Cuda compilation tools, release {nvcc_release}, V{nvcc_release}.1"\n')
     py_tag = f'cp{sys.version_info.major}{sys.version_info.minor}'
-    wheels = tmp_path / 'cache' / 'wheels' / f'mmcv-2.1.0-{py_tag}-torch{torch.__version__.replace("+", "_")}-cuda'
+    torch_version = _fake_torch_version(env.get('PYTHONPATH')) or torch.__version__
+    wheels = tmp_path / 'cache' / 'wheels' / f'mmcv-2.1.0-{py_tag}-torch{torch_version.replace("+", "_")}-{cached}'
     wheels.mkdir(parents=True)
     (wheels / 'mmcv-2.1.0-cp311-cp311-linux_x86_64.whl').write_bytes(b'')
     environment = {key: value for key, value in os.environ.items() if key != 'TORCH_CUDA_ARCH_LIST'}
@@ -78,24 +82,72 @@ def test_without_a_gpu_the_cuda_ops_target_ampere_and_hopper(tmp_path):
                                      CUDA_HOME=str(toolkit))
     assert "CUDA math headers from torch's nvidia wheels: CPATH=" in out and '/nvidia/' in out, (out[-2000:], err)
     assert 'no GPU visible: building the CUDA ops for TORCH_CUDA_ARCH_LIST=8.0;9.0' in out, (out[-2000:], err)
-    assert status is None and f'-torch{torch.__version__.replace("+", "_")}-cuda/mmcv-2.1.0' in out
+    assert status is None and f'-torch{torch.__version__.replace("+", "_")}-cuda-sm80-sm90/mmcv-2.1.0' in out
     (tmp_path / 'chosen').mkdir()
     (toolkit / 'include' / 'cusparse.h').write_text('')
     status, out, err = run_installer(tmp_path / 'chosen', torch.version.cuda, until='reusing the cached wheel',
-                                     TORCH_CUDA_ARCH_LIST='9.0', CUDA_HOME=str(toolkit))
-    assert status is None and 'no GPU visible' not in out, (out[-2000:], err)  # a list the user set is kept
+                                     cached='cuda-sm90', TORCH_CUDA_ARCH_LIST='9.0', CUDA_HOME=str(toolkit))
+    assert status is None and 'no GPU visible' not in out, (out[-2000:], err)  # a list the user set is kept, and keys
+    assert '-cuda-sm90/mmcv-2.1.0' in out
     assert 'CPATH' not in out  # the toolkit has the headers
 
 
-def fake_torch(folder: Path, torch_version: str, torchvision_version: str) -> Path:
+def fake_torch(folder: Path, torch_version: str, torchvision_version: str,
+               gpu_capability: tuple[int, int] | None = None) -> Path:
     """A folder that, first on PYTHONPATH, makes ``import torch`` / ``torchvision`` and their distributions' metadata
-    report the given versions (nothing else of them is needed before the installer's checks stop or pin)."""
+    report the given versions (nothing else of them is needed before the installer's checks stop or pin) and, with
+    ``gpu_capability``, a CUDA 13.0 torch (built for sm_75 to sm_120) that sees one GPU of that capability."""
     for name, version in (('torch', torch_version), ('torchvision', torchvision_version)):
         (folder / name).mkdir(parents=True)
         (folder / name / '__init__.py').write_text(f'__version__ = {version!r}\n')
         (folder / f'{name}-{version}.dist-info').mkdir()
         (folder / f'{name}-{version}.dist-info' / 'METADATA').write_text(f'Name: {name}\nVersion: {version}\n')
+    if gpu_capability is not None:
+        with open(folder / 'torch' / '__init__.py', 'a') as module:
+            module.write('from types import SimpleNamespace\n'
+                         "version = SimpleNamespace(cuda='13.0')\n"
+                         'cuda = SimpleNamespace(is_available=lambda: True, device_count=lambda: 1,\n'
+                         f'                      get_device_capability=lambda index: {tuple(gpu_capability)!r},\n'
+                         "                      get_arch_list=lambda: ['sm_75', 'sm_80', 'sm_86', 'sm_90', 'sm_100',"
+                         " 'sm_120'])\n")
     return folder
+
+
+def _fake_torch_version(pythonpath: str | None) -> str | None:
+    """The version of the fake torch first on ``pythonpath`` (None: the real one is imported)."""
+    if pythonpath is None:
+        return None
+    init = Path(pythonpath.split(os.pathsep)[0]) / 'torch' / '__init__.py'
+    return init.read_text().split("'")[1] if init.exists() else None
+
+
+@pytest.mark.parametrize('capability, cached, taken', [
+    ((8, 6), 'cuda-sm80-sm90', True),  # sm_80 code runs on an sm_86 GPU (same major version, lower minor)
+    ((9, 0), 'cuda-sm80-sm90', True),
+    ((7, 5), 'cuda-sm80-sm90', False),  # a T4: no code for it in a wheel built without a GPU
+    ((12, 0), 'cuda-sm80-sm90', False),  # an RTX 5090 (Blackwell) likewise
+    ((12, 0), 'cuda-sm90ptx', True),  # PTX of an older architecture: compiled for the GPU when loaded
+    ((8, 6), 'cuda-sm90a', False),  # arch-specific code runs on exactly that architecture
+    ((8, 6), 'cpu', False),  # a CPU-ops wheel has no architectures: never taken for CUDA ops
+])
+def test_a_cached_cuda_wheel_is_reused_only_where_its_architectures_cover_the_gpu(tmp_path, capability, cached, taken):
+    fake = fake_torch(tmp_path / 'fake', '2.14.1', '0.29.1', gpu_capability=capability)
+    toolkit = tmp_path / 'toolkit'
+    (toolkit / 'include').mkdir(parents=True)
+    (toolkit / 'include' / 'cusparse.h').write_text('')
+    stop = 'reusing the cached wheel' if taken else 'no cached wheel in'
+    status, out, err = run_installer(tmp_path, '13.0', until=stop, cached=cached, PYTHONPATH=str(fake),
+                                     CUDA_HOME=str(toolkit))
+    assert status is None, (out[-2000:], err[-2000:])
+    own = f'{capability[0]}{capability[1]}'
+    assert f'building the CUDA ops for the visible GPU: TORCH_CUDA_ARCH_LIST={capability[0]}.{capability[1]}+PTX' in out
+    if taken:
+        assert f'the cached wheel in {tmp_path}/cache/wheels/mmcv-2.1.0-' in out and f'-{cached} holds code for this ' \
+            f'GPU (compute capability {capability[0]}.{capability[1]})' in out, out[-2000:]
+        assert f'-{cached}/mmcv-2.1.0' in out.splitlines()[-1]
+    else:  # built for the GPU's own architecture, under its own key
+        assert out.splitlines()[-1].startswith('no cached wheel in ') and f'-cuda-sm{own}ptx: building from source' \
+            in out.splitlines()[-1], out[-2000:]
 
 
 @pytest.mark.parametrize('torch_version', ['2.0.1', '2.15.0'])

@@ -11,7 +11,7 @@ from ..graph_mode import graph_mode
 from ..precision.autocast import autocast_dtype, ieee_float32_matmuls, no_autocast
 from ..precision.soft_policy import Precision, precision_policy
 from . import backends  # noqa: F401  (registers the backends with the dispatcher)
-from .dispatch import Backend, select
+from .dispatch import Backend, decide, select
 from .kernel import gaussian_kernel
 from .middle import Middle, renamed_soft_norm
 from .newton import check_newton_arguments, newton_inverse
@@ -82,7 +82,11 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
             guards against nearly duplicated landmarks).
         backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
         backend: None (automatic) or a backend name of :func:`soft_mm.ops.soft.dispatch.backends` to force; a backend
-            that cannot take the call raises :class:`~soft_mm.ops.soft.dispatch.DispatchError` with the reason.
+            that cannot take the call raises :class:`~soft_mm.ops.soft.dispatch.DispatchError` with the reason. The
+            automatic choice of an eager call is kept per call signature
+            (:func:`~soft_mm.ops.soft.dispatch.decide`); where it passes over the Triton kernels on a GPU, a
+            :class:`~soft_mm.ops.soft.dispatch.BackendFallbackWarning` says why, once per device and reason, and where
+            a kernel cannot launch after all (``OutOfResources``), the call runs again on the next backend.
         precision: None (automatic), ``'highest'`` (float32 products even under autocast), ``'bfloat16'``
             (bfloat16 products), ``'float16'`` (float16 products, the Triton backend only) or a
             :class:`~soft_mm.ops.precision.soft_policy.Precision`.
@@ -96,20 +100,37 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
     ridge = _check_arguments(q, landmarks, v, num_iters, ridge, backward, tile_size)
     landmarks = dense_grad(landmarks)  # its gradient comes back transposed; a GELU usually made it (torch 2.1)
     route = _route(q, landmarks, v, precision, backend)
+    options = (num_iters, ridge, backward, soft_norm, tile_size)
+    if not route.retried:
+        return _attend(q, landmarks, v, *options, route)
+    try:
+        return _attend(q, landmarks, v, *options, route)
+    except Exception as error:  # a kernel that could not launch (the backend recorded it, and now refuses the call)
+        if not route.backend.resource_error(error):
+            raise
+    return _attend(q, landmarks, v, *options, _route(q, landmarks, v, precision, backend))
+
+
+class _Route(NamedTuple):
+    """Where a call runs: the backend, the precision policy it runs (one of the preferred policy's chain) and the
+    output dtype; ``retried``: whether a launch that runs out of resources is run again on the next backend (an eager
+    automatic choice of a backend that tells such errors, :attr:`~soft_mm.ops.soft.dispatch.Backend.resource_error`).
+    """
+
+    backend: Backend
+    policy: Precision
+    out_dtype: torch.dtype
+    retried: bool
+
+
+def _attend(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, backward: str, soft_norm: bool,
+            tile_size: int | None, route: _Route) -> Tensor:
+    """The op on ``route``: the m×m part, then the backend's products, in the dtypes of its policy."""
     with no_autocast(q.device), ieee_float32_matmuls():
         q, landmarks, v = _to_work_dtypes(q, landmarks, v, route.policy)
         middle = _middle(landmarks, num_iters, ridge, backward, soft_norm, route)
         out = route.backend.run(q, landmarks, v, middle, route.policy, **_backend_options(route.backend, tile_size))
     return out.to(route.out_dtype)
-
-
-class _Route(NamedTuple):
-    """Where a call runs: the backend, the precision policy it runs (one of the preferred policy's chain) and the
-    output dtype."""
-
-    backend: Backend
-    policy: Precision
-    out_dtype: torch.dtype
 
 
 def _check_arguments(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, backward: str,
@@ -124,18 +145,23 @@ def _check_arguments(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ri
 
 
 def _route(q: Tensor, landmarks: Tensor, v: Tensor, precision: str | Precision | None, backend: str | None) -> _Route:
-    """The backend and policy of the dispatcher for this call, and the dtype the output takes: under autocast the
-    autocast dtype, as a matmul's output (CUDA autocast's float32 LayerNorm makes the landmarks float32, which must not
-    turn the output, and the residual stream after it, float32), else the inputs' promoted dtype."""
+    """The backend and policy of the dispatcher for this call (an eager call's kept per signature,
+    :func:`~soft_mm.ops.soft.dispatch.decide`; a traced one's chosen afresh, every step traceable), and the dtype the
+    output takes: under autocast the autocast dtype, as a matmul's output (CUDA autocast's float32 LayerNorm makes the
+    landmarks float32, which must not turn the output, and the residual stream after it, float32), else the inputs'
+    promoted dtype."""
     input_dtype = torch.promote_types(torch.promote_types(q.dtype, landmarks.dtype), v.dtype)
     preferred = precision_policy(q.device.type, input_dtype, precision)
     needs_grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, landmarks, v))
-    chosen, policy = select(q.device.type, input_dtype, preferred, q.shape[2], needs_grad, graph_mode(), backend,
-                            num_landmarks=landmarks.shape[2], head_dim=q.shape[3], value_dim=v.shape[3],
-                            device_index=q.device.index)
+    mode = graph_mode()
+    eager = mode == 'eager'
+    chosen, policy = (decide if eager else select)(
+        q.device.type, input_dtype, preferred, q.shape[2], needs_grad, mode, backend, num_landmarks=landmarks.shape[2],
+        head_dim=q.shape[3], value_dim=v.shape[3], device_index=q.device.index)
     autocast = autocast_dtype(q.device.type)
     out_dtype = autocast if autocast is not None and input_dtype != torch.float64 else input_dtype
-    return _Route(chosen, policy, out_dtype)
+    retried = eager and backend is None and chosen.resource_error is not None
+    return _Route(chosen, policy, out_dtype, retried)
 
 
 def _to_work_dtypes(q: Tensor, landmarks: Tensor, v: Tensor, policy: Precision) -> tuple[Tensor, Tensor, Tensor]:

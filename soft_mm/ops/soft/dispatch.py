@@ -14,26 +14,46 @@ is one :func:`register_backend` call.
 
 The backends live in :mod:`soft_mm.ops.soft.backends`, one module each (``reference``, ``tiled``, ``triton``), each
 declaring its own support beside its code; that package's list names them, and this module knows none of them.
+
+:func:`decide` is :func:`select` for the op's eager calls: the decision kept per call signature (everything a
+backend's support depends on; the token count only through the backends' ``min_tokens``), so an eager step does not
+walk every backend's checks again on every call, and announced: where the automatic choice passes over a backend that
+runs on the call's GPU (the Triton kernels on a GPU they are not built for, a call over their size limits), a
+:class:`BackendFallbackWarning` says so once per device and reason. Calls that ``torch.compile`` or an exporter trace
+take :func:`select` itself.
 """
 from __future__ import annotations
 
+import bisect
 import dataclasses
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Hashable
 
 import torch
 from torch import Tensor
 
 from ..graph_mode import GRAPH_MODES
 from ..precision.soft_policy import Precision
+from ..triton_route import cpu_route
 
-__all__ = ['Backend', 'Call', 'DispatchError', 'backends', 'register_backend', 'select',
-           'select_backend']
+__all__ = ['MAX_DECISIONS', 'Backend', 'BackendFallbackWarning', 'Call', 'DispatchError', 'announce_fallback',
+           'backends', 'clear_decisions', 'decide', 'register_backend', 'select', 'select_backend']
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+# the most call signatures whose decisions :func:`decide` keeps (and announcements it remembers); beyond, it starts
+# afresh (a model makes a few dozen: one per layer shape, dtype and mode)
+MAX_DECISIONS = 1024
 
 
 class DispatchError(RuntimeError):
     """No SOFT backend fits the call (the message lists each backend's reason)."""
+
+
+class BackendFallbackWarning(UserWarning):
+    """The SOFT op's automatic choice passed over a faster backend on the GPU a call runs on (e.g. the Triton kernels
+    on a GPU they are not built for, or a kernel that could not launch there): the message names the device, the
+    backend passed over and why, and what runs instead. Shown once per device and reason;
+    ``warnings.filterwarnings('ignore', category=BackendFallbackWarning)`` hides it."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +108,14 @@ class Backend:
         options: keyword options of ``run`` and their defaults (e.g. ``tile_size``).
         check: ``check(call, forced) -> reason | None`` (``call`` a :class:`Call`), what the fields cannot say: a
             missing package, which GPU the call's device is, whether its kernels fit that device.
+        check_state: ``check_state(device_type, device_index) -> hashable``: whatever ``check`` reads besides the
+            :class:`Call` (an installed package's version, the device's limits, a setting, the launches that failed),
+            part of the key under which :func:`decide` keeps a decision, so that a change of it is a new decision
+            (None: ``check`` reads the call alone).
+        resource_error: ``resource_error(error) -> bool``: whether an error its ``run`` or ``middle`` raised means the
+            device lacked the resources for the call's kernels (Triton's ``OutOfResources`` at a kernel's first
+            launch), the failure recorded where ``check`` reads it; an eager automatic call then runs again on the
+            next backend (None: every error is raised).
         middle: ``middle(landmarks, num_iters, ridge, soft_norm) -> (B, h, m, m)`` float32, the whole m×m middle
             matrix in one kernel with the implicit backward (None: the op computes it in torch). Taken for the
             default ``backward='implicit'`` with a float32 inverse; within the backend's m and d limits.
@@ -109,6 +137,8 @@ class Backend:
     options: tuple[tuple[str, object], ...] = ()
     check: Callable[[Call, bool], str | None] | None = None
     middle: Callable[..., Tensor] | None = None
+    check_state: Callable[[str, int | None], Hashable] | None = None
+    resource_error: Callable[[BaseException], bool] | None = None
 
     def unsupported_reasons(self, call: Call, forced: bool) -> list[str]:
         """Every reason why this backend cannot take ``call`` (empty if it can)."""
@@ -165,14 +195,21 @@ _BACKENDS: dict[str, Backend] = {}
 # the same, highest priority first: sorted once per registration, not per call (dynamo before torch 2.5 cannot trace
 # sorted() of a dict's values)
 _BY_PRIORITY: list[Backend] = []
+# the backends' min_tokens, sorted: a decision depends on the token count only through which of them it exceeds
+_TOKEN_THRESHOLDS: list[int] = []
+# decide(): call signature -> (backend, policy); the (device, backend, reason) already announced
+_DECISIONS: dict[tuple, tuple[Backend, Precision]] = {}
+_ANNOUNCED: set[tuple] = set()
 
 
 def register_backend(backend: Backend) -> Backend:
-    """Add (or replace) a backend of the SOFT op; returns it."""
+    """Add (or replace) a backend of the SOFT op; returns it. The kept decisions are dropped."""
     if not isinstance(backend, Backend):
         raise TypeError(f'register_backend: expected a Backend, got {type(backend).__name__}')
     _BACKENDS[backend.name] = backend
     _BY_PRIORITY[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
+    _TOKEN_THRESHOLDS[:] = sorted({b.min_tokens for b in _BY_PRIORITY})
+    _DECISIONS.clear()
     return backend
 
 
@@ -198,6 +235,15 @@ def select(device_type: str, dtype: torch.dtype, precision: Precision, num_token
         DispatchError: the named backend, or every backend, cannot take the call (every reason of each listed, for
             the preferred policy).
     """
+    backend, policy, _ = _select(device_type, dtype, precision, num_tokens, needs_grad, mode, name, num_landmarks,
+                                 head_dim, value_dim, device_index)
+    return backend, policy
+
+
+def _select(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool, mode: str,
+            name: str | None, num_landmarks: int | None, head_dim: int | None, value_dim: int | None,
+            device_index: int | None) -> tuple[Backend, Precision, Call]:
+    """:func:`select`, and the :class:`Call` of the policy it chose."""
     if mode not in GRAPH_MODES:
         raise ValueError(f'select_backend: mode must be one of {GRAPH_MODES}, got {mode!r}')
     if name is not None and name not in _BACKENDS:
@@ -210,7 +256,7 @@ def select(device_type: str, dtype: torch.dtype, precision: Precision, num_token
         for backend in candidates:
             reasons = backend.unsupported_reasons(call, forced=name is not None)
             if not reasons:
-                return backend, policy
+                return backend, policy, call
             if policy is precision:
                 refusals.append(', '.join(reasons))
     if name is not None:
@@ -222,3 +268,69 @@ def select(device_type: str, dtype: torch.dtype, precision: Precision, num_token
 def select_backend(*args, **kwargs) -> Backend:
     """:func:`select`'s backend alone."""
     return select(*args, **kwargs)[0]
+
+
+def decide(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
+           mode: str = 'eager', name: str | None = None, *, num_landmarks: int | None = None,
+           head_dim: int | None = None, value_dim: int | None = None, device_index: int | None = None,
+           ) -> tuple[Backend, Precision]:
+    """:func:`select`'s decision (the same arguments, the same result, the same errors), kept per call signature: the
+    device type and index, the dtype, the preferred policy and its fallbacks, whether a backward follows, the mode, the
+    forced name, m, d, d_v, which backends' ``min_tokens`` the token count exceeds and each backend's
+    :attr:`~Backend.check_state`; at most :data:`MAX_DECISIONS` of them. For the op's eager calls (a call that
+    ``torch.compile`` traces takes :func:`select`, whose every step dynamo can follow).
+
+    A new decision of the automatic choice on a GPU (or on the interpreted GPU route of
+    :func:`~soft_mm.ops.triton_route.interpreted_triton_route`) that passes over a higher-priority backend running on
+    that device type, for a reason other than its token threshold, is announced by :func:`announce_fallback`: once
+    per device and reason.
+    """
+    key = (device_type, device_index, dtype, precision.chain(), needs_grad, mode, name, num_landmarks, head_dim,
+           value_dim, bisect.bisect_left(_TOKEN_THRESHOLDS, num_tokens),
+           tuple(b.check_state(device_type, device_index) for b in _BY_PRIORITY if b.check_state is not None))
+    decision = _DECISIONS.get(key)
+    if decision is not None:
+        return decision
+    backend, policy, call = _select(device_type, dtype, precision, num_tokens, needs_grad, mode, name, num_landmarks,
+                                    head_dim, value_dim, device_index)
+    if name is None and (device_type == 'cuda' or (device_type == 'cpu' and cpu_route())):
+        _announce_passed_over(call, backend)
+    if len(_DECISIONS) >= MAX_DECISIONS:
+        _DECISIONS.clear()
+    _DECISIONS[key] = backend, policy
+    return backend, policy
+
+
+def _announce_passed_over(call: Call, chosen: Backend) -> None:
+    """Announce each backend above ``chosen`` that runs on the call's device type but refused it (under the chosen
+    policy) for more than its token threshold."""
+    for backend in _BY_PRIORITY:
+        if backend is chosen:
+            return
+        if call.device_type in backend.devices:
+            reasons = backend.unsupported_reasons(call, forced=True)  # (forced: without the token threshold)
+            if reasons:
+                announce_fallback(call.device_type, call.device_index, backend.name, ', '.join(reasons),
+                                  f'the {chosen.name!r} backend runs instead')
+
+
+def announce_fallback(device_type: str, device_index: int | None, passed_over: str, reason: str, instead: str,
+                      ) -> None:
+    """Warn once per device and reason (:class:`BackendFallbackWarning`) that the backend ``passed_over`` does not run
+    a call on the device, why (``reason``, in the backend's words) and what does (``instead``)."""
+    key = (device_type, device_index, passed_over, reason)
+    if key in _ANNOUNCED:
+        return
+    if len(_ANNOUNCED) >= MAX_DECISIONS:
+        _ANNOUNCED.clear()
+    _ANNOUNCED.add(key)
+    device = device_type if device_index is None else f'{device_type}:{device_index}'
+    warnings.warn(f'soft_attention on {device}: the {passed_over!r} backend {reason}; {instead} (said once per '
+                  'device and reason; soft_mm.ops.soft.dispatch.BackendFallbackWarning is its category)',
+                  BackendFallbackWarning, stacklevel=2)
+
+
+def clear_decisions() -> None:
+    """Forget the decisions :func:`decide` keeps and the announcements made (each is made again when next due)."""
+    _DECISIONS.clear()
+    _ANNOUNCED.clear()

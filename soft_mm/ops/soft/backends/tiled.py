@@ -34,7 +34,7 @@ from ..kernel import augment_kernel_cols, augment_kernel_rows
 from ..middle import Middle
 from ..products_op import products_op
 
-__all__ = ['AUTO_TILING_MIN_TOKENS', 'DEFAULT_TILE_SIZE', 'TILED', 'tiled_nystrom_products']
+__all__ = ['AUTO_TILING_MIN_TOKENS', 'DEFAULT_TILE_SIZE', 'TILED', 'tiled_nystrom_products', 'tiled_products_backward']
 
 # Tokens per tile: a 4096 × 49 float32 block per head is 0.8 MB, and the Python loop over tiles costs little next to
 # the matmuls (docs/benchmarks/runs/2026-11-30_attention_soft_op/).
@@ -103,9 +103,12 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, tile_size:
     return out, context, middle_context
 
 
-def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              middle_context: Tensor, tile_size: int, products: torch.dtype) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of q, landmarks, v and middle, each kernel tile rebuilt (the custom op's backward kernel)."""
+def tiled_products_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
+                            context: Tensor, middle_context: Tensor, tile_size: int, products: torch.dtype,
+                            ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The gradients of q, landmarks, v and middle, each kernel tile rebuilt (the custom op's backward kernel; also
+    what the Triton backend's backward runs where its kernel cannot launch). Device-neutral; ``landmarks``, ``middle``,
+    ``context`` and ``middle_context`` in the work dtype, q and v in it or in ``products``."""
     head_dim = q.shape[3]
     grad_out = grad_out.to(products)
     grad_q, grad_v = torch.empty_like(q), torch.empty_like(v)  # the layouts of q and v
@@ -145,7 +148,8 @@ def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle:
 
 
 # one custom op pair (soft_mm::tiled_nystrom_products and its backward): torch.compile sees one node
-_tiled_products = products_op('tiled_nystrom_products', _forward, _backward, 'int tile_size, ScalarType products')
+_tiled_products = products_op('tiled_nystrom_products', _forward, tiled_products_backward,
+                              'int tile_size, ScalarType products')
 
 
 def tiled_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,

@@ -26,23 +26,34 @@ A100's shared memory: :mod:`.config`; a GPU with less takes the calls whose kern
 kernels are built for take any: :mod:`.targets`); batch and heads are the second grid axis; inputs may be strided
 views.
 
+A kernel that cannot launch on the device after all (triton's ``OutOfResources`` at its first launch) is recorded
+(:func:`~.targets.record_launch_failure`), so the backend refuses such calls from then on: a forward's error reaches
+``soft_attention``, which runs an eager automatic call again on the next backend; a backward's is answered here, by the
+same gradients in PyTorch (the tiled backend's math for the products, the implicit gradient for the m×m part), with a
+:class:`~soft_mm.ops.soft.dispatch.BackendFallbackWarning`.
+
 The kernels (``kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
 since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
 triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.py`` does so where there is no GPU.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Hashable, Iterator
+
 import torch
 from torch import Tensor
 
 from .... import triton_route
 from ....custom_ops import differentiable_op
+from ....precision.autocast import ieee_float32_matmuls
 from ....precision.soft_policy import Precision
 from ....triton_route import MIN_TRITON, TRITON_VERSION, triton_available
-from ...dispatch import Backend, Call, register_backend
+from ...dispatch import Backend, Call, announce_fallback, register_backend
 from ...middle import Middle
 from ...newton import alpha_floor
 from ...products_op import products_op
+from ..tiled import DEFAULT_TILE_SIZE, tiled_products_backward
 from .config import (
     BLOCK_N,
     KERNELS,
@@ -51,14 +62,17 @@ from .config import (
     NUM_WARPS,
     PRODUCTS_CODES,
     kernel_block,
+    kernel_stages,
     middle_warps,
     padded,
     split_count,
 )
-from .targets import device_limits, launch_reasons
+from .targets import device_limits, failed_launch, launch_failures, launch_reasons, record_launch_failure
 
 __all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'call_reasons',
-           'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products', 'unsupported_reason']
+           'check_state', 'out_of_resources', 'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products',
+           'unsupported_reason']
+
 
 def unsupported_reason(device_type: str, forced: bool) -> str | None:
     """Why the Triton backend cannot run on this kind of device (None if it can): triton missing or older than
@@ -78,17 +92,65 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
 def call_reasons(call: Call, forced: bool) -> str | None:
     """The backend's check (:attr:`~soft_mm.ops.soft.dispatch.Backend.check`): :func:`unsupported_reason`, then on a
     GPU whether the device is a target of the kernels, runs the call's dtypes and has the shared memory every kernel
-    of the call asks for (:func:`~.targets.launch_reasons`, the device read once)."""
+    of the call asks for (:func:`~.targets.launch_reasons`, the device read once), and whether a launch of its kernels
+    failed there before (:func:`~.targets.failed_launch`)."""
     reason = unsupported_reason(call.device_type, forced)
-    if reason is not None or call.device_type != 'cuda':
+    if reason is not None:
         return reason
     products = call.precision.products if call.precision.mixed else torch.float32
-    reasons = launch_reasons(device_limits(call.device_index), call.dtype, products, call.num_landmarks,
-                             call.head_dim, call.value_dim, call.needs_grad)
-    return ', '.join(reasons) or None
+    reasons = []
+    if call.device_type == 'cuda':
+        reasons = launch_reasons(device_limits(call.device_index), call.dtype, products, call.num_landmarks,
+                                 call.head_dim, call.value_dim, call.needs_grad)
+    failure = failed_launch(call.device_type, call.device_index, call.num_landmarks, call.head_dim, call.value_dim,
+                            _name(products), call.needs_grad)
+    return ', '.join([*reasons, *([failure] if failure else [])]) or None
+
+
+def check_state(device_type: str, device_index: int | None) -> Hashable:
+    """What :func:`call_reasons` reads besides the call (:attr:`~soft_mm.ops.soft.dispatch.Backend.check_state`):
+    triton's version, the interpreter settings, the GPU's limits, the launch failures recorded."""
+    limits = device_limits(device_index) if device_type == 'cuda' and triton_route.triton_available() else None
+    return (triton_route.TRITON_VERSION, triton_route.interpreting(), triton_route.cpu_route(), limits,
+            launch_failures())
+
+
+def out_of_resources(error: BaseException) -> bool:
+    """Whether ``error`` is triton's ``OutOfResources`` (a kernel that asked the device for more shared memory or
+    registers than it has, raised at the kernel's first launch; :attr:`~soft_mm.ops.soft.dispatch.Backend.
+    resource_error`)."""
+    try:
+        from triton.runtime.errors import OutOfResources
+    except ImportError:
+        return False
+    return isinstance(error, OutOfResources)
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).replace('torch.', '')
+
+
+@contextlib.contextmanager
+def _recorded(device: torch.device, num_landmarks: int, head_dim: int, products: str | None, backward: bool,
+              ) -> Iterator[None]:
+    """Record an ``OutOfResources`` raised inside (:func:`~.targets.record_launch_failure`) and raise it on."""
+    try:
+        yield
+    except Exception as error:
+        if out_of_resources(error):
+            record_launch_failure(device, num_landmarks, head_dim, products, backward, error)
+        raise
+
+
+def _products_name(code: int) -> str:
+    """The products dtype's name of a kernels' ``PRODUCTS`` code."""
+    return next(name for name, value in PRODUCTS_CODES.items() if value == code)
 
 
 _CONTEXT, _OUTPUT, _BACKWARD = KERNELS
+TRITON_NAME = 'triton'  # the backend's name (soft_attention(..., backend='triton'))
+
+
 def _kernels():
     """The kernel module, loaded under the current ``TRITON_INTERPRET`` setting
     (:func:`~soft_mm.ops.triton_route.load_kernels`)."""
@@ -102,8 +164,9 @@ def _strides(t: Tensor) -> tuple[int, ...]:
 class _Launch:
     """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
     tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
-    block of its group (the reductions over the tokens, one partial sum per program). The block is the kernel's on the
-    device's target (:func:`~.config.kernel_block`; the default blocks under the interpreter)."""
+    block of its group (the reductions over the tokens, one partial sum per program). The block and the pipeline
+    stages are the kernel's on the device's target (:func:`~.config.kernel_block`, :func:`~.config.kernel_stages`; the
+    defaults under the interpreter)."""
 
     def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, kernel: str) -> None:
         self.batch, self.heads, self.n, self.d = q.shape
@@ -111,7 +174,8 @@ class _Launch:
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
         self.interpret = triton_route.interpreting()
         on_gpu = not self.interpret and q.device.type == 'cuda'
-        self.block = kernel_block(kernel, triton_route.cuda_target(q.device) if on_gpu else None)
+        target = triton_route.cuda_target(q.device) if on_gpu else None
+        self.block, self.stages = kernel_block(kernel, target), kernel_stages(kernel, target)
         self.groups = self.batch * self.heads
         self.nblk = -(-self.n // self.block)
         self.grid = (self.nblk, self.groups)
@@ -127,7 +191,7 @@ class _Launch:
 
     def meta(self, products: int) -> dict:
         return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, INTERPRET=self.interpret,
-                    num_warps=NUM_WARPS)
+                    num_warps=NUM_WARPS, num_stages=self.stages)
 
     def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
         """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),
@@ -140,8 +204,16 @@ class _Launch:
 
 
 def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel (three launches: the partial sums of the
-    context, their sum with its product by the middle matrix, the output)."""
+    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel (:func:`_launch_forward`; a launch that runs
+    out of resources recorded and raised)."""
+    with _recorded(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]), _products_name(products), False):
+        return _launch_forward(q, landmarks, v, middle, products)
+
+
+def _launch_forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int,
+                    ) -> tuple[Tensor, Tensor, Tensor]:
+    """The forward's three launches: the partial sums of the context, their sum with its product by the middle
+    matrix, the output."""
     lm = landmarks.contiguous()
     launch = _Launch(q, lm, v, _CONTEXT)
     parts = launch.partials(q, lm, v, products)  # K1^T v, one partial sum per program
@@ -159,9 +231,31 @@ def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: 
 
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
               middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of q, landmarks, v and middle: the custom op's backward kernel (four launches: the partial sums
-    of ``K1^T grad_out``, the m×m and m×d gradients from them, the tokens' gradients with the landmarks' partial sums,
-    and the landmarks' gradient from those)."""
+    """The gradients of q, landmarks, v and middle: the custom op's backward kernel (:func:`_launch_backward`); where
+    a launch runs out of resources, recorded and announced, the same gradients by the tiled backend's PyTorch math
+    (float32 products: the float16 kernels' range scaling is theirs alone)."""
+    tensors = (grad_out, q, landmarks, v, middle, context, middle_context)
+    try:
+        return _launch_backward(*tensors, products)
+    except Exception as error:
+        if not out_of_resources(error):
+            raise
+        _announce_backward_failure(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]),
+                                   _products_name(products), error)
+    return tiled_products_backward(*tensors, DEFAULT_TILE_SIZE, torch.float32)
+
+
+def _announce_backward_failure(device: torch.device, num_landmarks: int, head_dim: int, products: str | None,
+                               error: BaseException) -> None:
+    reason = record_launch_failure(device, num_landmarks, head_dim, products, True, error)
+    announce_fallback(device.type, device.index, TRITON_NAME, reason,
+                      'this backward runs the same math in PyTorch, and such calls take the next backend from now on')
+
+
+def _launch_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
+                     middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward's four launches: the partial sums of ``K1^T grad_out``, the m×m and m×d gradients from them, the
+    tokens' gradients with the landmarks' partial sums, and the landmarks' gradient from those."""
     lm = landmarks.contiguous()
     grad_out = grad_out.to(v.dtype)
     launch = _Launch(q, lm, v, _CONTEXT)
@@ -225,10 +319,11 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: 
     lm = landmarks.float().contiguous()
     batch, heads, m, d = lm.shape
     middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
-    _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
-        lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m), DP=padded(d),
-        SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(),
-        INTERPRETED_ITERS=triton_route.interpreted_bound(num_iters), num_warps=middle_warps(m))
+    with _recorded(lm.device, m, d, None, False):
+        _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
+            lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m),
+            DP=padded(d), SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(),
+            INTERPRETED_ITERS=triton_route.interpreted_bound(num_iters), num_warps=middle_warps(m))
     return middle, inverse
 
 
@@ -242,10 +337,37 @@ def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, so
     lm = landmarks.float().contiguous()
     batch, heads, m, d = lm.shape
     grad_landmarks = torch.empty_like(lm)
-    _kernels().nystrom_middle_bwd_kernel_dl[(batch * heads,)](
-        grad_middle.float().contiguous(), lm, inverse.float().contiguous(), grad_landmarks, m, d, MP=padded(m),
-        DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
+    try:
+        _kernels().nystrom_middle_bwd_kernel_dl[(batch * heads,)](
+            grad_middle.float().contiguous(), lm, inverse.float().contiguous(), grad_landmarks, m, d, MP=padded(m),
+            DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
+    except Exception as error:
+        if not out_of_resources(error):
+            raise
+        _announce_backward_failure(lm.device, m, d, None, error)
+        grad_landmarks = _pytorch_middle_backward(grad_middle, lm, inverse, soft_norm)
     return grad_landmarks.to(landmarks.dtype)
+
+
+def _pytorch_middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool) -> Tensor:
+    """:func:`_middle_backward`'s gradient in PyTorch, float32 (what ``nystrom_middle_bwd_kernel_dl`` computes: its
+    docstring has the math), for a kernel that cannot launch: ``(B, h, m, d)``."""
+    with ieee_float32_matmuls():
+        lm, grad, v = landmarks.float(), grad_middle.float(), inverse.float()
+        half_sq = 0.5 * (lm * lm).sum(-1)
+        exponent = lm @ lm.mT - half_sq[..., :, None] - half_sq[..., None, :]
+        kernel = exponent.clamp_max(0.0).exp()
+        row_term = 0.0
+        if soft_norm:
+            scale = kernel.sum(-1).rsqrt()  # D^-1/2
+            weighted = grad * v
+            grad_scale = (weighted * scale[..., None, :]).sum(-1) + (weighted * scale[..., :, None]).sum(-2)
+            row_term = (-0.5 * scale ** 3 * grad_scale)[..., :, None]
+            grad = scale[..., :, None] * grad * scale[..., None, :]
+        grad_kernel = row_term - v.mT @ grad @ v.mT
+        grad_exponent = torch.where(exponent <= 0.0, grad_kernel * kernel, 0.0)
+        both = grad_exponent + grad_exponent.mT
+        return both @ lm - both.sum(-1, keepdim=True) * lm
 
 
 def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
@@ -299,7 +421,7 @@ def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, p
 # CUDA (on CPU only when forced under TRITON_INTERPRET=1, for tests), eager and compiled (custom ops), needs triton;
 # m, d and d_v up to MAX_LANDMARKS and MAX_HEAD_DIM (a call above them gets the next backend)
 TRITON = register_backend(Backend(
-    name='triton', priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
+    name=TRITON_NAME, priority=20, run=_triton_attention, devices=('cuda', 'cpu'),
     dtypes=(torch.float16, torch.bfloat16, torch.float32), product_dtypes=(torch.bfloat16, torch.float16),
     compile=True, max_landmarks=MAX_LANDMARKS, max_head_dim=MAX_HEAD_DIM, check=call_reasons,
-    middle=triton_nystrom_middle))
+    middle=triton_nystrom_middle, check_state=check_state, resource_error=out_of_resources))

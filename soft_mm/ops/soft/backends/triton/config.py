@@ -2,19 +2,22 @@
 (:mod:`.backend`), the dispatcher's device check (:mod:`.targets`) and their ahead-of-time compilation
 (``benchmarks/triton_cubins.py``, which runs without torch). Plain Python: nothing imported.
 
-The tile sizes and warps hold every kernel at 0 spilled registers at the published sizes (m = 49, d = 32) on every
-target in :data:`TARGETS`, in every dtype the target runs (``python benchmarks/triton_cubins.py`` prints the table;
-``tests/ops/test_triton_cubins.py`` holds it). The backward holds the most at once (the kernel block, its gradient, q,
-v, grad_out and four m×d tiles), hence its smaller blocks; they cost no memory traffic, since its partial sums are one
-per program, not one per block. Turing (sm_75) and the GeForce-class Ampere and Ada parts (sm_86, sm_89), with fewer
-registers' worth of work per thread at the same code, take smaller forward blocks (:data:`TARGET_BLOCKS`).
+The tile sizes, warps and pipeline stages hold every kernel at 0 spilled registers at the published sizes (m = 49,
+d = 32) on every target in :data:`TARGETS`, in every dtype the target runs (``python benchmarks/triton_cubins.py``
+prints the table; ``tests/ops/test_triton_cubins.py`` holds it). The backward holds the most at once (the kernel
+block, its gradient, q, v, grad_out and four m×d tiles), hence its smaller blocks; they cost no memory traffic, since
+its partial sums are one per program, not one per block. Turing (sm_75), the GeForce-class Ampere and Ada parts
+(sm_86, sm_89) and the Blackwell parts (sm_100, sm_103, sm_120, sm_121), with fewer registers' worth of work per thread
+at the same code, take smaller forward blocks (:data:`TARGET_BLOCKS`); on Blackwell the backward also runs its loop
+unpipelined (:data:`TARGET_STAGES`: its 16-token block is already ``tl.dot``'s smallest).
 """
 from __future__ import annotations
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'BLOCK_N', 'BLOCK_N_BACKWARD', 'GROUP_KERNELS', 'KERNELS', 'KERNEL_BLOCKS',
-           'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS', 'MIDDLE_KERNELS', 'NUM_WARPS',
-           'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK', 'SPLIT_PROGRAMS', 'TARGETS', 'TARGET_BLOCKS', 'TARGET_GPUS',
-           'kernel_block', 'middle_warps', 'padded', 'split_count']
+__all__ = ['BFLOAT16_MIN_TARGET', 'BLOCK_N', 'BLOCK_N_BACKWARD', 'DEFAULT_STAGES', 'GROUP_KERNELS', 'KERNELS',
+           'KERNEL_BLOCKS', 'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS',
+           'MIDDLE_KERNELS', 'NUM_WARPS', 'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK', 'SPLIT_PROGRAMS', 'TARGETS',
+           'TARGET_BLOCKS', 'TARGET_GPUS', 'TARGET_MIN_TRITON', 'TARGET_STAGES', 'kernel_block', 'kernel_stages',
+           'middle_warps', 'padded', 'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (context, o)
 BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
@@ -28,19 +31,25 @@ NUM_WARPS = 8  # warps per program, every kernel
 MAX_LANDMARKS = 64
 MAX_HEAD_DIM = 64
 # The compute capabilities the kernels are compiled and checked for (0 spills at the published sizes) are the package's
-# Triton targets, soft_mm.ops.triton_route.TARGETS (sm_75, sm_80, sm_86, sm_89, sm_90; bfloat16 from sm_80): a device
-# of another capability gets the next backend. They are repeated here because this module is plain Python (the cubin
-# tool loads it by its path, without torch); tests/ops/test_triton_targets.py holds the two equal.
-TARGETS = (75, 80, 86, 89, 90)
+# Triton targets, soft_mm.ops.triton_route.TARGETS (sm_75 Turing, sm_80 / sm_86 Ampere, sm_89 Ada, sm_90 Hopper,
+# sm_100 / sm_103 data-centre Blackwell, sm_120 / sm_121 GeForce and workstation Blackwell; bfloat16 from sm_80): a
+# device of another capability gets the next backend. They are repeated here because this module is plain Python (the
+# cubin tool loads it by its path, without torch); tests/ops/test_triton_targets.py holds the two equal, and
+# TARGET_MIN_TRITON with them.
+TARGETS = (75, 80, 86, 89, 90, 100, 103, 120, 121)
 BFLOAT16_MIN_TARGET = 80
+# The oldest triton each target is checked with, where it is newer than the backend's own minimum (MIN_TRITON of
+# soft_mm.ops.triton_route): the Blackwell targets were compiled and checked at 0 spills with triton 3.8 (ptxas 12.9,
+# the first that knows sm_103 and sm_121); with an older triton such a device gets the next backend.
+TARGET_MIN_TRITON = {100: (3, 8), 103: (3, 8), 120: (3, 8), 121: (3, 8)}
 # the opt-in shared memory per block of each capability (CUDA programming guide, compute capabilities table), bytes:
-# what the ahead-of-time tables compare against; a device's own limit is read from the device itself at run time.
-# sm_100 and sm_120 (not targets) for the cubin tool
+# what the ahead-of-time tables compare against; a device's own limit is read from the device itself at run time
 SHARED_MEMORY_PER_BLOCK = {75: 65_536, 80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448,
-                           120: 101_376}
+                           103: 232_448, 120: 101_376, 121: 101_376}
 # GPUs of each target, for messages and docs
 TARGET_GPUS = {75: 'T4, RTX 20xx', 80: 'A100, A800', 86: 'RTX 30xx, A10, A40, A6000', 89: 'RTX 40xx, L4, L40S',
-               90: 'H100, H200, H20'}
+               90: 'H100, H200, H20', 100: 'B200, GB200', 103: 'B300, GB300',
+               120: 'RTX 50xx, RTX PRO 6000 Blackwell', 121: 'DGX Spark (GB10)'}
 # programs of a reduction over the tokens (the context kernel, the backward), over all (sample, head) groups: a few per
 # streaming multiprocessor of a large GPU (132 on an H100/H200), so the partial sums are a few per group, not one per
 # block
@@ -57,10 +66,22 @@ KERNEL_BLOCKS = {'nystrom_fwd_kernel_context': BLOCK_N, 'nystrom_fwd_kernel_o': 
                  'nystrom_bwd_kernel_dq_dv_dl': BLOCK_N_BACKWARD}
 # the targets whose blocks differ from KERNEL_BLOCKS: at 64 tokens a block, sm_75's forward kernels spill 152-264 B
 # and sm_86/sm_89's context kernel 8 B (float16 products); at 32 none does, and the context kernel's shared memory at
-# m = d = 64 halves (114,688 -> 65,536 B in float32 on sm_86, within its 101,376)
+# m = d = 64 halves (114,688 -> 65,536 B in float32 on sm_86, within its 101,376). Blackwell (triton 3.8): sm_120's
+# context kernel spills 8 B at 64 (float16 products), none at 32; sm_100's 40 B at 64 and 8 B at 32 (bfloat16 or
+# float16 q), none at 16. sm_103 and sm_121 take the blocks of sm_100 and sm_120.
+_DATA_CENTRE_BLACKWELL = {'nystrom_fwd_kernel_context': 16}
+_GEFORCE_BLACKWELL = {'nystrom_fwd_kernel_context': 32}
 TARGET_BLOCKS = {75: {'nystrom_fwd_kernel_context': 32, 'nystrom_fwd_kernel_o': 32},
                  86: {'nystrom_fwd_kernel_context': 32},
-                 89: {'nystrom_fwd_kernel_context': 32}}
+                 89: {'nystrom_fwd_kernel_context': 32},
+                 100: _DATA_CENTRE_BLACKWELL, 103: _DATA_CENTRE_BLACKWELL,
+                 120: _GEFORCE_BLACKWELL, 121: _GEFORCE_BLACKWELL}
+# software-pipeline stages of a kernel's loop (triton's num_stages: loads of the next blocks issued ahead), triton's
+# default, and the targets that run a kernel with fewer: on Blackwell the backward kernel spills with its loads in
+# flight (sm_100: 24-32 B at 2 or 3 stages, bfloat16 or float16 q; sm_120: 8-16 B, bfloat16 q) and none without
+DEFAULT_STAGES = 3
+_UNPIPELINED_BACKWARD = {'nystrom_bwd_kernel_dq_dv_dl': 1}
+TARGET_STAGES = {target: _UNPIPELINED_BACKWARD for target in (100, 103, 120, 121)}
 # (q, v, products) of every launch the precision policy can make, by triton's dtype names: float32 everything;
 # bfloat16 or float16 products with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever
 # products are forced) and v cast to the products' dtype
@@ -94,3 +115,9 @@ def kernel_block(kernel: str, target: int | None) -> int:
     """Tokens per block of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (a capability of :data:`TARGETS`;
     None: the interpreter, which takes the default blocks)."""
     return TARGET_BLOCKS.get(target, {}).get(kernel, KERNEL_BLOCKS[kernel])
+
+
+def kernel_stages(kernel: str, target: int | None) -> int:
+    """Pipeline stages (triton's ``num_stages``) of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (None: the
+    interpreter, which ignores them)."""
+    return TARGET_STAGES.get(target, {}).get(kernel, DEFAULT_STAGES)

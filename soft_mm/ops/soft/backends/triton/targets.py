@@ -3,8 +3,11 @@ the device once, against the shared memory the kernels of a call ask for at laun
 
 A call goes to the kernels only where
 
-* the device's capability is one the kernels are compiled and checked for (:data:`~.config.TARGETS`: sm_75, sm_80,
-  sm_86, sm_89, sm_90), each with its own launch configuration (:func:`~.config.kernel_block`);
+* the device is an NVIDIA GPU whose capability is one the kernels are compiled and checked for
+  (:data:`~.config.TARGETS`: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121), each with its own
+  launch configuration (:func:`~.config.kernel_block`, :func:`~.config.kernel_stages`), under a triton it is checked
+  with (Blackwell: >= 3.8); an AMD GPU under ROCm, whose capability torch reports as if it were one (an MI250X's 9.0),
+  is declined as what it is (:func:`soft_mm.ops.triton_route.device_reasons`);
 * its dtypes run there: no bfloat16 below :data:`~.config.BFLOAT16_MIN_TARGET` (Turing has no bfloat16 arithmetic);
 * every kernel the call launches (the forward's context, output and m×m kernels and the one that sums the context;
   with a backward the backward's) fits the device's shared memory per block, as the table of :mod:`.shared_memory`
@@ -16,22 +19,30 @@ A call goes to the kernels only where
 Otherwise the dispatcher hands the call to the next backend, with the reason in its words, e.g. ``needs 163,840 B of
 shared memory per block at m = 64, d = 64 (nystrom_bwd_kernel_dq_dv_dl, float32 products); this NVIDIA GeForce RTX 4090
 (sm_89) allows 101,376``.
+
+A kernel that still cannot launch (triton's ``OutOfResources`` at its first launch: a table that underestimates it
+under another triton, a device that allows less than it reports) is recorded here (:func:`record_launch_failure`): the
+calls of that device, padded size and products dtype (the backward's only for calls with a backward) are refused from
+then on with the error as the reason.
 """
 from __future__ import annotations
 
 import torch
 
-from ....triton_route import DeviceLimits, device_limits
-from .config import BFLOAT16_MIN_TARGET, GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, TARGETS, padded
+from ....triton_route import DeviceLimits, device_limits, device_reasons
+from .config import GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, padded
 from .shared_memory import SHARED_MEMORY
 
-__all__ = ['DeviceLimits', 'device_limits', 'launch_reasons', 'launched_kernels', 'shared_memory_needed']
+__all__ = ['DeviceLimits', 'device_limits', 'failed_launch', 'launch_failures', 'launch_reasons', 'launched_kernels',
+           'record_launch_failure', 'shared_memory_needed']
 
 _CONTEXT, _OUTPUT, _BACKWARD = KERNELS
 _MC, _DMID, _DL_SUM = GROUP_KERNELS
 _MIDDLE, _MIDDLE_BACKWARD = 'nystrom_middle_fwd_kernel_mid_inv', 'nystrom_middle_bwd_kernel_dl'
 _TABLE_LANDMARKS = sorted({m for _, m, _ in SHARED_MEMORY})
 _TABLE_HEAD_DIMS = sorted({d for _, _, d in SHARED_MEMORY})
+# (device type, device index, padded m, padded d, products, backward) -> the reason, for each launch that failed
+_FAILED_LAUNCHES: dict[tuple[str, int | None, int, int, str | None, bool], str] = {}
 
 
 def launched_kernels(needs_grad: bool) -> tuple[str, ...]:
@@ -79,20 +90,61 @@ def launch_reasons(limits: DeviceLimits, dtype: torch.dtype, products: torch.dty
         num_landmarks: m; head_dim, value_dim: d and d_v (None: not known, the backend's largest assumed).
         needs_grad: whether the backward's kernels will run too.
     """
-    target = limits.target
-    if target not in TARGETS:
-        built = ', '.join(f'sm_{t}' for t in TARGETS)
-        return [f'is built and checked for {built}, not this {limits}']
-    reasons = []
-    low = {dtype, products} & {torch.bfloat16}
-    if low and target < BFLOAT16_MIN_TARGET:
-        reasons.append(f'has no bfloat16 kernels below sm_{BFLOAT16_MIN_TARGET} (this {limits})')
+    unbuilt = device_reasons(limits, bfloat16=False)
+    if unbuilt:  # no kernels for the device at all (and no table to read)
+        return unbuilt
+    reasons = device_reasons(limits, bfloat16=torch.bfloat16 in (dtype, products))
     m = MAX_LANDMARKS if num_landmarks is None else num_landmarks
     d = max(MAX_HEAD_DIM if head_dim is None else head_dim, MAX_HEAD_DIM if value_dim is None else value_dim)
     if m <= MAX_LANDMARKS and d <= MAX_HEAD_DIM:  # (above them the declared limits give the reason)
-        need, kernel = shared_memory_needed(target, m, d, _dtype_name(products), needs_grad)
+        need, kernel = shared_memory_needed(limits.target, m, d, _dtype_name(products), needs_grad)
         if need > limits.shared_memory_per_block:
             reasons.append(f'needs {need:,} B of shared memory per block at m = {m}, d = {d} ({kernel}, '
                            f'{_dtype_name(products)} products); this {limits} allows '
                            f'{limits.shared_memory_per_block:,}')
     return reasons
+
+
+def _failure_key(device_type: str, device_index: int | None, num_landmarks: int | None, head_dim: int | None,
+                 products: str | None, backward: bool) -> tuple[str, int | None, int, int, str | None, bool]:
+    m = MAX_LANDMARKS if num_landmarks is None else num_landmarks
+    d = MAX_HEAD_DIM if head_dim is None else head_dim
+    return device_type, device_index, padded(m), padded(d), products, backward
+
+
+def record_launch_failure(device: torch.device, num_landmarks: int, head_dim: int, products: str | None,
+                          backward: bool, error: BaseException) -> str:
+    """Record that the forward's (or with ``backward`` the backward's) kernels of a call could not launch on ``device``:
+    the token kernels (``head_dim`` the larger of d and d_v, ``products`` ``'float32'``, ``'bfloat16'`` or
+    ``'float16'``) or the m×m ones (``head_dim`` d, ``products`` None: float32 whatever the call's). Returns the reason
+    the calls of that padded size are refused with from then on (:func:`failed_launch`)."""
+    key = _failure_key(device.type, device.index, num_landmarks, head_dim, products, backward)
+    _, _, m, d, _, _ = key
+    kernels = f'{"backward" if backward else "forward"} kernels' + ('' if products else ' of the m×m part')
+    with_products = f' with {products} products' if products else ''
+    reason = (f'could not launch its {kernels} on this device at m <= {m}, d <= {d}{with_products} '
+              f'({type(error).__name__}: {error})')
+    _FAILED_LAUNCHES[key] = reason
+    return reason
+
+
+def failed_launch(device_type: str, device_index: int | None, num_landmarks: int | None, head_dim: int | None,
+                  value_dim: int | None, products: str, needs_grad: bool) -> str | None:
+    """The reason recorded for a call's kernels (the forward's; with ``needs_grad`` the backward's too), None if none
+    of them failed to launch (sizes None: the backend's largest)."""
+    if not _FAILED_LAUNCHES:
+        return None
+    head_dim = MAX_HEAD_DIM if head_dim is None else head_dim
+    widest = max(head_dim, MAX_HEAD_DIM if value_dim is None else value_dim)
+    for backward in (False, True) if needs_grad else (False,):
+        for d, kernels_products in ((widest, products), (head_dim, None)):
+            reason = _FAILED_LAUNCHES.get(_failure_key(device_type, device_index, num_landmarks, d, kernels_products,
+                                                       backward))
+            if reason is not None:
+                return reason
+    return None
+
+
+def launch_failures() -> int:
+    """How many launch failures are recorded (a part of the backend's check state: a new one is a new decision)."""
+    return len(_FAILED_LAUNCHES)
