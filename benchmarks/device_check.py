@@ -21,7 +21,8 @@ with ``--no-index`` against setuptools 81).
 
 The JSON file is rewritten after each part (and after each correctness case and each row of parts 7 and 8), so a
 crash or a timeout keeps what was measured; a case or a part that raises is recorded with its error and the check goes
-on.
+on. Every timed call of a model enters its own autocast region, as a training or test loop does per step, so no model
+reuses autocast's cached weight casts from an earlier call.
 
 First, which calls the Triton backend takes on this device (``targets``): its compute capability and shared memory
 per block, and the backend chosen at the published sizes and at the largest declared corner, float32 and bfloat16 /
@@ -83,9 +84,11 @@ if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imp
 import torch
 import torch.nn.functional as F
 from device_training import (
+    AUTOCAST_DTYPE,
     TRAINING_FULL,
     TRAINING_SMOKE,
     Case,
+    backbone_step,
     estimate_plan,
     format_plan,
     format_summary,
@@ -94,7 +97,7 @@ from device_training import (
     summarize,
     training_plan,
 )
-from harness import PeakMemory, build_backbone, median_time
+from harness import PeakMemory, build_backbone, in_autocast, median_time
 from triton_cubins import format_table, resource_usage
 
 import soft_mm
@@ -303,15 +306,10 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     x = torch.randn(cfg['batch'], 3, *image, device=device)
     for name in BACKBONES:
         model = build_backbone(name, image).to(device)
-
-        def forward_backward(model=model):
-            torch.autograd.backward([o.float().mean() for o in model(x)])
-            model.zero_grad(set_to_none=True)
-
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            rows.append(measure(dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}"),
-                                lambda model=model: model.eval()(x),
-                                lambda model=model: (model.train(), forward_backward()), device, cfg['repeats']))
+        # each call in its own autocast region: no model reuses another call's weight casts
+        rows.append(measure(dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}"),
+                            in_autocast(lambda model=model: model.eval()(x), device.type, AUTOCAST_DTYPE),
+                            backbone_step(model, model, x), device, cfg['repeats']))
         model.cpu()
     return rows
 
@@ -324,17 +322,19 @@ def compiled_backbone(cfg: dict, device: torch.device, backend: str) -> list[dic
     model = build_backbone('soft_norm_small', image).to(device).eval()
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     row = dict(model='soft_norm_small', input=f"{cfg['batch']}x{image[0]}x{image[1]}", backend=backend)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+    compiled_fwd = in_autocast(lambda: compiled(x), device.type, AUTOCAST_DTYPE)  # an autocast region per call
+    eager_fwd = in_autocast(lambda: model(x), device.type, AUTOCAST_DTYPE)
+    with torch.no_grad():
         start = time.perf_counter()
-        maps = compiled(x)
+        maps = compiled_fwd()
         if device.type == 'cuda':
             torch.cuda.synchronize(device)
         row['compile_s'] = time.perf_counter() - start
-        eager = model(x)
+        eager = eager_fwd()
         row['max_rel_diff'] = max(float((a.float() - b.float()).abs().max() / b.float().abs().max())
                                   for a, b in zip(maps, eager))
-        row['compiled_fwd_ms'] = 1e3 * median_time(lambda: compiled(x), device, cfg['repeats'])
-        row['eager_fwd_ms'] = 1e3 * median_time(lambda: model(x), device, cfg['repeats'])
+        row['compiled_fwd_ms'] = 1e3 * median_time(compiled_fwd, device, cfg['repeats'])
+        row['eager_fwd_ms'] = 1e3 * median_time(eager_fwd, device, cfg['repeats'])
     print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()), flush=True)
     return [row]
 
@@ -342,7 +342,8 @@ def compiled_backbone(cfg: dict, device: torch.device, backend: str) -> list[dic
 def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
     """Part 6: where the eager bfloat16 forward's time goes (SOFT-Norm-Small and Swin-T, ``torch.profiler``, three
     forwards): the operators with the most device time, the kernels launched per forward and their summed time beside
-    the forward's wall time (a wall time well above the kernels' is time the GPU waits for Python to launch them)."""
+    the forward's wall time (a wall time well above the kernels' is time the GPU waits for Python to launch them).
+    Each forward enters its own autocast region, so the peers pay their weight casts in every forward as SOFT does."""
     from torch.profiler import ProfilerActivity, profile
 
     image = cfg['image']
@@ -353,11 +354,12 @@ def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
     rows, runs = [], 3
     for name in BACKBONES[:2]:
         model = build_backbone(name, image).to(device).eval()
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-            wall_ms = 1e3 * median_time(lambda model=model: model(x), device, cfg['repeats'])
+        forward = in_autocast(lambda model=model: model(x), device.type, AUTOCAST_DTYPE)
+        with torch.no_grad():
+            wall_ms = 1e3 * median_time(forward, device, cfg['repeats'])
             with profile(activities=activities) as prof:
                 for _ in range(runs):
-                    model(x)
+                    forward()
                 if on_gpu:
                     torch.cuda.synchronize(device)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
