@@ -22,17 +22,22 @@ def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
         assert proc.returncode == 1 and f"No module named '{name}' (blocked by the test)" in proc.stderr, proc.stderr
 
 
+def smoke_run(tmp_path, *args: str) -> tuple[dict, str]:
+    """``device_check.py --smoke *args`` as the bare GPU machine runs it: no mm* package, from a folder outside the
+    checkout, the checkout not on PYTHONPATH (the tool finds its own soft_mm); (the report, stdout)."""
+    out = tmp_path / 'device_check.json'
+    env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks/device_check.py'), '--smoke', *args, '--out',
+                           str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), proc.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.triton_kernels
 @pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
 def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_table(tmp_path):
-    out = tmp_path / 'device_check.json'
-    env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
-    # from a folder outside the checkout, the checkout not on PYTHONPATH: the tool finds its own soft_mm
-    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks/device_check.py'), '--smoke', '--out', str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    report, stdout = smoke_run(tmp_path)
     assert report['soft_mm'] == str(ROOT / 'soft_mm')
     assert not [key for key in report if key.endswith('_error')], report
     assert report['correctness'] and all(row['ok'] for row in report['correctness'])
@@ -52,7 +57,7 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     assert compiled['backend'] == 'eager' and compiled['max_rel_diff'] < 5e-2 and compiled['compiled_fwd_ms'] > 0
     # the table tests/ops/test_triton_cubins.py holds: 28 kernels (the m×m one and its backward among them) × 2
     assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 56
-    assert 'sm_80 regs / spill B' in proc.stdout
+    assert 'sm_80 regs / spill B' in stdout
     # the training part: every row of the plan, in its order (the eager rows of both sizes first), none cut short
     training, plan = report['training'], training_plan(TRAINING_SMOKE)
     assert [(row['case'], row['model'], row.get('input', row.get('tokens'))) for row in training] == [
@@ -73,8 +78,8 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     summary = report['summary']
     assert len(summary) == 5 and all(line['status'] in ('met', 'not met', 'not measured') for line in summary)
     assert all(line['status'] != 'not measured' for i, line in enumerate(summary) if i != 3), summary
-    assert 'the training plan on a GPU' in proc.stdout and '| target | measured | needed | |' in proc.stdout
-    assert 'total' in proc.stdout and 'runs only if time is left' in proc.stdout
+    assert 'the training plan on a GPU' in stdout and '| target | measured | needed | |' in stdout
+    assert 'total' in stdout and 'runs only if time is left' in stdout
     # where the forward's time goes, per model: the operators with the most time (on CPU no kernel launches)
     assert [row['model'] for row in report['profile']] == ['soft_norm_small', 'swin_t']
     for row in report['profile']:
@@ -86,13 +91,7 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
 @pytest.mark.triton_kernels
 @pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
 def test_smoke_run_of_the_graphs_part_counts_recompiles_in_its_own_process(tmp_path):
-    out = tmp_path / 'graphs.json'
-    env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
-    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks/device_check.py'), '--smoke', '--parts', 'graphs',
-                           '--out', str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=1200, env=env,
-                          check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    report, stdout = smoke_run(tmp_path, '--parts', 'graphs')
     assert set(report) == {'device', 'torch', 'soft_mm', 'targets', 'graphs'}
     dynamic, graphed = report['graphs']
     assert (dynamic['mode'], graphed['mode']) == ('dynamic', 'reduce-overhead')
@@ -111,7 +110,7 @@ def test_smoke_run_of_the_graphs_part_counts_recompiles_in_its_own_process(tmp_p
         assert 'pad_size_divisor' in graphed['pad_size_divisor_refused'], graphed
     else:
         assert graphed['pad_size_divisor'] == 64 and graphed['padded_sizes'] == ['1x64x128', '1x64x128']
-    assert 'the graphs plan on a GPU' in proc.stdout
+    assert 'the graphs plan on a GPU' in stdout
 
 
 def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_path, monkeypatch):
