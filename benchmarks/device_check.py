@@ -1,6 +1,6 @@
 """The prepared GPU check: the SOFT op's Triton backend tested on the device, then timed against the PyTorch paths
 and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command: parts 1-5 took 219 s on an
-H200 (2026-12-04), part 7 keeps within its own budget (225 s), part 8 runs alone within its own (200 s).
+H200 (2026-12-04), part 7 keeps within its own budget (220 s), part 8 runs alone within its own (200 s).
 
     python benchmarks/device_check.py            # on a CUDA machine: parts 1-7, the tables, device_check.json
     python benchmarks/device_check.py --parts training --out training.json   # issue 53's table: about 4 minutes

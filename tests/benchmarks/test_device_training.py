@@ -32,8 +32,9 @@ def test_the_gpu_plan_runs_the_eager_rows_first_and_the_targets_rows_fit_the_bud
     assert all(e > 0 for e in estimates)
     # every row a target needs, and the RetinaNet rows, within the budget by the estimate; ConvNeXt-T's compile after
     assert sum(estimates[:11]) <= check.FULL['training_budget_s'] < sum(estimates)
-    # with the process's start (imports, CUDA, the targets' decisions) and the hard stop's grace, within 4 minutes
-    assert check.FULL['training_budget_s'] + check.FULL['hard_stop_grace_s'] + 5 <= 240
+    # with the process's start (imports, CUDA, the targets' decisions: 15 s at most) and the hard stop's grace, within
+    # 4 minutes
+    assert check.FULL['training_budget_s'] + check.FULL['hard_stop_grace_s'] + 15 <= 240
     # each compile counted at its bound: the compiled rows cost the most
     assert min(estimates[7:9]) > max(estimates[:7])
     graphs = tool.graphs_plan(check.FULL)
