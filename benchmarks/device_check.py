@@ -1,8 +1,10 @@
 """The prepared GPU check: the SOFT op's Triton backend tested on the device, then timed against the PyTorch paths
 and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command: parts 1-5 took 219 s on an
-H200 (2026-12-04), part 7 keeps within its own 240 s.
+H200 (2026-12-04), part 7 keeps within its own budget (220 s), part 8 runs alone within its own (200 s).
 
-    python benchmarks/device_check.py            # on a CUDA machine: prints the tables, writes device_check.json
+    python benchmarks/device_check.py            # on a CUDA machine: parts 1-7, the tables, device_check.json
+    python benchmarks/device_check.py --parts training --out training.json   # issue 53's table: about 4 minutes
+    python benchmarks/device_check.py --parts graphs --out graphs.json       # then part 8 in a process of its own
     python benchmarks/device_check.py --smoke    # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
 
 Needs torch, triton and timm only (no mm* package, no network): it imports the op layer, the pyramid and the
@@ -17,8 +19,10 @@ index)::
 (the install needs setuptools >= 77 already installed there, for pyproject's ``license = "MIT"``; checked offline
 with ``--no-index`` against setuptools 81).
 
-The JSON file is rewritten after each part (and after each correctness case), so a crash or a timeout keeps what was
-measured; a case or a part that raises is recorded with its error and the check goes on.
+The JSON file is rewritten after each part (and after each correctness case and each row of parts 7 and 8), so a
+crash or a timeout keeps what was measured; a case or a part that raises is recorded with its error and the check goes
+on. Every timed call of a model enters its own autocast region, as a training or test loop does per step, so no model
+reuses autocast's cached weight casts from an earlier call.
 
 First, which calls the Triton backend takes on this device (``targets``): its compute capability (or, under ROCm, its
 AMD architecture) and shared memory per block, and the backend chosen at the published sizes and at the largest
@@ -50,14 +54,20 @@ Parts:
    and spilled bytes per kernel and dtypes (:mod:`triton_cubins`, the table its test holds at 0 spills);
 6. where the eager bfloat16 forward's time goes: SOFT-Norm-Small and Swin-T under ``torch.profiler``, the operators
    with the most device time, the kernels per forward and their summed time beside the wall time;
-7. where detectors are trained (:func:`bench_training`): SOFT-Norm-Small, Swin-T and ConvNeXt-T, forward and training
-   step under bfloat16 autocast, eager, compiled and CUDA-graphed (``mode='reduce-overhead'``) at batch 2 x 800x1344,
-   eager and compiled at batch 1 x 1600x2688: times, compile times apart, kernels and their device time per call,
-   peak memory; within its own time budget (240 s), so that the whole check stays within a lease.
+7. the training table (:func:`bench_training`, :mod:`device_training`), in order of value: the eager training step
+   of SOFT-Norm-Small, Swin-T and ConvNeXt-T at batch 2 x 800x1344 and 1 x 1600x2688, the op's forward+backward at
+   67k tokens, the compiled step of SOFT-Norm-Small and Swin-T, the whole RetinaNet step (torchvision's, AdamW), then
+   ConvNeXt-T compiled if time is left; bfloat16 autocast; then one summary line per target of issue 53 (met, not
+   met, not measured). The plan is printed with its estimate; a case starts only where its estimate fits the time
+   left, and stops between calls (or, inside a call, after a grace) when the part's budget is spent, keeping what it
+   measured;
+8. ``graphs``, only when named and best in a process of its own (:func:`bench_graphs`): SOFT-Norm-Small with
+   ``compile_stages`` trained on two sizes in turn, ``dynamic=True`` and then CUDA graphs (``mode='reduce-overhead'``,
+   ``pad_size_divisor`` where the pyramid takes it), with the graphs compiled and the CUDA graphs captured before and
+   after the sizes have been seen (recompiles, re-records).
 
-``--parts correctness profile`` (any of the seven, by name) runs only those, e.g. a rerun within a short lease;
-``--parts training op`` is issue 48's GPU table (about 4 minutes on an H100/H200: the training part's budget and the
-op's forward+backward at 16k, 67k and 267k tokens).
+``--parts correctness profile`` (any of the eight, by name) runs only those, e.g. a rerun within a short lease;
+``--budget-s`` sets the time budget of parts 7 and 8.
 """
 from __future__ import annotations
 
@@ -75,7 +85,21 @@ if '--smoke' in sys.argv:  # the interpreter must be chosen before triton is imp
 
 import torch
 import torch.nn.functional as F
-from harness import PeakMemory, build_backbone, device_kernels, median_time, profiled_call, sync
+from device_training import (
+    AUTOCAST_DTYPE,
+    TRAINING_FULL,
+    TRAINING_SMOKE,
+    Case,
+    backbone_step,
+    estimate_plan,
+    format_plan,
+    format_summary,
+    graphs_plan,
+    run_plan,
+    summarize,
+    training_plan,
+)
+from harness import PeakMemory, build_backbone, in_autocast, median_time
 from triton_cubins import format_table, resource_usage
 
 import soft_mm
@@ -101,13 +125,9 @@ from soft_mm.utils.atomic import atomic_write_text
 
 FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),
             batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5,
-            # part 7: (batch, image, modes) in order, and the part's time budget in seconds (cases not begun by then
-            # are recorded as skipped)
-            training=(((2, (800, 1344)), ('eager', 'compile', 'reduce-overhead')),
-                      ((1, (1600, 2688)), ('eager', 'compile'))), training_budget_s=240, compile_backend='inductor')
+            **TRAINING_FULL)  # parts 7 and 8 (device_training.py)
 SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
-             image=(64, 96), repeats=1, training=(((1, (64, 96)), ('eager', 'compile')),), training_budget_s=600,
-             compile_backend='eager')
+             image=(64, 96), repeats=1, **TRAINING_SMOKE)
 # (N, m, d) at the Triton backend's declared limits: the largest tiles (every kernel's shared memory at its most) and
 # the smallest; run after the check cases, in both modes
 CORNER_CASES = ((300, MAX_LANDMARKS, MAX_HEAD_DIM), (300, 1, 16))
@@ -260,24 +280,33 @@ def copy_bandwidth(device: torch.device) -> float:
     return 2 * x.numel() / seconds
 
 
+# part 2's methods on the same (q, landmarks, v): the Triton backend, the reference PyTorch math, softmax attention
+OP_METHODS: dict[str, Callable] = {
+    'triton': lambda q, lm, v: soft_attention(q, lm, v, backend='triton', **SETTINGS),
+    'reference': lambda q, lm, v: soft_attention(q, lm, v, backend='reference', **SETTINGS),
+    'sdpa': lambda q, lm, v: F.scaled_dot_product_attention(q, q, v),
+}
+
+
+def op_row(method: str, inputs: list[torch.Tensor], cfg: dict, device: torch.device) -> dict:
+    """One method of :data:`OP_METHODS` on ``inputs`` (:func:`op_inputs`): forward, forward+backward, peak memory
+    (:func:`measure`)."""
+    q, lm, v, grad = inputs
+    fn = OP_METHODS[method]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
+    return measure(dict(dtype=str(q.dtype).replace('torch.', ''), tokens=q.shape[-2], method=method),
+                   lambda: fn(q, lm, v), lambda: torch.autograd.backward(fn(*leaves), grad), device, cfg['repeats'])
+
+
 def bench_op(cfg: dict, device: torch.device) -> list[dict]:
     rows = []
     bandwidth = copy_bandwidth(device)
     for dtype in (torch.bfloat16, torch.float16, torch.float32):
         for tokens in cfg['op_tokens']:
-            q, lm, v, grad = op_inputs(tokens, cfg['landmarks'], cfg, device, dtype)
-            moved = 3 * q.numel() * q.element_size()  # q, v and the output, once
-            methods = {
-                'triton': lambda q, lm, v: soft_attention(q, lm, v, backend='triton', **SETTINGS),
-                'reference': lambda q, lm, v: soft_attention(q, lm, v, backend='reference', **SETTINGS),
-                'sdpa': lambda q, lm, v: F.scaled_dot_product_attention(q, q, v),
-            }
-            for name, fn in methods.items():
-                leaves = [t.detach().clone().requires_grad_() for t in (q, lm, v)]
-                row = measure(dict(dtype=str(dtype).replace('torch.', ''), tokens=tokens, method=name),
-                              lambda fn=fn, inputs=(q, lm, v): fn(*inputs),
-                              lambda fn=fn, leaves=leaves, grad=grad: torch.autograd.backward(fn(*leaves), grad),
-                              device, cfg['repeats'])
+            inputs = op_inputs(tokens, cfg['landmarks'], cfg, device, dtype)
+            moved = 3 * inputs[0].numel() * inputs[0].element_size()  # q, v and the output, once
+            for name in OP_METHODS:
+                row = op_row(name, inputs, cfg, device)
                 if name == 'triton' and 'fwd_ms' in row:
                     row['fwd_vs_memory_time'] = row['fwd_ms'] / (1e3 * moved / bandwidth)
                     print(f"    triton forward = {row['fwd_vs_memory_time']:.2f}x the time to move q, v and the "
@@ -292,15 +321,10 @@ def bench_backbones(cfg: dict, device: torch.device) -> list[dict]:
     x = torch.randn(cfg['batch'], 3, *image, device=device)
     for name in BACKBONES:
         model = build_backbone(name, image).to(device)
-
-        def forward_backward(model=model):
-            torch.autograd.backward([o.float().mean() for o in model(x)])
-            model.zero_grad(set_to_none=True)
-
-        with torch.autocast(device.type, dtype=torch.bfloat16):
-            rows.append(measure(dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}"),
-                                lambda model=model: model.eval()(x),
-                                lambda model=model: (model.train(), forward_backward()), device, cfg['repeats']))
+        # each call in its own autocast region: no model reuses another call's weight casts
+        rows.append(measure(dict(model=name, input=f"{cfg['batch']}x{image[0]}x{image[1]}"),
+                            in_autocast(lambda model=model: model.eval()(x), device.type, AUTOCAST_DTYPE),
+                            backbone_step(model, model, x), device, cfg['repeats']))
         model.cpu()
     return rows
 
@@ -313,17 +337,19 @@ def compiled_backbone(cfg: dict, device: torch.device, backend: str) -> list[dic
     model = build_backbone('soft_norm_small', image).to(device).eval()
     compiled = torch.compile(model, backend=backend, fullgraph=True)
     row = dict(model='soft_norm_small', input=f"{cfg['batch']}x{image[0]}x{image[1]}", backend=backend)
-    with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
+    compiled_fwd = in_autocast(lambda: compiled(x), device.type, AUTOCAST_DTYPE)  # an autocast region per call
+    eager_fwd = in_autocast(lambda: model(x), device.type, AUTOCAST_DTYPE)
+    with torch.no_grad():
         start = time.perf_counter()
-        maps = compiled(x)
+        maps = compiled_fwd()
         if device.type == 'cuda':
             torch.cuda.synchronize(device)
         row['compile_s'] = time.perf_counter() - start
-        eager = model(x)
+        eager = eager_fwd()
         row['max_rel_diff'] = max(float((a.float() - b.float()).abs().max() / b.float().abs().max())
                                   for a, b in zip(maps, eager))
-        row['compiled_fwd_ms'] = 1e3 * median_time(lambda: compiled(x), device, cfg['repeats'])
-        row['eager_fwd_ms'] = 1e3 * median_time(lambda: model(x), device, cfg['repeats'])
+        row['compiled_fwd_ms'] = 1e3 * median_time(compiled_fwd, device, cfg['repeats'])
+        row['eager_fwd_ms'] = 1e3 * median_time(eager_fwd, device, cfg['repeats'])
     print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}' for k, v in row.items()), flush=True)
     return [row]
 
@@ -331,7 +357,8 @@ def compiled_backbone(cfg: dict, device: torch.device, backend: str) -> list[dic
 def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
     """Part 6: where the eager bfloat16 forward's time goes (SOFT-Norm-Small and Swin-T, ``torch.profiler``, three
     forwards): the operators with the most device time, the kernels launched per forward and their summed time beside
-    the forward's wall time (a wall time well above the kernels' is time the GPU waits for Python to launch them)."""
+    the forward's wall time (a wall time well above the kernels' is time the GPU waits for Python to launch them).
+    Each forward enters its own autocast region, so the peers pay their weight casts in every forward as SOFT does."""
     from torch.profiler import ProfilerActivity, profile
 
     image = cfg['image']
@@ -342,11 +369,12 @@ def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
     rows, runs = [], 3
     for name in BACKBONES[:2]:
         model = build_backbone(name, image).to(device).eval()
-        with torch.no_grad(), torch.autocast(device.type, dtype=torch.bfloat16):
-            wall_ms = 1e3 * median_time(lambda model=model: model(x), device, cfg['repeats'])
+        forward = in_autocast(lambda model=model: model(x), device.type, AUTOCAST_DTYPE)
+        with torch.no_grad():
+            wall_ms = 1e3 * median_time(forward, device, cfg['repeats'])
             with profile(activities=activities) as prof:
                 for _ in range(runs):
-                    model(x)
+                    forward()
                 if on_gpu:
                     torch.cuda.synchronize(device)
         kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
@@ -364,81 +392,38 @@ def profile_forward(cfg: dict, device: torch.device) -> list[dict]:
     return rows
 
 
-def _kernels_of(fn: Callable[[], object], device: torch.device) -> dict:
-    """The kernels one call of ``fn`` launches and their summed device time (``torch.profiler``; on CPU none)."""
-    kernels, kernel_ms = device_kernels(profiled_call(fn, device))
-    return dict(kernels=kernels, kernel_ms=kernel_ms)
+def op_target(cfg: dict, device: torch.device, case: Case) -> dict:
+    """The training table's op row: part 2's Triton forward and forward+backward at ``case.tokens`` in bfloat16."""
+    return op_row(case.model, op_inputs(case.tokens, cfg['landmarks'], cfg, device, torch.bfloat16), cfg, device)
 
 
-def _training_case(name: str, model: torch.nn.Module, x: torch.Tensor, mode: str, cfg: dict,
-                   device: torch.device) -> dict:
-    """One model in one mode: the forward (eval, no grad) and the training step (forward and backward of the maps'
-    means) under bfloat16 autocast, each run's compile time apart (its first call against a steady call), the kernels
-    and device time of one call, the step's peak memory."""
-    if mode == 'eager':
-        run = model
-    else:  # the same way for every model: torch.compile default, or CUDA graphs through mode='reduce-overhead'
-        options = dict(backend=cfg['compile_backend'])
-        if mode != 'compile':
-            options['mode'] = mode
-        run = torch.compile(model, **options)
-
-    def forward():
-        with torch.no_grad():
-            model.eval()
-            return run(x)
-
-    def step():
-        model.train()
-        torch.autograd.backward([o.float().mean() for o in run(x)])
-        model.zero_grad(set_to_none=True)
-
-    row = dict(model=name, input=f'{x.shape[0]}x{x.shape[2]}x{x.shape[3]}', mode=mode)
-    with torch.autocast(device.type, dtype=torch.bfloat16):
-        for kind, fn in (('step', step), ('fwd', forward)):
-            start = time.perf_counter()
-            fn()
-            sync(device)
-            first = time.perf_counter() - start
-            fn()  # (reduce-overhead records its CUDA graph on a later call)
-            row[f'{kind}_ms'] = 1e3 * median_time(fn, device, cfg['repeats'])
-            row[f'{kind}_compile_s'] = max(0.0, first - row[f'{kind}_ms'] / 1e3) if mode != 'eager' else 0.0
-            counts = _kernels_of(fn, device)
-            row[f'{kind}_kernels'], row[f'{kind}_kernel_ms'] = counts['kernels'], counts['kernel_ms']
-        memory = PeakMemory(device)
-        memory.start()
-        step()
-        row['step_peak_mib'] = memory.peak_mib()
-    return row
-
-
-def bench_training(cfg: dict, device: torch.device) -> list[dict]:
-    """Part 7: where detectors are trained. SOFT-Norm-Small, Swin-T and ConvNeXt-T, bfloat16 autocast, forward and
-    training step, eager, compiled (``torch.compile`` default) and CUDA-graphed (``mode='reduce-overhead'``), the same
-    way for every model, at each input of ``cfg['training']``: the times, the compile times apart, the kernels and
-    their device time per call, the step's peak memory. Cases in order, rounds per model interleaved by mode; a case
-    not begun within ``cfg['training_budget_s']`` is recorded as skipped, a case that fails with its error."""
-    rows, start = [], time.perf_counter()
-    for (batch, image), modes in cfg['training']:
-        x = torch.randn(batch, 3, *image, device=device)
-        for name in BACKBONES:
-            model = build_backbone(name, image).to(device)
-            for mode in modes:
-                base = dict(model=name, input=f'{batch}x{image[0]}x{image[1]}', mode=mode)
-                if time.perf_counter() - start > cfg['training_budget_s']:
-                    rows.append(dict(base, skipped=f"the part's {cfg['training_budget_s']} s were spent"))
-                    continue
-                try:
-                    row = _training_case(name, model, x, mode, cfg, device)
-                except Exception as err:  # out of memory, a compile failure: recorded, the next case runs
-                    row = dict(base, error=error_line(err))
-                torch._dynamo.reset()
-                print('  ' + ', '.join(f'{k}={v:.4g}' if isinstance(v, float) else f'{k}={v}'
-                                       for k, v in row.items()), flush=True)
-                rows.append(row)
-            model.cpu()
-            del model
+def bench_training(cfg: dict, device: torch.device, report: Report, budget_s: float | None = None) -> list[dict]:
+    """Part 7, the table that answers issue 53's targets (:mod:`device_training`): the plan printed with its estimate,
+    each row written to the report as it comes, within ``budget_s`` (default ``cfg['training_budget_s']``), then the
+    summary, one line per target (printed, and the report's ``summary``)."""
+    cases = training_plan(cfg)
+    budget_s = cfg['training_budget_s'] if budget_s is None else budget_s
+    _print_plan('the training plan', training_plan, FULL)
+    rows = report.part('training')
+    run_plan(cases, cfg, device, budget_s, rows, report.save, op_case=lambda case: op_target(cfg, device, case))
+    report.data['summary'] = summarize(rows, cfg)
+    print(format_summary(report.data['summary']), flush=True)
     return rows
+
+
+def bench_graphs(cfg: dict, device: torch.device, report: Report, budget_s: float | None = None) -> list[dict]:
+    """Part 8, in a process of its own: SOFT-Norm-Small's compile_stages on two sizes in turn, dynamic shapes, then
+    CUDA graphs (:func:`device_training.graphs_plan`), within ``budget_s`` (default ``cfg['graphs_budget_s']``)."""
+    budget_s = cfg['graphs_budget_s'] if budget_s is None else budget_s
+    _print_plan('the graphs plan', graphs_plan, FULL)
+    return run_plan(graphs_plan(cfg), cfg, device, budget_s, report.part('graphs'), report.save)
+
+
+def _print_plan(title: str, plan: Callable[[dict], list[Case]], cfg: dict) -> None:
+    """A plan at the GPU's sizes with its estimate (also under --smoke, which runs the same cases at tiny sizes)."""
+    cases = plan(cfg)
+    budget_key = 'training_budget_s' if plan is training_plan else 'graphs_budget_s'
+    print(format_plan(f'{title} on a GPU', cases, estimate_plan(cases, cfg), cfg[budget_key]), flush=True)
 
 
 def compiled_kernels(device: torch.device) -> list[dict]:
@@ -483,16 +468,24 @@ class Report:
         self.save()
 
 
-PARTS = ('correctness', 'op', 'backbones', 'compile', 'cubins', 'profile', 'training')
+PARTS = ('correctness', 'op', 'backbones', 'compile', 'cubins', 'profile', 'training', 'graphs')
+# 'graphs' only when named, in a run of its own (parts 1-7 take about 7.5 minutes together)
+DEFAULT_PARTS = PARTS[:-1]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument('--smoke', action='store_true', help='tiny sizes on CPU under the Triton interpreter')
     parser.add_argument('--out', default='device_check.json')
-    parser.add_argument('--parts', nargs='+', choices=PARTS, default=list(PARTS), metavar='PART',
-                        help=f'the parts to run, in their order (default: all of {", ".join(PARTS)})')
+    parser.add_argument('--parts', nargs='+', choices=PARTS, default=list(DEFAULT_PARTS), metavar='PART',
+                        help=f'the parts to run, in their order, of {", ".join(PARTS)} (default: all but graphs, '
+                             'which runs alone: --parts graphs)')
+    parser.add_argument('--budget-s', type=float, default=None, metavar='SECONDS',
+                        help='the time budget of the training and graphs parts, each (default: '
+                             f"{FULL['training_budget_s']} and {FULL['graphs_budget_s']} s on a GPU)")
     args = parser.parse_args(argv)
+    if args.budget_s is not None and args.budget_s <= 0:
+        parser.error(f'--budget-s must be > 0, got {args.budget_s:g}')
     cfg = SMOKE if args.smoke else FULL
     device = torch.device('cpu' if args.smoke else 'cuda')
     if device.type == 'cuda' and not torch.cuda.is_available():
@@ -514,7 +507,10 @@ def main(argv: list[str] | None = None) -> int:
         'cubins': ('the Triton kernels compiled (registers / spilled bytes per thread)',
                    lambda: compiled_kernels(device)),
         'profile': ('where the eager bfloat16 forward\'s time goes', lambda: profile_forward(cfg, device)),
-        'training': ('forward and training step: eager, compiled, CUDA-graphed', lambda: bench_training(cfg, device)),
+        'training': ('the training step: eager, the op, compiled, RetinaNet; the targets',
+                     lambda: bench_training(cfg, device, report, args.budget_s)),
+        'graphs': ('compile_stages on two sizes in turn: dynamic shapes, CUDA graphs',
+                   lambda: bench_graphs(cfg, device, report, args.budget_s)),
     }
     for number, part in enumerate(PARTS, 1):
         if part in args.parts:

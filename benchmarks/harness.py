@@ -58,6 +58,7 @@ __all__ = [
     'figure',
     'gemm_gflops',
     'glibc_malloc_note',
+    'in_autocast',
     'inductor_freezing',
     'interleaved_medians',
     'median_time',
@@ -425,3 +426,15 @@ def write_results(out: str | Path, name: str, table: str, args: argparse.Namespa
     arguments = {key: value for key, value in vars(args).items() if key != 'worker'}
     (folder / f'{name}.json').write_text(json.dumps({'args': arguments, **data}, indent=2))
     return folder
+
+
+# --- autocast per call
+
+def in_autocast(fn: Callable[[], Any], device_type: str, dtype: torch.dtype) -> Callable[[], Any]:
+    """``fn`` with each call in its own autocast region (``dtype`` on ``device_type``), as a training or test loop
+    enters autocast per step: autocast's cache of cast weights lasts one call, so a model timed over many calls pays
+    its weight casts in each, as it does in training."""
+    def run() -> Any:
+        with torch.autocast(device_type, dtype=dtype):
+            return fn()
+    return run

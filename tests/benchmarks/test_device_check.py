@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import pytest
+from device_training import TRAINING_SMOKE, training_plan
 from helpers.repo import ROOT
 from helpers.tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
@@ -21,17 +22,22 @@ def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):
         assert proc.returncode == 1 and f"No module named '{name}' (blocked by the test)" in proc.stderr, proc.stderr
 
 
+def smoke_run(tmp_path, *args: str) -> tuple[dict, str]:
+    """``device_check.py --smoke *args`` as the bare GPU machine runs it: no mm* package, from a folder outside the
+    checkout, the checkout not on PYTHONPATH (the tool finds its own soft_mm); (the report, stdout)."""
+    out = tmp_path / 'device_check.json'
+    env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
+    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks/device_check.py'), '--smoke', *args, '--out',
+                           str(out)], cwd=tmp_path, capture_output=True, text=True, timeout=1800, env=env, check=False)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return json.loads(out.read_text()), proc.stdout
+
+
 @pytest.mark.slow
 @pytest.mark.triton_kernels
 @pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
 def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_table(tmp_path):
-    out = tmp_path / 'device_check.json'
-    env = dict(blocked_imports_env(tmp_path / 'site'), TRITON_INTERPRET='1')
-    # from a folder outside the checkout, the checkout not on PYTHONPATH: the tool finds its own soft_mm
-    proc = subprocess.run([sys.executable, str(ROOT / 'benchmarks/device_check.py'), '--smoke', '--out', str(out)],
-                          cwd=tmp_path, capture_output=True, text=True, timeout=900, env=env, check=False)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    report = json.loads(out.read_text())
+    report, stdout = smoke_run(tmp_path)
     assert report['soft_mm'] == str(ROOT / 'soft_mm')
     assert not [key for key in report if key.endswith('_error')], report
     assert report['correctness'] and all(row['ok'] for row in report['correctness'])
@@ -51,18 +57,60 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
     assert compiled['backend'] == 'eager' and compiled['max_rel_diff'] < 5e-2 and compiled['compiled_fwd_ms'] > 0
     # the table tests/ops/test_triton_cubins.py holds: 28 kernels (the m×m one and its backward among them) × 2
     assert {row['arch'] for row in report['cubins']} == {'sm_80', 'sm_90'} and len(report['cubins']) == 56
-    assert 'sm_80 regs / spill B' in proc.stdout
-    # the training part: every model eager and compiled (the eager backend in the smoke run), forward and step
-    training = report['training']
-    assert {(row['model'], row['mode']) for row in training} == {(m, mode) for m in ('soft_norm_small', 'swin_t',
-                                                                                     'convnext_t')
-                                                                 for mode in ('eager', 'compile')}, training
-    assert all(row['fwd_ms'] > 0 and row['step_ms'] > 0 and row['step_peak_mib'] >= 0 for row in training), training
+    assert 'sm_80 regs / spill B' in stdout
+    # the training part: every row of the plan, in its order (the eager rows of both sizes first), none cut short
+    training, plan = report['training'], training_plan(TRAINING_SMOKE)
+    assert [(row['case'], row['model'], row.get('input', row.get('tokens'))) for row in training] == [
+        (case.kind, case.model, case.input if case.kind != 'op' else case.tokens) for case in plan]
+    assert [row['case'] for row in training[:6]] == ['eager'] * 6
+    assert not [row for row in training if {'error', 'skipped', 'cut_short'} & set(row)], training
+    steps = [row for row in training if row['case'] != 'op']
+    assert all(row['step_ms'] > 0 and row['peak_mib'] >= 0 and row['seconds'] > 0 for row in steps), steps
+    assert all(row['graphs'] >= 1 and row['backend'] == 'eager' for row in steps if row['case'] == 'compiled')
+    (op,) = [row for row in training if row['case'] == 'op']
+    assert op['method'] == 'triton' and op['dtype'] == 'bfloat16' and op['tokens'] == 200 and op['fwd_bwd_ms'] > 0
+    # the whole RetinaNet step, both backbones under the same neck and head: finite losses
+    detectors = [row for row in training if row['case'] == 'retinanet']
+    assert [row['model'] for row in detectors] == ['soft_norm_small', 'swin_t']
+    assert all(set(row['losses']) == {'classification', 'bbox_regression'} and
+               all(0 < value < 100 for value in row['losses'].values()) for row in detectors), detectors
+    # the summary: one line per target, the speed targets measured (met or not: CPU times say nothing of a GPU)
+    summary = report['summary']
+    assert len(summary) == 5 and all(line['status'] in ('met', 'not met', 'not measured') for line in summary)
+    assert all(line['status'] != 'not measured' for i, line in enumerate(summary) if i != 3), summary
+    assert 'the training plan on a GPU' in stdout and '| target | measured | needed | |' in stdout
+    assert 'total' in stdout and 'runs only if time is left' in stdout
     # where the forward's time goes, per model: the operators with the most time (on CPU no kernel launches)
     assert [row['model'] for row in report['profile']] == ['soft_norm_small', 'swin_t']
     for row in report['profile']:
         assert row['wall_fwd_ms'] > 0 and row['kernels_per_fwd'] == 0 and len(row['top']) == 15
         assert row['top'][0]['ms'] >= row['top'][-1]['ms'] > 0
+
+
+@pytest.mark.slow
+@pytest.mark.triton_kernels
+@pytest.mark.skipif(TRITON_VERSION is None, reason='triton is not installed (bash tools/install.sh adds it)')
+def test_smoke_run_of_the_graphs_part_counts_recompiles_in_its_own_process(tmp_path):
+    report, stdout = smoke_run(tmp_path, '--parts', 'graphs')
+    assert set(report) == {'device', 'torch', 'soft_mm', 'targets', 'graphs'}
+    dynamic, graphed = report['graphs']
+    assert (dynamic['mode'], graphed['mode']) == ('dynamic', 'reduce-overhead')
+    for row in (dynamic, graphed):
+        assert not {'error', 'skipped', 'cut_short'} & set(row), row
+        assert row['sizes'] == ['1x64x96', '1x64x128'] and row['options']['backend'] == 'eager'
+        assert row['step_ms_1x64x96'] > 0 and row['step_ms_1x64x128'] > 0
+        # dynamic shapes: at most two graphs per stage (the four stages) over both sizes, none once both were seen
+        assert 4 <= row['first_size_graphs'] <= row['warm_graphs'] <= 2 * 4, row
+        assert row['steady_graphs'] == 0 and row['steady_graph_breaks'] == 0, row
+        # no CUDA graphs on CPU: none captured, and the row says so
+        assert row['cuda_graphs'] is False and row['warm_captures'] == row['steady_captures'] == 0
+    # the pad is asked for where CUDA graphs would be recorded, and either taken or the refusal recorded
+    assert 'pad_size_divisor_refused' not in dynamic and dynamic['pad_size_divisor'] is None
+    if graphed['pad_size_divisor'] is None:
+        assert 'pad_size_divisor' in graphed['pad_size_divisor_refused'], graphed
+    else:
+        assert graphed['pad_size_divisor'] == 64 and graphed['padded_sizes'] == ['1x64x128', '1x64x128']
+    assert 'the graphs plan on a GPU' in stdout
 
 
 def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_path, monkeypatch):
@@ -112,17 +160,28 @@ def test_parts_run_in_their_order_and_alone(load_benchmark, tmp_path, monkeypatc
     calls = []
     for name, part in (('check_correctness', 'correctness'), ('bench_op', 'op'), ('bench_backbones', 'backbones'),
                        ('compiled_backbone', 'compile'), ('compiled_kernels', 'cubins'),
-                       ('profile_forward', 'profile'), ('bench_training', 'training')):
-        monkeypatch.setattr(tool, name, lambda *args, part=part: calls.append(part) or [dict(ok=True)])
+                       ('profile_forward', 'profile'), ('bench_training', 'training'), ('bench_graphs', 'graphs')):
+        monkeypatch.setattr(tool, name, lambda *args, part=part: calls.append((part, args[3:])) or [dict(ok=True)])
     out = tmp_path / 'report.json'
-    assert tool.main(['--smoke', '--parts', 'training', 'profile', 'correctness', '--out', str(out)]) == 0
-    assert calls == ['correctness', 'profile', 'training']
+    assert tool.main(['--smoke', '--parts', 'graphs', 'training', 'profile', 'correctness', '--out', str(out)]) == 0
+    # the training and graphs parts get --budget-s (None: their configuration's)
+    assert calls == [('correctness', ()), ('profile', ()), ('training', (None,)), ('graphs', (None,))]
     assert set(json.loads(out.read_text())) == {'device', 'torch', 'soft_mm', 'targets', 'correctness', 'profile',
-                                                'training'}
+                                                'training', 'graphs'}
     assert '1. Triton backend' in capsys.readouterr().out
+    calls.clear()
+    assert tool.main(['--smoke', '--budget-s', '30', '--out', str(out)]) == 0  # the default: every part but graphs
+    assert [part for part, _ in calls] == ['correctness', 'op', 'backbones', 'compile', 'cubins', 'profile',
+                                           'training'] and calls[-1][1] == (30.0,)
+    capsys.readouterr()
+    for argv, message in ((['--parts', 'speed'], "argument --parts: invalid choice: 'speed'"),
+                          (['--budget-s', '0'], '--budget-s must be > 0, got 0')):
+        with pytest.raises(SystemExit):
+            tool.main(['--smoke', *argv])
+        assert message in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        tool.main(['--smoke', '--parts', 'speed'])
-    assert "argument --parts: invalid choice: 'speed'" in capsys.readouterr().err
+        tool.main(['--help'])
+    assert 'graphs' in capsys.readouterr().out
 
 
 def test_the_targets_part_prints_what_a_model_s_eager_call_is_told(load_benchmark, monkeypatch, capsys):
