@@ -69,3 +69,20 @@ def test_the_padded_buckets_give_the_maps_of_the_padded_input_cropped():
             assert got.shape[-2:] == (-(-height // stride), -(-width // stride))
             torch.testing.assert_close(got, full[..., :got.shape[-2], :got.shape[-1]], rtol=1e-5, atol=1e-5)
     assert len(graphs) == 4  # one graph a stage for the three sizes
+
+
+def test_sizes_of_one_kind_share_the_dynamic_graphs_on_the_cpu_route():
+    # the dispatcher's reasons for passing over a backend name no traced size (a size written into a text fixes the
+    # graph to it): three inputs of different token counts, one graph a stage
+    graphs = []
+
+    def counting_backend(graph_module, example_inputs):
+        graphs.append(1)
+        return graph_module.forward
+
+    model = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0, landmark_grid=2,
+                 compile_stages=dict(backend=counting_backend, dynamic=True)).eval()
+    with torch.no_grad():
+        for size in ((96, 96), (96, 128), (128, 160)):  # (all above the CPU convolution's own size guard)
+            model(torch.randn(1, 3, *size))
+    assert len(graphs) == 4, graphs

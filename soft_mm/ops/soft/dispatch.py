@@ -169,7 +169,9 @@ class Backend:
             if self.max_head_dim is not None and dim is not None and dim > self.max_head_dim:
                 reasons.append(f'takes a {name} of at most {self.max_head_dim} (got {dim})')
         if not forced and call.num_tokens <= self.min_tokens:
-            reasons.append(f'is chosen automatically only above {self.min_tokens} tokens (got {call.num_tokens})')
+            # (the call's own count is not written into the text: under torch.compile it is a traced size, and
+            # writing it would fix the graph to it)
+            reasons.append(f'is chosen automatically only above {self.min_tokens} tokens')
         return reasons
 
     def describe(self) -> str:
