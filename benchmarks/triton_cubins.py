@@ -106,7 +106,7 @@ LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
 LAYER_WIDTHS = (64, 128, 320, _ADD_NORM.MAX_ADD_NORM_WIDTH)
 # the tensors of the stream (the addends, the output and their gradients), in the stream's dtype; the rest float32
-_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'sc_ptr', 'y_ptr', 'dy_ptr', 'ds_ptr', 'dx_ptr')
+_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'sc_ptr', 'y_ptr', 'sum_ptr', 'dy_ptr', 'dsum_ptr', 'ds_ptr', 'dx_ptr')
 LAYER_VARIANTS = _ADD_NORM.LAUNCH_VARIANTS
 
 

@@ -9,6 +9,7 @@ from torch import nn
 from ..ops.functional.add_norm import add_layer_norm, fuses_add_norm
 from ..ops.functional.gelu import linear_gelu
 from ..ops.functional.residual import hooked, linear_residual
+from ..ops.graph_mode import eager_tensors
 
 # torch.fx: linear_gelu picks the fused kernel from the device, dtype and grad mode in Python, so a symbolic trace
 # keeps the call as one node that runs eagerly (see soft_mm.models.attention)
@@ -61,12 +62,30 @@ def drop_path_scales(keep: torch.Tensor, batch: int, dtype: torch.dtype) -> torc
     return torch.empty(keep.shape[0], batch, dtype=dtype, device=keep.device).bernoulli_(keep).div_(keep)
 
 
+class _ScaledSum(torch.autograd.Function):
+    """``residual + scale * branch``: one operator forward, one backward (autograd's ``addcmul`` takes two, the scale's
+    product with its constant first)."""
+
+    @staticmethod
+    def forward(ctx, residual: torch.Tensor, branch: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(scale)
+        return torch.addcmul(residual, branch, scale)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None]:
+        (scale,) = ctx.saved_tensors
+        return grad, grad * scale, None
+
+
 def _residual_sum(residual: torch.Tensor, branch: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
     """``residual + scale * branch`` for tokens ``(B, N, C)`` with ``scale (B,)`` per sample (in the branch's dtype, as
     timm's ``DropPath`` scales it), one operator; ``residual + branch`` without one."""
     if scale is None:
         return residual + branch
-    return torch.addcmul(residual, branch, scale.to(branch.dtype)[:, None, None])
+    scale = scale.to(branch.dtype)[:, None, None]
+    if eager_tensors(residual, branch) and residual.dtype == branch.dtype:
+        return _ScaledSum.apply(residual, branch, scale)
+    return torch.addcmul(residual, branch, scale)
 
 
 class Block(nn.Module):
@@ -75,7 +94,8 @@ class Block(nn.Module):
     ``post_norm=True`` (SOFT stages): ``x = LN(x + attn(x)); x = LN(x + mlp(x))``, each sum and norm one fused kernel
     on the GPU route (:func:`~soft_mm.ops.functional.add_norm.add_layer_norm`), the branch's last bias (an
     ``output_bias`` of the branch) and stochastic depth's scale inside it.
-    ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``.
+    ``post_norm=False`` (softmax stage): ``x = x + attn(LN(x)); x = x + mlp(LN(x))``, the first sum and the second
+    norm one fused kernel on the GPU route (the attention's last bias and its stochastic-depth scale inside it).
     Both residual branches go through stochastic depth with probability ``drop_path`` (``drop_prob``): in training each
     sample's branch scaled by ``mask / keep`` inside the sum it joins, the masks given by the caller (``drop_scales``:
     the stage draws its blocks' at once, :func:`drop_path_scales`) or drawn here. Where stochastic depth is the
@@ -142,6 +162,13 @@ class Block(nn.Module):
                                self.norm1.eps, branch_bias=self.attn.output_bias, branch_scale=attn_scale)
             return add_layer_norm(self.mlp(x, output_bias=False), x, self.norm2.weight, self.norm2.bias,
                                   self.norm2.eps, branch_bias=self.mlp.output_bias, branch_scale=mlp_scale)
+        if self._fuses_add_norm(x) and hasattr(self.attn, 'output_bias'):
+            # pre-norm on the GPU route: the first sum (the projection's bias and the scale in it) and the second
+            # norm in one kernel, which also writes the sum, the stream the MLP's branch joins
+            x, y = add_layer_norm(self.attn(self.norm1(x), hw_shape, output_bias=False), x, self.norm2.weight,
+                                  self.norm2.bias, self.norm2.eps, branch_bias=self.attn.output_bias,
+                                  branch_scale=attn_scale, return_sum=True)
+            return self._feed_forward(y, x, mlp_scale)
         if self.post_norm:
             # the stream keeps its dtype: CUDA autocast runs LayerNorm in float32 and returns float32, which would
             # turn the residual stream float32 (every linear then casts it back); a no-op elsewhere

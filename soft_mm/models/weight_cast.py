@@ -115,10 +115,11 @@ def _casts(stage: nn.Module) -> tuple[list[_Cast], list[ConvBNAct]]:
     are cast), in one walk of its modules."""
     casts, done, kept, convs = [], set(), set(), []
     for module in stage.modules():
-        if isinstance(module, Block) and module.post_norm:
-            # the branches' last biases join the fused sum and norm in float32 (add_layer_norm reads them as they
-            # are): nothing to cast
-            kept.update(id(getattr(branch, 'output_bias', None)) for branch in (module.attn, module.mlp))
+        if isinstance(module, Block):
+            # the branches' last biases that join a fused sum and norm (a post-norm block's two, a pre-norm block's
+            # attention's) in float32, as add_layer_norm reads them: nothing to cast
+            branches = (module.attn, module.mlp) if module.post_norm else (module.attn,)
+            kept.update(id(getattr(branch, 'output_bias', None)) for branch in branches)
         elif isinstance(module, SoftAttention):
             scale = module.head_dim ** -0.25
             merged = _projections(module, [module.qk, module.v], [scale, 1.0])

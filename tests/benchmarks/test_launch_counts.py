@@ -33,7 +33,7 @@ def test_the_counter_counts_what_runs_a_kernel():
 
 
 @pytest.mark.slow  # the Triton interpreter runs SOFT's kernels: about a minute
-def test_soft_norm_small_training_step_within_the_budget_and_below_swin_t(tmp_path, load_benchmark, gpu_route):
+def test_soft_norm_small_training_step_within_the_budget_and_below_0_8_of_swin_t(tmp_path, load_benchmark, gpu_route):
     # SOFT through the tool at the budget's size, 64x64 (its count does not grow with the input: 224x224 gives 12
     # fewer, without the position embedding's resize); Swin-T at the 224x224 its windows tile without padding; both
     # with their default stochastic depth, as their detection configs train them
@@ -48,20 +48,20 @@ def test_soft_norm_small_training_step_within_the_budget_and_below_swin_t(tmp_pa
     step, ops = row['step']['total'], row['step']['ops']
     assert row['model'] == 'soft_norm_small' and step > row['forward']['total'] > 0
     assert step <= STEP_BUDGET, step
-    assert step <= len(swin['step']), (step, len(swin['step']))
+    assert step <= 0.8 * len(swin['step']), (step, len(swin['step']))
     # each of the 11 SOFT layers: 4 Triton launches forward, 5 backward (the m×m work and the partial sums in them),
     # and its block's two sums and LayerNorms and its landmarks' LayerNorm and GELU: 1 launch forward and 1 backward
-    # each (and the partials' sum)
+    # each (and the partials' sum); each of the 4 softmax-stage blocks its first sum with its second LayerNorm
     assert sum(n for name, n in ops.items() if name.startswith('triton.nystrom_')) == 11 * 9
-    assert sum(n for name, n in ops.items() if name.startswith('triton.add_norm_')) == 11 * 3 * 2
-    assert row['step']['categories']['Triton kernels'] == 11 * 9 + 11 * 3 * 2
+    assert sum(n for name, n in ops.items() if name.startswith('triton.add_norm_')) == (11 * 3 + 4) * 2
+    assert row['step']['categories']['Triton kernels'] == 11 * 9 + (11 * 3 + 4) * 2
     assert not {'aten.matmul', 'aten.bmm'} & set(ops), sorted(ops)
     # autocast's weight casts (370 before) replaced by one cast per stage: the casts left are the value convs' filters,
     # the maps', the position embeddings' and the loss's (observed 67)
     assert row['step']['categories']['casts'] <= 70, row['step']['categories']
     # stochastic depth: one draw of every block's masks per stage (two launches; stage 1's one block has a rate of 0),
     # each scale applied inside the sum it guards (observed 84 launches of drop-path masks before)
-    assert ops['aten.bernoulli_'] == 3 and ops.get('aten.mul', 0) <= 16, ops
+    assert ops['aten.bernoulli_'] == 3 and ops.get('aten.mul', 0) <= 4, ops
     assert row['forward']['total'] < len(swin['forward']) + 150, (row['forward']['total'], len(swin['forward']))
 
 

@@ -145,3 +145,93 @@ def test_a_soft_block_gives_the_same_outputs_and_gradients_on_either_route():
     with interpreted_triton_route():
         assert not block._fuses_add_norm(x)
     handle.remove()
+
+
+def _folded_case(with_residual: bool, seed: int = 1):
+    """A (3 samples x 37 tokens x 80 channels) case with a residual (or none), the branch's bias, stochastic depth's
+    scales (the first sample dropped, the others kept at 1 / 0.9) and the gradients of both outputs, in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    shape = (3, 37, 80)
+    branch = torch.randn(shape, generator=gen, dtype=torch.float64)
+    residual = 3 * torch.randn(shape, generator=gen, dtype=torch.float64) + 1 if with_residual else None
+    weight = 1 + 0.1 * torch.randn(80, generator=gen, dtype=torch.float64)
+    bias, branch_bias = (0.1 * torch.randn(80, generator=gen, dtype=torch.float64) for _ in range(2))
+    scale = torch.tensor([0.0, 1 / 0.9, 1 / 0.9], dtype=torch.float64)
+    grads = [torch.randn(shape, generator=gen, dtype=torch.float64) for _ in range(2)]
+    return branch, residual, weight, bias, branch_bias, scale, grads
+
+
+@pytest.mark.parametrize('with_residual, gelu, return_sum', [
+    (True, False, False),  # a post-norm block's sum (its branch's bias and stochastic depth in it)
+    (True, False, True),  # a pre-norm block's first sum, kept, and its second norm
+    (False, True, False),  # the landmark sampler's LayerNorm and GELU
+    (False, False, True)])
+def test_the_folded_bias_scale_gelu_and_kept_sum_match_float64(with_residual, gelu, return_sum):
+    branch, residual, weight, bias, branch_bias, scale, grads = _folded_case(with_residual)
+
+    def run(fn, dtype):
+        leaves = [t.to(dtype).requires_grad_() for t in (branch, weight, bias, branch_bias)]
+        leaves += [] if residual is None else [residual.to(dtype).requires_grad_()]
+        kwargs = dict(branch_bias=leaves[3], branch_scale=scale.to(dtype), gelu=gelu, return_sum=return_sum)
+        out = fn(leaves[0], leaves[4] if residual is not None else None, leaves[1], leaves[2], EPS, **kwargs)
+        outs = out if return_sum else (out,)
+        got = torch.autograd.grad(outs, leaves, [g.to(dtype) for g in grads[:len(outs)]])
+        return [o.double() for o in outs], [g.double() for g in got]
+
+    exact, exact_grads = run(add_layer_norm, torch.float64)  # off the GPU route: the PyTorch form in float64
+    with interpreted_triton_route():
+        assert fuses_add_norm(branch.float(), None if residual is None else residual.float(), weight.float())
+        fused, fused_grads = run(add_layer_norm, torch.float32)
+    # observed: 1e-7 relative or below, as the plain form in float32 (test above)
+    assert all(_relative(f, e) < 1e-6 for f, e in zip(fused, exact))
+    assert all(_relative(f, e) < 1e-5 for f, e in zip(fused_grads, exact_grads)), [
+        _relative(f, e) for f, e in zip(fused_grads, exact_grads)]
+    # the dropped sample: its branch (and its bias's share) gets no gradient
+    assert fused_grads[0][0].abs().max() == 0
+
+
+def test_the_folded_forms_launch_what_the_plain_one_does():
+    branch, residual, weight, bias, branch_bias, scale, grads = (t.float() if isinstance(t, torch.Tensor) else t
+                                                                 for t in _folded_case(True))
+    leaves = [t.requires_grad_() for t in (branch, residual, weight, bias, branch_bias)]
+    with interpreted_triton_route(), counted_launches() as forward:
+        total, y = add_layer_norm(leaves[0], leaves[1], leaves[2], leaves[3], EPS, branch_bias=leaves[4],
+                                  branch_scale=scale, return_sum=True)
+    grads = [g.float() for g in grads]
+    with interpreted_triton_route(), counted_launches() as backward:
+        torch.autograd.grad([total, y], leaves, grads)
+    assert forward == ['triton.add_norm_fwd_kernel_y'], summary(forward)
+    # the gradients of the sum (the one it received added in), of the branch and the three partial sums: one kernel and
+    # the sum of its programs' partials
+    assert summary(backward) == {'triton.add_norm_bwd_kernel_dx': 1, 'aten.sum': 1}, summary(backward)
+
+
+@pytest.mark.parametrize('post_norm', [True, False])
+def test_blocks_in_training_with_stochastic_depth_give_the_same_on_either_route(post_norm):
+    """A SOFT block (post-norm) and a softmax-stage block (pre-norm, its first sum kept and its second norm fused) in
+    training with given stochastic-depth scales: the GPU route's fused sums give the CPU route's outputs and
+    gradients."""
+    from soft_mm.models.attention import SoftAttention, SoftmaxAttention
+    from soft_mm.models.blocks import Block
+
+    torch.manual_seed(0)
+    dim, hw = 64, (9, 11)
+    attn = SoftAttention(dim, 2, landmark_stride=4, soft_norm=True) if post_norm else SoftmaxAttention(dim, 2)
+    block = Block(dim, attn, post_norm=post_norm, drop_path=0.2).train()
+    x = torch.randn(3, hw[0] * hw[1], dim, requires_grad=True)
+    scales = torch.tensor([[0.0, 1.25, 1.25], [1.25, 1.25, 0.0]])  # (the attention's, the MLP's) x 3 samples
+    weights = torch.randn(3, hw[0] * hw[1], dim)
+    params = [x, block.norm1.weight, block.norm2.bias, block.attn.proj.bias, block.mlp.fc2.bias]
+    ref = block(x, hw, scales)
+    ref_grads = torch.autograd.grad((ref * weights).sum(), params)
+    with interpreted_triton_route(), counted_launches() as launches:
+        out = block(x, hw, scales)
+    grads = torch.autograd.grad((out * weights).sum(), params)
+    # post-norm: both sums and norms and the landmarks' norm; pre-norm: the first sum with the second norm
+    assert launches.count('triton.add_norm_fwd_kernel_y') == (3 if post_norm else 1)
+    # the given scales, inside the sums: no mask drawn, no product with them (the two products of a SOFT layer scale its
+    # query weight and bias, uncast outside autocast)
+    assert 'aten.bernoulli_' not in launches and launches.count('aten.mul') == (2 if post_norm else 0)
+    assert (out - ref).abs().max().item() < 1e-4
+    for g, r in zip(grads, ref_grads):
+        assert _relative(g.double(), r.double()) < 1e-4

@@ -163,7 +163,7 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
     assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 
-@pytest.mark.slow  # 432 compilations: 2 kernels × 2 variants × 3 dtypes × 4 widths × 9 targets
+@pytest.mark.slow  # 648 compilations: 2 kernels × 3 variants × 3 dtypes × 4 widths × 9 targets
 def test_the_blocks_add_norm_kernels_compile_for_every_target_without_spills():
     # the post-norm blocks' fused add + LayerNorm (with the branch's bias and stochastic depth's scale) and the landmark
     # sampler's LayerNorm + GELU at SOFT's widths (64, 128; 320 padded to 512) and the widest the kernels take (1,024),

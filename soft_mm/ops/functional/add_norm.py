@@ -14,6 +14,8 @@ PyTorch form's, which rounds it to the stream's dtype before normalising.
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -50,56 +52,66 @@ def _rows(t: Tensor) -> Tensor:
     return t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t.contiguous().reshape(-1, t.shape[-1])
 
 
-def _launch_sizes(rows: int, width: int) -> tuple[int, int, int]:
-    """``(ROWS, programs, blocks per program)`` of the backward for a ``(rows, width)`` matrix."""
+@functools.lru_cache(maxsize=256)
+def _launch_sizes(rows: int, width: int) -> tuple[int, int, int, int, int]:
+    """``(ROWS, CP, forward programs, backward programs, row blocks per backward program)`` for a ``(rows, width)``
+    matrix (worked out once per size: an eager GPU step waits for this Python)."""
     tile_rows = add_norm_rows(width)
     blocks = _cdiv(rows, tile_rows)
     per_program = _cdiv(blocks, min(blocks, BACKWARD_PROGRAMS))
-    return tile_rows, _cdiv(blocks, per_program), per_program
+    return tile_rows, padded_width(width), blocks, _cdiv(blocks, per_program), per_program
 
 
 class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, branch: Tensor, residual: Tensor | None, weight: Tensor, bias: Tensor,
                 branch_bias: Tensor | None, branch_scale: Tensor | None, eps: float, out_dtype: torch.dtype,
-                gelu: bool) -> Tensor:
+                gelu: bool, return_sum: bool) -> Tensor | tuple[Tensor, Tensor]:
         x = _rows(branch)
         r = x if residual is None else _rows(residual)
-        bb = x if branch_bias is None else branch_bias.contiguous()
-        sc = x if branch_scale is None else branch_scale.contiguous()
+        bb = x if branch_bias is None else branch_bias
+        sc = x if branch_scale is None else branch_scale
         rows, width = x.shape
+        tile_rows, padded, blocks, _, _ = _launch_sizes(rows, width)
         per_sample = rows // branch.shape[0]
         y = torch.empty(rows, width, dtype=triton_route.store_dtype(out_dtype), device=x.device)
+        total = torch.empty_like(r, dtype=triton_route.store_dtype(r.dtype)) if return_sum else y
         stats = torch.empty(2, rows, dtype=torch.float32, device=x.device)
-        tile_rows = add_norm_rows(width)
         flags = dict(HAS_RESIDUAL=residual is not None, HAS_BRANCH_BIAS=branch_bias is not None,
                      HAS_SCALE=branch_scale is not None, GELU=gelu)
-        _kernels().add_norm_fwd_kernel_y[(_cdiv(rows, tile_rows),)](
-            x, r, bb, sc, weight, bias, y, stats, rows, width, per_sample, eps, ROWS=tile_rows,
-            CP=padded_width(width), **flags)
+        _kernels().add_norm_fwd_kernel_y[(blocks,)](
+            x, r, bb, sc, weight, bias, y, total, stats, rows, width, per_sample, eps, ROWS=tile_rows, CP=padded,
+            STORE_SUM=return_sum, **flags)
         ctx.save_for_backward(x, r, bb, sc, weight, bias, stats)
         ctx.flags, ctx.per_sample, ctx.shape = flags, per_sample, branch.shape
         ctx.dtypes = (branch.dtype, None if residual is None else residual.dtype,
                       None if branch_bias is None else branch_bias.dtype)
-        return y.to(out_dtype).reshape(branch.shape)
+        ctx.set_materialize_grads(False)
+        y = y.to(out_dtype).reshape(branch.shape)
+        return (total.to(r.dtype).reshape(branch.shape), y) if return_sum else y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
-    def backward(ctx, grad: Tensor) -> tuple[Tensor | None, ...]:
+    def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         x, r, bb, sc, weight, bias, stats = ctx.saved_tensors
+        grad, grad_total = grads[-1], grads[0] if len(grads) == 2 else None
         flags = ctx.flags
         branch_dtype, residual_dtype, branch_bias_dtype = ctx.dtypes
         rows, width = x.shape
-        tile_rows, programs, per_program = _launch_sizes(rows, width)
+        if grad is None:  # (the sum used, its norm not: the norm's gradient is zero)
+            grad = x.new_zeros(())
+        tile_rows, padded, _, programs, per_program = _launch_sizes(rows, width)
         # the gradient of the sum, in the residual's dtype (the branch's without a residual)
         grad_sum = torch.empty(rows, width, dtype=triton_route.store_dtype(residual_dtype or branch_dtype),
                                device=x.device)
         grad_x = (torch.empty(rows, width, dtype=triton_route.store_dtype(branch_dtype), device=x.device)
                   if flags['HAS_SCALE'] else grad_sum)
-        partials = torch.empty(programs, 3, padded_width(width), dtype=torch.float32, device=x.device)
+        partials = torch.empty(programs, 3, padded, dtype=torch.float32, device=x.device)
+        grad_rows = _rows(grad.expand(rows, width) if grad.ndim == 0 else grad)
         _kernels().add_norm_bwd_kernel_dx[(programs,)](
-            _rows(grad), x, r, bb, sc, weight, bias, stats, grad_sum, grad_x, partials, rows, width, ctx.per_sample,
-            per_program, ROWS=tile_rows, CP=padded_width(width), INTERPRET=triton_route.interpreting(),
+            grad_rows, x if grad_total is None else _rows(grad_total), x, r, bb, sc, weight, bias, stats, grad_sum,
+            grad_x, partials, rows, width, ctx.per_sample, per_program, ROWS=tile_rows, CP=padded,
+            HAS_DSUM=grad_total is not None, INTERPRET=triton_route.interpreting(),
             INTERPRETED_BLOCKS=triton_route.interpreted_bound(per_program), **flags)
         grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
         grad_branch = grad_x.to(branch_dtype).reshape(ctx.shape)
@@ -109,12 +121,13 @@ class _AddLayerNorm(torch.autograd.Function):
             if not flags['HAS_SCALE'] and branch_dtype == residual_dtype:
                 grad_branch = grad_residual  # one tensor for both addends' equal gradients
         return (grad_branch, grad_residual, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype),
-                None if branch_bias_dtype is None else grad_branch_bias.to(branch_bias_dtype), None, None, None, None)
+                None if branch_bias_dtype is None else grad_branch_bias.to(branch_bias_dtype), None, None, None, None,
+                None)
 
 
 def _pytorch_form(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
                   out_dtype: torch.dtype, branch_bias: Tensor | None, branch_scale: Tensor | None,
-                  gelu: bool) -> Tensor:
+                  gelu: bool, return_sum: bool) -> Tensor | tuple[Tensor, Tensor]:
     s = branch if branch_bias is None else branch + branch_bias
     if branch_scale is not None:  # (in the branch's dtype, as timm's DropPath scales it)
         scale = branch_scale.to(s.dtype).reshape(-1, *([1] * (s.ndim - 1)))
@@ -122,15 +135,19 @@ def _pytorch_form(branch: Tensor, residual: Tensor | None, weight: Tensor | None
     elif residual is not None:
         s = residual + s
     y = F.layer_norm(s, s.shape[-1:], weight, bias, eps)
-    return (F.gelu(y) if gelu else y).to(out_dtype)
+    y = (F.gelu(y) if gelu else y).to(out_dtype)
+    return (s, y) if return_sum else y
 
 
 def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
                    out_dtype: torch.dtype | None = None, *, branch_bias: Tensor | None = None,
-                   branch_scale: Tensor | None = None, gelu: bool = False) -> Tensor:
-    """``F.layer_norm(residual + branch_scale * (branch + branch_bias), (C,), weight, bias, eps).to(out_dtype)`` over
-    the last dim ``C`` (a GELU after the norm where ``gelu``), in one Triton kernel forward and two launches backward
-    where :func:`fuses_add_norm` says so (see the module docstring), the PyTorch form elsewhere.
+                   branch_scale: Tensor | None = None, gelu: bool = False, return_sum: bool = False,
+                   ) -> Tensor | tuple[Tensor, Tensor]:
+    """``F.layer_norm(s, (C,), weight, bias, eps).to(out_dtype)`` of ``s = residual + branch_scale * (branch +
+    branch_bias)`` over the last dim ``C`` (a GELU after the norm where ``gelu``), in one Triton kernel forward and two
+    launches backward where :func:`fuses_add_norm` says so (see the module docstring), the PyTorch form elsewhere;
+    ``(s, norm)`` where ``return_sum`` (a pre-norm block's residual stream after the sum, in the residual's dtype,
+    and the next branch's normalised input).
 
     Args:
         branch: ``(B, ..., C)`` a block branch's output.
@@ -141,6 +158,7 @@ def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | Non
         branch_bias: ``(C,)`` a bias added to the branch (its last linear layer's, run without it), or None.
         branch_scale: ``(B,)`` a scale of each sample's branch (stochastic depth's ``mask / keep``), or None.
         gelu: apply the exact GELU to the normalised result.
+        return_sum: return the sum ``s`` too.
     """
     if out_dtype is None:
         out_dtype = (branch if residual is None else residual).dtype
@@ -149,8 +167,8 @@ def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | Non
                          f'got {tuple(branch_scale.shape)}')
     if bias is not None and fuses_add_norm(branch, residual, weight):
         return _AddLayerNorm.apply(branch, residual, weight, bias, branch_bias, branch_scale, float(eps), out_dtype,
-                                   bool(gelu))
-    return _pytorch_form(branch, residual, weight, bias, eps, out_dtype, branch_bias, branch_scale, gelu)
+                                   bool(gelu), bool(return_sum))
+    return _pytorch_form(branch, residual, weight, bias, eps, out_dtype, branch_bias, branch_scale, gelu, return_sum)
 
 
 def layer_norm_gelu(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,

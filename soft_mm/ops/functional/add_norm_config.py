@@ -17,8 +17,12 @@ BACKWARD_PROGRAMS = 256  # programs of the backward at most: each sums its rows'
 # and stochastic-depth scale (the widest code: without a scale a branch compiles less), and the landmark sampler's
 # LayerNorm and GELU without a residual
 LAUNCH_VARIANTS = {
-    'block sum': dict(HAS_RESIDUAL=True, HAS_BRANCH_BIAS=True, HAS_SCALE=True, GELU=False),
-    'norm + GELU': dict(HAS_RESIDUAL=False, HAS_BRANCH_BIAS=False, HAS_SCALE=False, GELU=True),
+    'block sum': dict(HAS_RESIDUAL=True, HAS_BRANCH_BIAS=True, HAS_SCALE=True, GELU=False, STORE_SUM=False,
+                      HAS_DSUM=False),
+    'pre-norm sum': dict(HAS_RESIDUAL=True, HAS_BRANCH_BIAS=True, HAS_SCALE=True, GELU=False, STORE_SUM=True,
+                         HAS_DSUM=True),
+    'norm + GELU': dict(HAS_RESIDUAL=False, HAS_BRANCH_BIAS=False, HAS_SCALE=False, GELU=True, STORE_SUM=False,
+                        HAS_DSUM=False),
 }
 
 

@@ -8,10 +8,12 @@ per-sample scale of stochastic depth (``sc_ptr``, one float32 per sample of ``T`
     s = r + sc * (x + bb)          y = LayerNorm(s) * w + b          (then GELU(y) where GELU is set)
 
 * :func:`add_norm_fwd_kernel_y` — ``y`` of ``ROWS`` rows a program, the sum and the statistics in float32, ``y``
-  stored in its tensor's dtype, each row's mean and ``1 / std`` kept for the backward (``stats_ptr``, ``(2, R)``);
-* :func:`add_norm_bwd_kernel_dx` — the gradient of ``s`` (``ds_ptr``: the residual's), and where a scale is given
-  the branch's, ``sc * ds`` (``dx_ptr``; without one it is ``ds`` itself), of a share of the rows, and the program's
-  partial sums of the gradients of ``w``, ``b`` and ``bb`` (summed in torch afterwards).
+  stored in its tensor's dtype, each row's mean and ``1 / std`` kept for the backward (``stats_ptr``, ``(2, R)``), and
+  where ``STORE_SUM`` the sum ``s`` itself (``sum_ptr``: a pre-norm block's residual stream after the sum);
+* :func:`add_norm_bwd_kernel_dx` — the gradient of ``s`` (``ds_ptr``: the residual's; plus the gradient that ``s``
+  itself received, ``dsum_ptr``, where ``HAS_DSUM``), and where a scale is given the branch's, ``sc * ds``
+  (``dx_ptr``; without one it is ``ds`` itself), of a share of the rows, and the program's partial sums of the
+  gradients of ``w``, ``b`` and ``bb`` (summed in torch afterwards).
 
 Rows are contiguous; ``CP`` is C padded to a power of two, masked. The GELU is the exact (erf) form.
 """
@@ -61,12 +63,13 @@ def gelu_and_grad(y):
 
 
 @triton.jit
-def add_norm_fwd_kernel_y(x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, y_ptr, stats_ptr, R, C, T, eps,
+def add_norm_fwd_kernel_y(x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, y_ptr, sum_ptr, stats_ptr, R, C, T, eps,
                           ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                          HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr):
+                          HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
+                          STORE_SUM: tl.constexpr):
     """``y = (s - mean(s)) / sqrt(var(s) + eps) * w + b`` per row (then ``GELU(y)`` where ``GELU``), ``s`` as the
     module docstring gives it; grid ``(cdiv(R, ROWS),)``. Writes ``y`` (``y_ptr``, its own dtype), the row means
-    (``stats_ptr[0]``) and ``1 / std`` (``stats_ptr[1]``), float32."""
+    (``stats_ptr[0]``) and ``1 / std`` (``stats_ptr[1]``), float32, and ``s`` (``sum_ptr``) where ``STORE_SUM``."""
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < R
     cols = tl.arange(0, CP)
@@ -83,14 +86,17 @@ def add_norm_fwd_kernel_y(x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, y_ptr, sta
         y, _ = gelu_and_grad(y)
     mask = row_ok[:, None] & col_ok[None, :]
     tl.store(y_ptr + rows[:, None] * C + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=mask)
+    if STORE_SUM:
+        tl.store(sum_ptr + rows[:, None] * C + cols[None, :], s.to(sum_ptr.dtype.element_ty), mask=mask)
     tl.store(stats_ptr + rows, mean, mask=row_ok)
     tl.store(stats_ptr + R + rows, rstd, mask=row_ok)
 
 
 @triton.jit
-def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr, ds_ptr, dx_ptr, block, R,
-                       C, T, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr):
+def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr, ds_ptr, dx_ptr,
+                       block, R, C, T, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                       HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
+                       HAS_DSUM: tl.constexpr):
     """Rows ``block * ROWS ..`` of :func:`add_norm_bwd_kernel_dx`: stores their ``ds`` (and ``dx``), returns
     ``(dw, db, dbb)`` with their share added."""
     rows = block * ROWS + tl.arange(0, ROWS)
@@ -108,6 +114,8 @@ def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, 
         dy = tl.where(mask, dy * slope, 0.0)
     g = dy * w[None, :]
     ds = (g - xh * (tl.sum(g * xh, axis=1) / C)[:, None] - (tl.sum(g, axis=1) / C)[:, None]) * rstd[:, None]
+    if HAS_DSUM:
+        ds += load_rows(dsum_ptr, rows, row_ok, C, CP)
     offsets = rows[:, None] * C + cols[None, :]
     tl.store(ds_ptr + offsets, ds.to(ds_ptr.dtype.element_ty), mask=mask)
     dx = ds
@@ -120,16 +128,18 @@ def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, 
 
 
 @triton.jit
-def add_norm_bwd_kernel_dx(dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, stats_ptr, ds_ptr, dx_ptr, part_ptr, R,
-                           C, T, blocks_per_program, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                           HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
-                           INTERPRET: tl.constexpr, INTERPRETED_BLOCKS: tl.constexpr):
+def add_norm_bwd_kernel_dx(dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, stats_ptr, ds_ptr, dx_ptr,
+                           part_ptr, R, C, T, blocks_per_program, ROWS: tl.constexpr, CP: tl.constexpr,
+                           HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                           GELU: tl.constexpr, HAS_DSUM: tl.constexpr, INTERPRET: tl.constexpr,
+                           INTERPRETED_BLOCKS: tl.constexpr):
     """The backward of :func:`add_norm_fwd_kernel_y`; grid ``(programs,)``, program ``p`` taking the row blocks
     ``p * blocks_per_program ..`` (``ROWS`` rows each, :func:`add_norm_bwd_block`). Per row, with ``xh = (s - mean) *
     rstd`` rebuilt from the addends, ``dy`` passed through the GELU's slope where ``GELU``, and ``g = w * dy``:
-    ``ds = (g - xh * mean(g * xh) - mean(g)) * rstd``, stored to ``ds_ptr`` (the gradient of ``s``, its own dtype),
-    and ``sc * ds`` to ``dx_ptr`` where ``HAS_SCALE``. The program's float32 sums over its rows of ``dy * xh``,
-    ``dy`` and the branch's gradient go to ``part_ptr[p, 0]``, ``[p, 1]`` and ``[p, 2]`` (``(programs, 3, CP)``).
+    ``ds = (g - xh * mean(g * xh) - mean(g)) * rstd`` (plus ``dsum_ptr``'s rows where ``HAS_DSUM``), stored to
+    ``ds_ptr`` (the gradient of ``s``, its own dtype), and ``sc * ds`` to ``dx_ptr`` where ``HAS_SCALE``. The
+    program's float32 sums over its rows of ``dy * xh``, ``dy`` and the branch's gradient go to ``part_ptr[p, 0]``,
+    ``[p, 1]`` and ``[p, 2]`` (``(programs, 3, CP)``).
     Under the interpreter the loop's bound is ``INTERPRETED_BLOCKS``, ``blocks_per_program`` as a constexpr (0 when
     compiled; why: ``soft_mm/ops/soft/backends/triton/kernels.py``)."""
     p = tl.program_id(0)
@@ -141,9 +151,9 @@ def add_norm_bwd_kernel_dx(dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, s
     dbb = tl.zeros((CP,), dtype=tl.float32)
     block = p * blocks_per_program
     for _ in range(0, INTERPRETED_BLOCKS if INTERPRET else blocks_per_program):
-        dw, db, dbb = add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr, ds_ptr,
-                                         dx_ptr, block, R, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE,
-                                         GELU)
+        dw, db, dbb = add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr,
+                                         ds_ptr, dx_ptr, block, R, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS,
+                                         HAS_SCALE, GELU, HAS_DSUM)
         block += 1
     tl.store(part_ptr + (p * 3) * CP + cols, dw)
     tl.store(part_ptr + (p * 3 + 1) * CP + cols, db)
