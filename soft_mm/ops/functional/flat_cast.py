@@ -28,39 +28,39 @@ def _scale_segments(flat: Tensor, segments: Sequence[tuple[int, int, float]]) ->
 
 class _FlatCast(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, dtype: torch.dtype, segments: tuple[tuple[int, int, float], ...],
-                groups: tuple[tuple[int, torch.Size], ...], *tensors: Tensor) -> tuple[Tensor, ...]:
+    def forward(ctx, dtype: torch.dtype, plan: FlatCastPlan, *tensors: Tensor) -> tuple[Tensor, ...]:
         ctx.set_materialize_grads(False)
-        ctx.segments, ctx.groups = segments, groups
-        ctx.metas = [(t.shape, t.dtype, t.device) for t in tensors]
-        flat = torch.cat([t.reshape(-1) for t in tensors])
-        _scale_segments(flat, segments)
-        low = flat.to(dtype)
-        outputs, start = [], 0
-        for numel, shape in groups:
-            outputs.append(low[start:start + numel].view(shape))
-            start += numel
-        return tuple(outputs)
+        ctx.plan, ctx.source = plan, (tensors[0].dtype, tensors[0].device)
+        flat = _flatten(tensors)
+        _scale_segments(flat, plan.segments)
+        return tuple(_unflatten(flat.to(dtype), plan.group_templates))
 
     @staticmethod
     def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
+        plan = ctx.plan
         present = [g for g in grads if g is not None]
         if not present:
-            return (None, None, None, *([None] * len(ctx.metas)))
+            return (None, None, *([None] * len(plan.tensor_templates)))
         low = present[0].dtype
-        device = ctx.metas[0][2]
-        parts = [g.reshape(-1) if g is not None else torch.zeros(numel, dtype=low, device=device)
-                 for g, (numel, _) in zip(grads, ctx.groups)]
-        flat = torch.cat(parts).to(ctx.metas[0][1])
-        _scale_segments(flat, ctx.segments)
-        out, start = [], 0
-        for g, (numel, _) in zip(grads, ctx.groups):  # each tensor of a group gets its share of the group's gradient
-            end = start + numel
-            while start < end:
-                shape = ctx.metas[len(out)][0]
-                out.append(None if g is None else flat[start:start + shape.numel()].view(shape))
-                start += shape.numel()
-        return (None, None, None, *out)
+        dtype, device = ctx.source
+        parts = [g if g is not None else torch.zeros(template.shape, dtype=low, device=device)
+                 for g, template in zip(grads, plan.group_templates)]
+        flat = _flatten(parts).to(dtype)
+        _scale_segments(flat, plan.segments)
+        out = _unflatten(flat, plan.tensor_templates)
+        # each tensor of a group gets its share of the group's gradient (none where the group got none)
+        return (None, None, *(None if grads[group] is None else g for g, group in zip(out, plan.tensor_groups)))
+
+
+def _flatten(tensors: Sequence[Tensor]) -> Tensor:
+    """The tensors' elements in one flat buffer (one launch), in C++ (a Python loop over a stage's 60 weights costs
+    what a launch does)."""
+    return torch._C._nn.flatten_dense_tensors(list(tensors))
+
+
+def _unflatten(flat: Tensor, templates: Sequence[Tensor]) -> list[Tensor]:
+    """Views of ``flat`` shaped as ``templates`` (meta tensors), one after the other, made in C++."""
+    return torch._C._nn.unflatten_dense_tensors(flat, list(templates))
 
 
 def _group_shapes(tensors: list[Tensor], groups: Sequence[int]) -> tuple[tuple[int, torch.Size], ...]:
@@ -100,8 +100,12 @@ class FlatCastPlan:
         scales = [1.0] * len(tensors) if scales is None else [float(s) for s in scales]
         if len(scales) != len(tensors):
             raise ValueError(f'flat_cast: scales must have one float per tensor ({len(tensors)}), got {len(scales)}')
-        self.shapes = (tuple((t.numel(), t.shape) for t in tensors) if groups is None
-                       else _group_shapes(tensors, groups))
+        groups = [1] * len(tensors) if groups is None else list(groups)
+        shapes = _group_shapes(tensors, groups)
+        # shape-only stand-ins of the outputs and of the tensors, for the C++ unflattening
+        self.group_templates = tuple(torch.empty(shape, device='meta') for _, shape in shapes)
+        self.tensor_templates = tuple(torch.empty(t.shape, device='meta') for t in tensors)
+        self.tensor_groups = tuple(i for i, count in enumerate(groups) for _ in range(count))
         segments, start = [], 0
         for t, scale in zip(tensors, scales):
             end = start + t.numel()
@@ -114,7 +118,7 @@ class FlatCastPlan:
         self.segments = tuple(segments)
 
     def __call__(self, tensors: Sequence[Tensor], dtype: torch.dtype) -> tuple[Tensor, ...]:
-        return _FlatCast.apply(dtype, self.segments, self.shapes, *tensors)
+        return _FlatCast.apply(dtype, self, *tensors)
 
 
 def flat_cast(tensors: Sequence[Tensor], dtype: torch.dtype, scales: Sequence[float] | None = None,
