@@ -16,32 +16,64 @@ import warnings
 
 __all__ = ['MOVED', 'SPLIT', 'MovedModuleFinder', 'install', 'new_path']
 
-# old module path -> new module path (a package moves its submodules too)
+# old module path -> new module path (a package moves its submodules too; a new path that moved again is followed)
 MOVED = {
+    # step 2 of the house (ee742ee): ops/ grouped by concept, the tools' helpers in cli/
+    'soft_mm.ops.capture': 'soft_mm.ops.graph_mode',
+    'soft_mm.ops.fused': 'soft_mm.ops.functional.gelu',
+    'soft_mm.ops.head_conv': 'soft_mm.ops.functional.head_conv',
+    'soft_mm.ops.pooling': 'soft_mm.ops.functional.pooling',
+    'soft_mm.ops.attention': 'soft_mm.ops.soft.attention',
+    'soft_mm.ops.dispatch': 'soft_mm.ops.soft.dispatch',
+    'soft_mm.ops.kernel': 'soft_mm.ops.soft.kernel',
+    'soft_mm.ops.naive': 'soft_mm.ops.soft.naive',
+    'soft_mm.ops.newton': 'soft_mm.ops.soft.newton',
+    'soft_mm.ops.health': 'soft_mm.ops.soft.kernel_health',
+    'soft_mm.ops.tiled': 'soft_mm.ops.soft.backends.tiled',
+    'soft_mm.ops.library': 'soft_mm.ops.custom_ops',
+    'soft_mm.ops.triton_nystrom': 'soft_mm.ops.soft.backends.triton.backend',
+    'soft_mm.ops.triton_config': 'soft_mm.ops.soft.backends.triton.config',
+    'soft_mm.ops._triton_kernels': 'soft_mm.ops.soft.backends.triton.kernels',
+    'soft_mm.utils.config_checks': 'soft_mm.cli.config_checks',
+    'soft_mm.utils.launch': 'soft_mm.cli.runtime',
+    # step 3 (e8eb865): names that say what a file holds
     'soft_mm.ops.layers': 'soft_mm.ops.functional',
     'soft_mm.ops.soft.policy': 'soft_mm.ops.precision.soft_policy',
     'soft_mm.ops.soft.backends.products_op': 'soft_mm.ops.soft.products_op',
-    'soft_mm.ops.soft.health': 'soft_mm.models.attention_health',
+    'soft_mm.ops.soft.health': 'soft_mm.ops.soft.kernel_health',
     'soft_mm.models.health': 'soft_mm.models.attention_health',
-    'soft_mm.models.official_checkpoint': 'soft_mm.models.official.convert',
+    'soft_mm.models.official_checkpoint': 'soft_mm.models.checkpoint_conversion',
     'soft_mm.models.official_layout': 'soft_mm.models.official.layout',
     'soft_mm.utils.checkpoint_files': 'soft_mm.utils.checkpoint.reader',
     'soft_mm.utils.cpu_bf16': 'soft_mm.engine.amp',
     'soft_mm.utils.precision_rule': 'soft_mm.ops.precision.error_rule',
+    # step 4: no arrow up inside models/ (the conversion builds the classifier, a layer above the authors' key map)
+    'soft_mm.models.official.convert': 'soft_mm.models.checkpoint_conversion',
 }
 # old module path -> the modules its names went to
+_CLI_PARTS = ('soft_mm.cli.arguments', 'soft_mm.cli.config_checks', 'soft_mm.cli.config_loading', 'soft_mm.cli.errors',
+              'soft_mm.cli.runner')
+_CONVERTER_PARTS = ('soft_mm.models.checkpoint_conversion', 'soft_mm.models.official.layout')
 SPLIT = {
-    'soft_mm.cli.tools': ('soft_mm.cli.arguments', 'soft_mm.cli.config_checks', 'soft_mm.cli.config_loading',
-                          'soft_mm.cli.errors', 'soft_mm.cli.runner'),
+    'soft_mm.cli.tools': _CLI_PARTS,
+    'soft_mm.engine.cli': _CLI_PARTS,
+    'soft_mm.converters': _CONVERTER_PARTS,
+    'soft_mm.converters.official': _CONVERTER_PARTS,
 }
 
 
 def new_path(name: str) -> str | None:
-    """The new path of module ``name`` (a moved module, or a submodule of a moved package), None if it did not move."""
-    for old, new in MOVED.items():
-        if name == old or name.startswith(old + '.'):
-            return new + name[len(old):]
-    return None
+    """The new path of module ``name`` (a moved module, or a submodule of a moved package, followed through every later
+    move), None if it did not move."""
+    moved = None
+    for _ in range(len(MOVED)):
+        for old, new in MOVED.items():
+            if name == old or name.startswith(old + '.'):
+                name = moved = new + name[len(old):]
+                break
+        else:
+            return moved
+    return moved
 
 
 def _warn(old: str, new: str) -> None:
@@ -50,21 +82,37 @@ def _warn(old: str, new: str) -> None:
 
 
 class _MovedLoader(importlib.abc.Loader):
+    """Loads an old path: the new module itself, whose own import attributes (``__spec__``, ``__loader__``) importlib
+    overwrites with the old path's while it loads it and :meth:`exec_module` puts back, so that the module stays what
+    it is (``importlib.reload`` of it reloads its own file under its own name)."""
+
+    def __init__(self) -> None:
+        self.kept: dict[str, object] = {}
+
     def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType:
         old = spec.name
         if old in SPLIT:
             _warn(old, ' and '.join(SPLIT[old]))
             module = types.ModuleType(old, f'Moved: the names of {old} are in {", ".join(SPLIT[old])}.')
+            if any(name.startswith(old + '.') for name in SPLIT):  # an old package whose old submodules split too
+                module.__path__ = []
             for source in SPLIT[old]:
                 names = vars(importlib.import_module(source))
                 module.__dict__.update({key: value for key, value in names.items() if not key.startswith('__')})
             return module
         new = new_path(old)
         _warn(old, new)
-        return importlib.import_module(new)  # the new module itself: its attributes are kept as they are
+        module = importlib.import_module(new)  # the new module itself: one module, one set of globals
+        self.kept = {name: getattr(module, name) for name in _IMPORT_ATTRIBUTES if hasattr(module, name)}
+        return module
 
     def exec_module(self, module: types.ModuleType) -> None:
-        pass
+        for name, value in self.kept.items():
+            setattr(module, name, value)
+
+
+# what importlib sets on a module it loads from a spec (module_from_spec)
+_IMPORT_ATTRIBUTES = ('__spec__', '__loader__', '__package__', '__path__', '__file__', '__cached__', '__name__')
 
 
 class MovedModuleFinder(importlib.abc.MetaPathFinder):

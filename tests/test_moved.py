@@ -20,7 +20,7 @@ def fresh_import(name: str):
 
 @pytest.mark.parametrize('old', sorted(MOVED))
 def test_an_old_path_is_the_new_module_with_a_future_warning(old):
-    new = MOVED[old]
+    new = new_path(old)
     with pytest.warns(FutureWarning, match=rf'{old} moved to {new}: import it from there'):
         module = fresh_import(old)
     assert module is importlib.import_module(new)
@@ -33,8 +33,13 @@ def test_a_moved_package_moves_its_submodules():
         gelu = fresh_import('soft_mm.ops.layers.gelu')
     from soft_mm.ops.functional import gelu as new_gelu
     assert gelu is new_gelu  # one module: its globals (and any patch a benchmark applies) are shared
-    assert new_path('soft_mm.ops.layers.add_norm_kernels') == 'soft_mm.ops.functional.add_norm_kernels'
+    assert new_path('soft_mm.ops.layers.sdpa') == 'soft_mm.ops.functional.sdpa'
     assert new_path('soft_mm.ops.layersx') is None and new_path('soft_mm.ops.functional') is None
+
+
+def test_a_path_that_moved_twice_leads_to_the_newest():
+    assert new_path('soft_mm.models.official_checkpoint') == 'soft_mm.models.checkpoint_conversion'
+    assert new_path('soft_mm.ops.health') == new_path('soft_mm.ops.soft.health') == 'soft_mm.ops.soft.kernel_health'
 
 
 @pytest.mark.parametrize('old', sorted(SPLIT))
@@ -45,8 +50,15 @@ def test_a_split_module_holds_the_public_names_of_its_parts(old):
         source = importlib.import_module(part)
         for name in getattr(source, '__all__', [n for n in vars(source) if not n.startswith('_')]):
             assert getattr(module, name) is getattr(source, name), (part, name)
-    from soft_mm.cli.errors import ConfigError, one_sentence_errors
-    assert module.ConfigError is ConfigError and module.one_sentence_errors is one_sentence_errors
+    if old.endswith('cli') or old.endswith('tools'):
+        from soft_mm.cli.errors import ConfigError, one_sentence_errors
+        assert module.ConfigError is ConfigError and module.one_sentence_errors is one_sentence_errors
+    else:  # the converters' public functions
+        from soft_mm.models.checkpoint_conversion import build_classifier_from_checkpoint, save_converted_checkpoint
+        from soft_mm.models.official.layout import convert_official_state_dict
+        assert module.convert_official_state_dict is convert_official_state_dict
+        assert module.build_classifier_from_checkpoint is build_classifier_from_checkpoint
+        assert module.save_converted_checkpoint is save_converted_checkpoint
 
 
 def test_only_old_paths_are_answered_and_the_finder_is_installed_once():
@@ -64,5 +76,42 @@ def test_the_new_paths_import_without_a_warning():
             'for name in sorted(set(m.MOVED.values()) | {p for parts in m.SPLIT.values() for p in parts}):\n'
             '    importlib.import_module(name)\n'
             'print("ok")\n')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
+
+
+# the old paths whose modules needed torch alone (the op layer) still import without timm or any mm* package
+_FRAMEWORKS = ('timm', 'mmengine', 'mmcv', 'mmdet', 'mmseg', 'mmpretrain')
+_FRESH = """
+import importlib, importlib.abc, sys, warnings
+class Missing(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if {torch_only} and name.split('.')[0] in {frameworks!r}:
+            raise ModuleNotFoundError(f'No module named {{name!r}}', name=name)
+sys.meta_path.insert(0, Missing())
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter('always')
+    module = importlib.import_module({old!r})
+told = [str(w.message) for w in caught if issubclass(w.category, FutureWarning)]
+assert told and told[0].startswith({old!r} + ' moved to '), told
+new = importlib.import_module({new!r})
+assert module is new, (module, new)
+assert new.__spec__.name == new.__name__ == {new!r}, new.__spec__
+if {torch_only}:  # (an op-layer module reloads as the kernel modules do; a model module would register twice)
+    assert importlib.reload(new) is new and new.__name__ == {new!r}
+assert not {torch_only} or not [name for name in sys.modules if name.split('.')[0] in {frameworks!r}]
+print('ok')
+"""
+
+
+@pytest.mark.slow  # one fresh interpreter per old path: a few seconds each
+@pytest.mark.parametrize('old', sorted(MOVED))
+def test_each_old_path_in_a_fresh_interpreter_keeps_the_new_module_its_own(old):
+    """In a fresh interpreter the old path warns, gives the new module, and leaves it its own import attributes (a
+    reload after an old-path import reloads the new module under its own name; the interpreted Triton kernels are
+    reloaded this way when TRITON_INTERPRET changes); an old op-layer path imports with torch alone."""
+    new = new_path(old)
+    torch_only = old.startswith('soft_mm.ops.') and new.startswith('soft_mm.ops.')
+    code = _FRESH.format(old=old, new=new, torch_only=torch_only, frameworks=_FRAMEWORKS)
     proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
     assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr

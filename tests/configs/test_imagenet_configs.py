@@ -115,7 +115,7 @@ def test_no_weight_decay_on_norms_biases_position_embeddings_and_cls_token():
 def test_converted_authors_checkpoint_loads_strictly(name, tmp_path, official_tiny):
     """The authors' layout -> tools/model_converters/convert_official_checkpoint.py -> strict load into the config's
     classifier, and the classifier's state dict is the file's (the same keys as the timm model: no wrapper prefix)."""
-    from soft_mm.models.official.convert import load_converted_checkpoint, make_meta, save_converted_checkpoint
+    from soft_mm.models.checkpoint_conversion import load_converted_checkpoint, make_meta, save_converted_checkpoint
     from soft_mm.models.official.layout import convert_official_state_dict
 
     official = official_tiny

@@ -9,7 +9,7 @@ import torch
 from helpers.repo import ROOT
 from helpers.tool_process import run_python
 
-from soft_mm.models.official.convert import build_classifier_from_checkpoint, load_converted_checkpoint
+from soft_mm.models.checkpoint_conversion import build_classifier_from_checkpoint, load_converted_checkpoint
 from soft_mm.utils.checkpoint.reader import CheckpointFileError
 
 TOOL = ROOT / 'tools' / 'model_converters' / 'convert_official_checkpoint.py'

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SOFT, SoftVisionTransformer, resolve_arch
-from soft_mm.models.official.convert import (
+from soft_mm.models.checkpoint_conversion import (
     CLASSIFIER_ONLY_KEYS,
     build_classifier_from_checkpoint,
     load_converted_checkpoint,

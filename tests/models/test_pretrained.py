@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from soft_mm.models import SOFT, SoftPyramid, SoftVisionTransformer
-from soft_mm.models.official.convert import CLASSIFIER_ONLY_KEYS, make_meta, save_converted_checkpoint
+from soft_mm.models.checkpoint_conversion import CLASSIFIER_ONLY_KEYS, make_meta, save_converted_checkpoint
 from soft_mm.models.official.layout import convert_official_state_dict
 from soft_mm.ops.compat import HAS_SAFE_GLOBALS
 

@@ -10,7 +10,7 @@ from helpers.model_checks import VARIANTS
 from helpers.repo import CONFIGS, ROOT
 
 from soft_mm.models import SoftmaxAttention, SoftVisionTransformer
-from soft_mm.models.official.convert import make_meta, save_converted_checkpoint
+from soft_mm.models.checkpoint_conversion import make_meta, save_converted_checkpoint
 
 TOOL = ROOT / 'tools' / 'analysis_tools' / 'get_flops.py'
 # One block per stage, 49 landmarks per SOFT stage at 224x224: cheap to trace.

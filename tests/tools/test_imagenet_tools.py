@@ -52,7 +52,7 @@ def imagenet_case(tmp_path_factory):
     """A scratch folder with data/imagenet/val (1000 class folders, 256x256 images in three of them) and a random
     SOFT-Norm-Small in the converted-checkpoint layout at checkpoints/soft_norm_small_in1k.pth."""
     from soft_mm.models import SoftVisionTransformer
-    from soft_mm.models.official.convert import make_meta, save_converted_checkpoint
+    from soft_mm.models.checkpoint_conversion import make_meta, save_converted_checkpoint
 
     folder = tmp_path_factory.mktemp('imagenet')
     val = folder / 'data/imagenet/val'
@@ -75,7 +75,7 @@ def imagenet_case(tmp_path_factory):
 def timm_probabilities(checkpoint: Path, images: list[Path]) -> torch.Tensor:
     """Softmax of the timm classifier loaded from ``checkpoint`` on the centre 224 crop of 256x256 images, with the
     ImageNet normalisation done here in float64 (the reference for the config's test pipeline)."""
-    from soft_mm.models.official.convert import build_classifier_from_checkpoint
+    from soft_mm.models.checkpoint_conversion import build_classifier_from_checkpoint
 
     model = build_classifier_from_checkpoint(checkpoint).eval()
     batch = []
@@ -230,7 +230,7 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
     backbone the same way."""
     from soft_mm.datasets.synthetic_classes import write_classes_dataset
     from soft_mm.datasets.synthetic_shapes import write_shapes_dataset
-    from soft_mm.models.official.convert import make_meta, save_converted_checkpoint
+    from soft_mm.models.checkpoint_conversion import make_meta, save_converted_checkpoint
     from soft_mm.models.official.layout import convert_official_state_dict
 
     monkeypatch.chdir(tmp_path)  # the in-process models read the demo data from data/

@@ -15,7 +15,7 @@ import torch
 from helpers.repo import ROOT
 from helpers.tool_process import run_python
 
-from soft_mm.models.official.convert import (
+from soft_mm.models.checkpoint_conversion import (
     convert_official_checkpoint,
     load_converted_checkpoint,
     load_official_checkpoint,

@@ -30,7 +30,7 @@ from torch import nn
 from soft_mm.cli.config_loading import load_config
 from soft_mm.cli.errors import one_sentence_errors
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SoftVisionTransformer, variant_name
-from soft_mm.models.official.convert import build_classifier_from_checkpoint
+from soft_mm.models.checkpoint_conversion import build_classifier_from_checkpoint
 from soft_mm.models.official.layout import match_arch
 from soft_mm.utils.flops import analyze
 

@@ -4,9 +4,10 @@
         [--key auto|state_dict|state_dict_ema|model] [--allow-unsafe-load] [--debug]
 
 DST holds ``{'state_dict', 'meta'}`` and loads into ``SoftVisionTransformer`` (see
-``soft_mm.models.official.convert.build_classifier_from_checkpoint``) and, through ``init_cfg=dict(type='Pretrained',
-checkpoint=DST)``, into the ``SOFT`` backbone. The weights do not say whether they are SOFT-Norm: pass ``--soft-norm``
-for the ``*_norm`` checkpoints. The mapping and the arch inference are in ``soft_mm/models/official/layout.py``.
+``soft_mm.models.checkpoint_conversion.build_classifier_from_checkpoint``) and, through
+``init_cfg=dict(type='Pretrained', checkpoint=DST)``, into the ``SOFT`` backbone. The weights do not say whether they
+are SOFT-Norm: pass ``--soft-norm`` for the ``*_norm`` checkpoints. The mapping and the arch inference are in
+``soft_mm/models/official/layout.py``.
 
 SRC is read by soft_mm's one checkpoint reader (``soft_mm.utils.checkpoint.reader.read_checkpoint``:
 ``torch.load(weights_only=True)``, ``argparse.Namespace`` allow-listed for timm's files); a file that holds other
@@ -24,7 +25,7 @@ from typing import Any
 
 from soft_mm.models import ARCH_SETTINGS, resolve_arch
 from soft_mm.models.arch import ARCH_KEYS
-from soft_mm.models.official.convert import (
+from soft_mm.models.checkpoint_conversion import (
     CHECKPOINT_KEYS,
     OFFICIAL_FILE_HINT,
     convert_official_checkpoint,

@@ -26,7 +26,7 @@ Whether a checkpoint is SOFT-Norm cannot be read from it (same tensors): the cal
 
 A model loads the authors' layout directly (``load_state_dict``, timm's ``pretrained=True`` with a file, mmengine's
 ``init_cfg=dict(type='Pretrained', ...)``): :func:`migrate_official_keys` renames it with the model's own arch. Reading
-and writing checkpoint files is :mod:`soft_mm.models.official.convert`'s part.
+and writing checkpoint files is :mod:`soft_mm.models.checkpoint_conversion`'s part.
 """
 from __future__ import annotations
 
@@ -235,7 +235,7 @@ def convert_official_state_dict(state_dict: Mapping[str, torch.Tensor], arch: st
     stages and must agree with everything the tensors tell (see :func:`infer_arch`). ``unmapped`` lists the keys no
     rule maps (dropped from the result). The result loads strictly into
     ``SoftVisionTransformer(arch, num_classes=head rows)`` (see
-    :func:`~soft_mm.models.official.convert.verify_converted`); it holds fresh contiguous tensors (no views of the
+    :func:`~soft_mm.models.checkpoint_conversion.verify_converted`); it holds fresh contiguous tensors (no views of the
     input).
     """
     arch_settings = infer_arch(state_dict, arch)

@@ -20,14 +20,14 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...utils.atomic import atomic_save
-from ...utils.checkpoint import CheckpointFileError, read_checkpoint
-from ..arch import ARCH_KEYS, DEFAULT_STAGE_ATTENTION, resolve_arch
-from ..classifier import SoftVisionTransformer
-from ..settings import AUTHORS_SETTINGS
-from .layout import (
+from ..utils.atomic import atomic_save
+from ..utils.checkpoint import CheckpointFileError, read_checkpoint
+from .arch import ARCH_KEYS, DEFAULT_STAGE_ATTENTION, resolve_arch
+from .classifier import SoftVisionTransformer
+from .official.layout import (
     convert_official_state_dict,
 )
+from .settings import AUTHORS_SETTINGS
 
 __all__ = ['CHECKPOINT_KEYS', 'ConvertedCheckpoint', 'build_classifier_from_checkpoint', 'convert_official_checkpoint',
            'load_converted_checkpoint', 'load_official_checkpoint', 'save_converted_checkpoint']
@@ -44,7 +44,7 @@ OFFICIAL_UNSAFE_HINT = ('only if you trust the file, pass allow_pickle=True '
                         '(tools/model_converters/convert_official_checkpoint.py: --allow-unsafe-load); full unpickling '
                         'can run code stored in it')
 CONVERTED_HINT = ('convert an official file with tools/model_converters/convert_official_checkpoint.py (or '
-                  'soft_mm.models.official.convert.convert_official_checkpoint) and pass the file it writes')
+                  'soft_mm.models.checkpoint_conversion.convert_official_checkpoint) and pass the file it writes')
 
 
 # ---------------------------------------------------------------------------------------------------------------------
@@ -147,7 +147,7 @@ def make_meta(arch: str | Mapping[str, Any], soft_norm: bool, source: str = '', 
         keys = [k for k in ARCH_KEYS if k != 'stage_attention' or settings[k] != DEFAULT_STAGE_ATTENTION]
         arch = {k: list(settings[k]) if isinstance(settings[k], tuple) else settings[k] for k in keys}
     return dict(arch=arch, soft_norm=bool(soft_norm), num_classes=int(num_classes), **AUTHORS_SETTINGS.as_dict(),
-                source=str(source), source_key=source_key, converter='soft_mm.models.official.convert')
+                source=str(source), source_key=source_key, converter='soft_mm.models.checkpoint_conversion')
 
 
 def save_converted_checkpoint(path: str | os.PathLike, state_dict: Mapping[str, torch.Tensor],
