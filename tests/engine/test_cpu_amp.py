@@ -6,8 +6,7 @@ import math
 
 import pytest
 import torch
-from helpers.repo import ROOT
-from mmengine.config import Config
+from helpers.demo_training import demo_config, demo_runner, train_steps
 from mmengine.registry import OPTIM_WRAPPERS
 
 from soft_mm.engine import CPUAmpOptimWrapper, enable_cpu_bf16_ops
@@ -90,32 +89,13 @@ DEMOS = {
 @pytest.mark.parametrize('demo', list(DEMOS))
 def test_bfloat16_training_steps_of_each_demo_lower_the_loss(demo, tmp_path, monkeypatch):
     """Six CPUAmpOptimWrapper steps on one batch of the demo: every loss finite, the last below the first."""
-    from mmengine.runner import Runner
-
-    from soft_mm.datasets.synthetic_shapes import write_shapes_dataset
-
     config, options = DEMOS[demo]
     monkeypatch.chdir(tmp_path)
-    write_shapes_dataset(tmp_path / 'data/shapes', num_train=8, num_val=2)
-    cfg = Config.fromfile(str(ROOT / config))
-    cfg.merge_from_dict(options)
-    cfg.work_dir = str(tmp_path / 'work')
-    cfg.train_dataloader.num_workers, cfg.train_dataloader.persistent_workers = 0, False
-    cfg.optim_wrapper.type = 'CPUAmpOptimWrapper'
-    cfg.optim_wrapper.optimizer.lr = 1e-3
-    for key in ('val_dataloader', 'val_cfg', 'val_evaluator', 'test_dataloader', 'test_cfg', 'test_evaluator'):
-        cfg.pop(key, None)
-    cfg.param_scheduler = []
-    torch.manual_seed(0)
-    runner = Runner.from_cfg(cfg)
-    runner.model.init_weights()
-    runner.model.train()
+    cfg = demo_config(config, tmp_path, {**options, 'optim_wrapper.type': 'CPUAmpOptimWrapper',
+                                         'optim_wrapper.optimizer.lr': 1e-3})
+    runner, batch = demo_runner(cfg)
     optim_wrapper = runner.build_optim_wrapper(runner.optim_wrapper)
     assert isinstance(optim_wrapper, CPUAmpOptimWrapper)
-    batch = next(iter(runner.train_dataloader))
-    losses = []
-    for _ in range(6):
-        log_vars = runner.model.train_step(batch, optim_wrapper)
-        losses.append(float(log_vars['loss']))
+    losses = train_steps(runner, optim_wrapper, batch, 6)
     assert all(math.isfinite(loss) for loss in losses), losses
     assert losses[-1] < losses[0], losses

@@ -5,7 +5,9 @@
   variant record and the drop-in configs; :mod:`.kernel_launches` — counting a forward's or a step's launches;
   :mod:`.compile_recording` — a ``torch.compile`` backend that records the graphs it is given;
 * :mod:`.tool_process` — running ``tools/*.py`` as a user does, in a child forked from :mod:`.tool_zygote` (a script:
-  one per test process); :mod:`.checkpoint_kill` — killing a training while it writes a checkpoint.
+  one per test process); :mod:`.checkpoint_kill` — killing a training while it writes a checkpoint;
+* :mod:`.demo_training` — a few training steps of a demo config through mmengine's Runner; :mod:`.ddp_step` — a
+  training step of a tiny backbone on the GPU route, alone or as a rank of a 2-process DDP group.
 
 The test files themselves are laid out like the package: ``tests/<subpackage>/`` for ``soft_mm/<subpackage>/``
 (``cli``, ``datasets``, ``engine``, ``models``, ``ops``, ``utils``), ``tests/configs`` for ``configs/``,
