@@ -1,7 +1,7 @@
 """The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers, spills and shared
 memory, and the table of shared memory the dispatcher decides with.
 
-Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``nystrom_fwd_kernel_context``,
+Every kernel that :mod:`soft_mm.ops.soft.backends.triton.nystrom_launch` can launch (``nystrom_fwd_kernel_context``,
 ``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
 ``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel_mid_inv`` and ``nystrom_middle_bwd_kernel_dl``, the m×m part and its
 backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the three float32 kernels
@@ -9,11 +9,12 @@ that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
 architecture (by default every capability the backend is built for that the installed triton is checked with: sm_75
 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, and from triton 3.8 sm_100, sm_103, sm_120 and sm_121
-Blackwell, ``config.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of ``config.kernel_block``,
-the pipeline stages of ``config.kernel_stages``) — the real GPU code, with the real bfloat16 branches, not the
-interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads
-each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports
-as many spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no spills. The
+Blackwell, ``triton_targets.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of
+``nystrom_config.kernel_block``, the pipeline stages of ``nystrom_config.kernel_stages``) — the real GPU code, with the
+real bfloat16 branches, not the interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's
+wheel, as ``ptxas`` is) reads each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled
+registers: ``ptxas -v`` reports as many spill-store bytes), local memory and shared memory per program. 0 stack and
+local bytes: no spills. The
 compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own library
 functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the standard
 library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise
@@ -22,7 +23,7 @@ published sizes on sm_80, sm_86 and sm_90).
 
     python benchmarks/triton_cubins.py [--arch 75 80 86 89 90 100 103 120 121] [--landmarks 49 ...] [--head-dim 32 ...]
         [--json]
-    python benchmarks/triton_cubins.py --write-table   # regenerate soft_mm/ops/soft/backends/triton/shared_memory.py
+    python benchmarks/triton_cubins.py --write-table   # regenerate .../backends/triton/nystrom_shared_memory.py
     python benchmarks/triton_cubins.py --layers [--width 64 128 320 1024]   # the blocks' add + LayerNorm kernels
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
@@ -32,12 +33,13 @@ static part.
 Several sizes give every (m, d) corner and a second table of the largest request per corner. ``--write-table``
 compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
-(:mod:`soft_mm.ops.soft.backends.triton.targets`); ``tests/ops/test_triton_cubins.py`` compiles the same and holds it.
+(:mod:`soft_mm.ops.soft.backends.triton.nystrom_limits`); ``tests/ops/test_triton_cubins.py`` compiles the same and
+holds it.
 
-``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (:mod:`soft_mm.ops.functional.add_norm_kernels`,
-forward and backward, in each flag set the models launch, ``LAYER_VARIANTS``, the stream in float32, bfloat16 or
-float16) at the given row widths, with the rows per program that :mod:`soft_mm.ops.functional.add_norm_config` gives
-each width.
+``--layers`` compiles the blocks' fused add + LayerNorm kernels instead
+(:mod:`soft_mm.ops.functional.add_norm.add_norm_kernels`, forward and backward, in each flag set the models launch,
+``LAYER_VARIANTS``, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
+that :mod:`soft_mm.ops.functional.add_norm.add_norm_config` gives each width.
 """
 from __future__ import annotations
 
@@ -66,12 +68,13 @@ _V_POINTERS = ('x_ptr', 'v_ptr', 'do_ptr', 'o_ptr', 'dv_ptr')
 # the PTX of a tensor-core product: mma.sync (sm_75..sm_120), wgmma (sm_90), tcgen05.mma (sm_100: its operand dtypes
 # are in the instruction descriptor, ``kind::f16`` for both bfloat16 and float16)
 _TENSOR_CORE_INSTRUCTIONS = r'(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\.\S+'
-_TRITON_BACKEND = Path(__file__).resolve().parents[1] / 'soft_mm/ops/soft/backends/triton'
-_KERNELS_FILE = _TRITON_BACKEND / 'kernels.py'
+_OPS = Path(__file__).resolve().parents[1] / 'soft_mm/ops'
+_TRITON_BACKEND = _OPS / 'soft/backends/triton'
+_KERNELS_FILE = _TRITON_BACKEND / 'nystrom_kernels.py'
 
 
 def _load(name: str, path: Path):
-    """A module of the Triton backend loaded by its path (without importing the soft_mm package, or torch)."""
+    """A module of soft_mm's Triton ops loaded by its path (without importing the soft_mm package, or torch)."""
     spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -86,10 +89,12 @@ def _installed_triton() -> tuple[int, ...]:
         return (0, 0)
 
 
-_CONFIG = _load('soft_mm_triton_config', _TRITON_BACKEND / 'config.py')
-ARCHS = _CONFIG.TARGETS
-# the targets the installed triton is checked with (config.TARGET_MIN_TRITON: Blackwell from triton 3.8), the default
-CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _CONFIG.TARGET_MIN_TRITON.get(arch, (0,)))
+_TARGETS = _load('soft_mm_triton_targets', _OPS / 'triton_targets.py')
+_CONFIG = _load('soft_mm_nystrom_config', _TRITON_BACKEND / 'nystrom_config.py')
+ARCHS = _TARGETS.TARGETS
+# the targets the installed triton is checked with (triton_targets.TARGET_MIN_TRITON: Blackwell from triton 3.8), the
+# default
+CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _TARGETS.TARGET_MIN_TRITON.get(arch, (0,)))
 KERNELS = _CONFIG.KERNELS
 LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES
 # the m×m kernels' rows: (the name in the table, SOFT_NORM); their tensors are float32 whatever the inputs' dtype
@@ -99,8 +104,8 @@ GROUP_KERNELS = _CONFIG.GROUP_KERNELS
 # every corner the backend declares it takes: m = 1 (16 padded), 49, 64 (64 padded); d = 16, 32, 64
 DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
-_TABLE_FILE = _TRITON_BACKEND / 'shared_memory.py'
-_LAYERS = Path(__file__).resolve().parents[1] / 'soft_mm/ops/functional'
+_TABLE_FILE = _TRITON_BACKEND / 'nystrom_shared_memory.py'
+_LAYERS = _OPS / 'functional/add_norm'
 _ADD_NORM = _load('soft_mm_add_norm_config', _LAYERS / 'add_norm_config.py')
 LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
@@ -214,7 +219,8 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
 
 def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dict]:
     """One row per add + LayerNorm kernel, stream dtype, architecture and width, compiled in this process (which
-    must not interpret), as :mod:`soft_mm.ops.functional.add_norm` launches them (triton's default 4 warps)."""
+    must not interpret), as :mod:`soft_mm.ops.functional.add_norm.add_norm_launch` launches them (triton's default 4
+    warps)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -342,7 +348,7 @@ def format_table(rows: list[dict]) -> str:
 
 def format_shared_memory(rows: list[dict]) -> str:
     """Per size (m, d) and architecture, the largest dynamic shared memory any kernel asks for and whether it fits
-    that architecture's limit per block (:data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK`)."""
+    that architecture's limit per block (:data:`~soft_mm.ops.triton_targets.SHARED_MEMORY_PER_BLOCK`)."""
     archs = sorted({row['arch'] for row in rows}, key=lambda a: int(a[3:]))
     largest: dict[tuple[int, int], dict[str, dict]] = {}
     for row in rows:
@@ -381,8 +387,8 @@ def format_layer_table(rows: list[dict]) -> str:
 
 def limit(arch: str) -> int | None:
     """The opt-in shared memory per block of an architecture such as ``'sm_86'``, bytes (None where the table of
-    :data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK` does not know it)."""
-    return _CONFIG.SHARED_MEMORY_PER_BLOCK.get(int(arch[3:]))
+    :data:`~soft_mm.ops.triton_targets.SHARED_MEMORY_PER_BLOCK` does not know it)."""
+    return _TARGETS.SHARED_MEMORY_PER_BLOCK.get(int(arch[3:]))
 
 
 def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str, object]]:
@@ -408,13 +414,14 @@ def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str
 
 
 def table_module(rows: list[dict]) -> str:
-    """The text of ``soft_mm/ops/soft/backends/triton/shared_memory.py`` from compiled rows (``--write-table``)."""
+    """The text of ``soft_mm/ops/soft/backends/triton/nystrom_shared_memory.py`` from compiled rows
+    (``--write-table``)."""
     import triton
 
     lines = ['"""The dynamic shared memory each Triton kernel asks for at launch, per target, padded size and products',
              'dtype: generated by ``python benchmarks/triton_cubins.py --write-table`` (triton '
              f'{triton.__version__}), held by',
-             '``tests/ops/test_triton_cubins.py``, read by :mod:`.targets`. Do not edit by hand."""',
+             '``tests/ops/test_triton_cubins.py``, read by :mod:`.nystrom_limits`. Do not edit by hand."""',
              '',
              f'TRITON = {triton.__version__!r}  # the triton that compiled the table',
              '# (target, padded m, padded d) -> kernel -> bytes by products dtype (the m×m kernel: one figure)',
@@ -455,7 +462,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write_table:
         if CHECKED_ARCHS != ARCHS:  # the table must hold every target
-            newest = max(_CONFIG.TARGET_MIN_TRITON.values())
+            newest = max(_TARGETS.TARGET_MIN_TRITON.values())
             parser.error(f'--write-table compiles every target, which needs triton >= {".".join(map(str, newest))}')
         archs, landmarks, head_dims = ARCHS, DECLARED_LANDMARKS, DECLARED_HEAD_DIMS
     if os.environ.get('TRITON_INTERPRET', '0') == '1':

@@ -19,6 +19,12 @@ __all__ = ['MOVED', 'SPLIT', 'MovedModuleFinder', 'install', 'new_path']
 # old module path -> new module path (a package moves its submodules too)
 MOVED = {
     'soft_mm.ops.layers': 'soft_mm.ops.functional',
+    'soft_mm.ops.functional.add_norm_config': 'soft_mm.ops.functional.add_norm.add_norm_config',
+    'soft_mm.ops.functional.add_norm_kernels': 'soft_mm.ops.functional.add_norm.add_norm_kernels',
+    'soft_mm.ops.soft.backends.triton.config': 'soft_mm.ops.soft.backends.triton.nystrom_config',
+    'soft_mm.ops.soft.backends.triton.kernels': 'soft_mm.ops.soft.backends.triton.nystrom_kernels',
+    'soft_mm.ops.soft.backends.triton.shared_memory': 'soft_mm.ops.soft.backends.triton.nystrom_shared_memory',
+    'soft_mm.ops.soft.backends.triton.targets': 'soft_mm.ops.soft.backends.triton.nystrom_limits',
     'soft_mm.ops.soft.policy': 'soft_mm.ops.precision.soft_policy',
     'soft_mm.ops.soft.backends.products_op': 'soft_mm.ops.soft.products_op',
     'soft_mm.ops.soft.health': 'soft_mm.models.attention_health',

@@ -20,23 +20,12 @@ from types import ModuleType
 
 import torch
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'PLATFORMS', 'TARGETS', 'TARGET_MIN_TRITON', 'TRITON_VERSION',
-           'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons', 'gpu_route',
-           'interpreted_bound', 'interpreted_triton_route', 'interpreting', 'load_kernels', 'route_device_type',
-           'store_dtype', 'takes_triton', 'triton_available']
+from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, TARGET_MIN_TRITON, TARGETS
 
-# The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
-# 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
-MIN_TRITON = (3, 4)
-# The compute capabilities (10 * major + minor) of the NVIDIA GPUs every Triton kernel of the package is compiled and
-# checked for (benchmarks/triton_cubins.py; tests/ops/test_triton_cubins.py: 0 spills): sm_75 Turing, sm_80 / sm_86
-# Ampere, sm_89 Ada, sm_90 Hopper, sm_100 / sm_103 / sm_120 / sm_121 Blackwell. A device of another capability (a V100,
-# a Jetson Orin's sm_87), and any AMD GPU under ROCm, runs the PyTorch forms. bfloat16 needs sm_80 (Turing has no
-# bfloat16 arithmetic). The Blackwell targets are checked with triton >= 3.8 (TARGET_MIN_TRITON: its ptxas is the first
-# that knows sm_103 and sm_121, and the checked 0 spills are its code's). The backend's config.py repeats these three.
-TARGETS = (75, 80, 86, 89, 90, 100, 103, 120, 121)
-BFLOAT16_MIN_TARGET = 80
-TARGET_MIN_TRITON = {100: (3, 8), 103: (3, 8), 120: (3, 8), 121: (3, 8)}
+__all__ = ['PLATFORMS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons',
+           'gpu_route', 'interpreted_bound', 'interpreted_triton_route', 'interpreting', 'load_kernels',
+           'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
+
 PLATFORMS = ('cuda', 'rocm')
 
 
@@ -83,7 +72,8 @@ class DeviceLimits:
 
     @property
     def built_for(self) -> bool:
-        """Whether the kernels are compiled and checked for this device: an NVIDIA GPU of :data:`TARGETS`."""
+        """Whether the kernels are compiled and checked for this device: an NVIDIA GPU of
+        :data:`~.triton_targets.TARGETS`."""
         return self.platform == 'cuda' and self.target in TARGETS
 
     def __str__(self) -> str:
@@ -122,7 +112,7 @@ _DEVICES: dict[int, DeviceLimits] = {}
 
 
 def triton_available() -> bool:
-    """Whether a triton the kernels can use is installed (>= :data:`MIN_TRITON`)."""
+    """Whether a triton the kernels can use is installed (>= :data:`~.triton_targets.MIN_TRITON`)."""
     return TRITON_VERSION is not None and TRITON_VERSION >= MIN_TRITON
 
 
@@ -169,9 +159,10 @@ def route_device_type(tensor: torch.Tensor) -> str:
 
 def device_reasons(limits: DeviceLimits, bfloat16: bool) -> list[str]:
     """Every reason why the package's Triton kernels do not run on the device of ``limits`` (empty if they do), whatever
-    the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`TARGETS`, a triton older than the target is
-    checked with (:data:`TARGET_MIN_TRITON`), bfloat16 below :data:`BFLOAT16_MIN_TARGET`. The SOFT op's backend adds
-    its kernels' shared memory (``soft_mm/ops/soft/backends/triton/targets.py``)."""
+    the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`~.triton_targets.TARGETS`, a triton older
+    than the target is checked with (:data:`~.triton_targets.TARGET_MIN_TRITON`), bfloat16 below
+    :data:`~.triton_targets.BFLOAT16_MIN_TARGET`. The SOFT op's backend adds its kernels' shared memory
+    (``soft_mm/ops/soft/backends/triton/nystrom_limits.py``)."""
     built = ', '.join(f'sm_{t}' for t in TARGETS)
     if limits.platform == 'rocm':
         return [f'is built and checked for NVIDIA GPUs ({built}), not this {limits}: an AMD GPU, whatever capability '
@@ -195,8 +186,9 @@ def cuda_target(device: torch.device) -> int:
 def takes_triton(*tensors: torch.Tensor) -> bool:
     """Whether a fused Triton kernel of the package's layers takes ``tensors``: a usable triton, and either CPU
     tensors inside :func:`interpreted_triton_route` or CUDA tensors on a device :func:`device_reasons` finds nothing
-    against (an NVIDIA GPU of :data:`TARGETS`, bfloat16 ones only from :data:`BFLOAT16_MIN_TARGET`; the SOFT op's
-    backend checks its own calls, shared memory included)."""
+    against (an NVIDIA GPU of :data:`~.triton_targets.TARGETS`, bfloat16 ones only from
+    :data:`~.triton_targets.BFLOAT16_MIN_TARGET`; the SOFT op's backend checks its own calls, shared memory
+    included)."""
     if not triton_available() or not tensors:
         return False
     device = tensors[0].device

@@ -1,7 +1,7 @@
-"""The m×m part of the SOFT op in one Triton kernel (soft_mm.ops.soft.backends.triton.backend.triton_nystrom_middle),
-run on CPU tensors under the Triton interpreter: the landmark kernel, the Newton–Schulz iteration and SOFT-Norm's
-scaling against the PyTorch iteration and float64, its backward, its place in the op, and the kernels one CUDA-path
-forward launches.
+"""The m×m part of the SOFT op in one Triton kernel
+(soft_mm.ops.soft.backends.triton.nystrom_launch.triton_nystrom_middle), run on CPU tensors under the Triton
+interpreter: the landmark kernel, the Newton–Schulz iteration and SOFT-Norm's scaling against the PyTorch iteration and
+float64, its backward, its place in the op, and the kernels one CUDA-path forward launches.
 """
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from helpers.kernel_launches import counted_launches, summary
 from helpers.op_checks import check_custom_op, triton_kernels
 
 from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
-from soft_mm.ops.soft.backends.triton.backend import _middle_op, triton_nystrom_middle
+from soft_mm.ops.soft.backends.triton.nystrom_launch import _middle_op, triton_nystrom_middle
 
 pytestmark = triton_kernels
 

@@ -1,5 +1,5 @@
-"""The Triton kernels of :mod:`soft_mm.ops.functional.add_norm` (loaded through
-:func:`soft_mm.ops.triton_route.load_kernels`, under the current ``TRITON_INTERPRET`` setting).
+"""The Triton kernels of :mod:`.add_norm_launch` (loaded through :func:`soft_mm.ops.triton_route.load_kernels`, under
+the current ``TRITON_INTERPRET`` setting).
 
 Per row of a ``(R, C)`` token matrix, with ``x`` the branch (``x_ptr``), ``bb`` its bias (``bb_ptr``), ``sc`` the
 per-sample scale of stochastic depth (``sc_ptr``, one float32 per sample of ``T`` rows) and ``r`` the residual
