@@ -17,7 +17,8 @@ registers: ``ptxas -v`` reports as many spill-store bytes), local memory and sha
 local bytes: no spills. The
 compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own library
 functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the standard
-library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise
+library, and soft_mm's plain-Python and Triton-only modules from their files without the package (:func:`_load`), so
+the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise
 a stride of 1 or a multiple of 16, which only removes instructions; the shared memory is the same, checked at the
 published sizes on sm_80, sm_86 and sm_90).
 
@@ -44,8 +45,8 @@ that :mod:`soft_mm.ops.functional.add_norm.add_norm_config` gives each width.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
-import importlib.util
 import itertools
 import json
 import os
@@ -53,6 +54,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 __all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS',
@@ -62,23 +64,35 @@ __all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS',
            'shared_memory_table', 'table_module']
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
-# pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
-_Q_POINTERS = ('q_ptr', 'dq_ptr')
-_V_POINTERS = ('x_ptr', 'v_ptr', 'do_ptr', 'o_ptr', 'dv_ptr')
+# the token kernels' token tensors, each a (pointer, (b, h, n, d) strides) tuple, in q's or v's dtype; their sizes
+# (H, N, M, D, DV); their tuples of float32 pointers; every other pointer is float32 (landmarks, middle, partial sums)
+_Q_TENSORS = ('q', 'dq')
+_V_TENSORS = ('x', 'v', 'do', 'o', 'dv')
+_TOKEN_SIZES = ('i32',) * 5
+_FLOAT32_PAIRS = ('factors', 'partials')
 # the PTX of a tensor-core product: mma.sync (sm_75..sm_120), wgmma (sm_90), tcgen05.mma (sm_100: its operand dtypes
 # are in the instruction descriptor, ``kind::f16`` for both bfloat16 and float16)
 _TENSOR_CORE_INSTRUCTIONS = r'(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\.\S+'
 _OPS = Path(__file__).resolve().parents[1] / 'soft_mm/ops'
 _TRITON_BACKEND = _OPS / 'soft/backends/triton'
-_KERNELS_FILE = _TRITON_BACKEND / 'nystrom_kernels.py'
+# soft_mm's folder imported under this name by _load: its modules import each other, its __init__ files are not run
+_BY_PATH = '_soft_mm_by_path'
 
 
-def _load(name: str, path: Path):
-    """A module of soft_mm's Triton ops loaded by its path (without importing the soft_mm package, or torch)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _load(module: str):
+    """soft_mm's module ``module`` (its dotted path inside the package, e.g. ``'ops.triton_targets'``: a plain-Python
+    or Triton-only module) imported from its file without the soft_mm package, so without torch: each package on the
+    way an empty module over its folder (its ``__init__`` not run), all under the top-level name :data:`_BY_PATH`
+    rather than ``soft_mm`` (a process may import the real package beside it). The module's relative imports resolve
+    there (the kernels' ``triton_interpreter``)."""
+    parts = module.split('.')
+    for depth in range(len(parts)):
+        name = '.'.join([_BY_PATH, *parts[:depth]])
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(_OPS.parent.joinpath(*parts[:depth]))]
+            sys.modules[name] = package
+    return importlib.import_module(f'{_BY_PATH}.{module}')
 
 
 def _installed_triton() -> tuple[int, ...]:
@@ -89,8 +103,9 @@ def _installed_triton() -> tuple[int, ...]:
         return (0, 0)
 
 
-_TARGETS = _load('soft_mm_triton_targets', _OPS / 'triton_targets.py')
-_CONFIG = _load('soft_mm_nystrom_config', _TRITON_BACKEND / 'nystrom_config.py')
+_TARGETS = _load('ops.triton_targets')
+_CONFIG = _load('ops.soft.backends.triton.nystrom_config')
+_KERNELS = 'ops.soft.backends.triton.nystrom_kernels'
 ARCHS = _TARGETS.TARGETS
 # the targets the installed triton is checked with (triton_targets.TARGET_MIN_TRITON: Blackwell from triton 3.8), the
 # default
@@ -105,13 +120,16 @@ GROUP_KERNELS = _CONFIG.GROUP_KERNELS
 DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
 _TABLE_FILE = _TRITON_BACKEND / 'nystrom_shared_memory.py'
-_LAYERS = _OPS / 'functional/add_norm'
-_ADD_NORM = _load('soft_mm_add_norm_config', _LAYERS / 'add_norm_config.py')
+_ADD_NORM = _load('ops.functional.add_norm.add_norm_config')
 LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
 LAYER_WIDTHS = (64, 128, 320, _ADD_NORM.MAX_ADD_NORM_WIDTH)
-# the tensors of the stream (the addends, the output and their gradients), in the stream's dtype; the rest float32
-_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'sc_ptr', 'y_ptr', 'sum_ptr', 'dy_ptr', 'dsum_ptr', 'ds_ptr', 'dx_ptr')
+# the tensors of the stream (the addends but the branch's bias, the output and their gradients) in the stream's dtype
+# (S), the rest float32 (F); the kernels' tuples of pointers: the addends (x, r, bb, sc), the norm's (w, b), the
+# gradients received (dy, dsum) and written (ds, dx); the sizes (R, C, T)
+_STREAM_POINTERS = ('y_ptr', 'sum_ptr')
+_LAYER_TUPLES = {'addends': 'SSFS', 'norm': 'FF', 'grads_in': 'SS', 'grads_out': 'SS'}
+_LAYER_SIZES = ('i32',) * 3
 LAYER_VARIANTS = _ADD_NORM.LAUNCH_VARIANTS
 
 
@@ -130,17 +148,18 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     pad = _CONFIG.padded
     signature, constants = {}, dict(BLOCK=_CONFIG.kernel_block(fn.__name__, arch), MP=pad(num_landmarks),
                                      DP=pad(head_dim), DVP=pad(head_dim),
-                                     PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
-    constants.update({name: 0 for name in fn.arg_names if name.startswith('INTERPRETED_')})  # as a GPU launch
+                                     PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]])
     for name in fn.arg_names:
         if name in constants:
             signature[name] = 'constexpr'
-        elif name.endswith('_ptr'):
-            signature[name] = '*' + (q if name in _Q_POINTERS else v if name in _V_POINTERS else 'fp32')
-        elif name.endswith('_strides'):  # a token tensor's (b, h, n, d) strides, one tuple
-            signature[name] = ('i32',) * 4
+        elif name in _Q_TENSORS or name in _V_TENSORS:  # (pointer, its (b, h, n, d) strides)
+            signature[name] = ('*' + (q if name in _Q_TENSORS else v), ('i32',) * 4)
+        elif name == 'sizes':
+            signature[name] = _TOKEN_SIZES
+        elif name in _FLOAT32_PAIRS:
+            signature[name] = ('*fp32', '*fp32')
         else:
-            signature[name] = 'i32'
+            signature[name] = '*fp32' if name.endswith('_ptr') else 'i32'
     return signature, constants
 
 
@@ -148,7 +167,7 @@ def _middle_signature(fn, soft_norm: bool, num_landmarks: int, head_dim: int) ->
     """``ASTSource``'s signature and constants of a launch of a float32 kernel with one program per group (the m×m
     kernels, those of :data:`GROUP_KERNELS`)."""
     constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), DVP=_CONFIG.padded(head_dim),
-                     SOFT_NORM=soft_norm, INTERPRET=False, INTERPRETED_SPLITS=0, INTERPRETED_ITERS=0)
+                     SOFT_NORM=soft_norm)
     constants = {name: value for name, value in constants.items() if name in fn.arg_names}
     floats = ('ridge', 'floor')
     signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')
@@ -183,7 +202,7 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = _load('soft_mm_triton_kernels_aot', _KERNELS_FILE)
+    kernels = _load(_KERNELS)
     launches = []  # (table name, kernel, q, v, products, arch, signature, constants, warps, stages)
     for arch in archs:
         for name in KERNELS:
@@ -225,19 +244,21 @@ def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dic
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = _load('soft_mm_add_norm_kernels_aot', _LAYERS / 'add_norm_kernels.py')
+    kernels = _load('ops.functional.add_norm.add_norm_kernels')
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for arch in archs:
             for width in widths:
-                constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width),
-                                 INTERPRET=False, INTERPRETED_BLOCKS=0)
+                constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width))
                 for dtype, variant, name in itertools.product(_DTYPE_NAMES, LAYER_VARIANTS, LAYER_KERNELS):
                     fn = getattr(kernels, name)
                     used = {key: value for key, value in {**constants, **LAYER_VARIANTS[variant]}.items()
                             if key in fn.arg_names}
+                    kinds = {'S': '*' + dtype, 'F': '*fp32'}
                     signature = {arg: 'constexpr' if arg in used else '*' + dtype if arg in _STREAM_POINTERS
-                                 else '*fp32' if arg.endswith('_ptr') else 'fp32' if arg == 'eps' else 'i32'
+                                 else tuple(kinds[k] for k in _LAYER_TUPLES[arg]) if arg in _LAYER_TUPLES
+                                 else _LAYER_SIZES if arg == 'sizes' else '*fp32' if arg.endswith('_ptr')
+                                 else 'fp32' if arg == 'eps' else 'i32'
                                  for arg in fn.arg_names}
                     compiled = triton.compile(ASTSource(fn, signature, used), target=GPUTarget('cuda', arch, 32))
                     cubin = Path(folder) / f'{name}_{arch}.cubin'
@@ -288,7 +309,7 @@ def _compiles_for(arch: int) -> bool:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _load('soft_mm_triton_kernels_probe', _KERNELS_FILE).nystrom_middle_fwd_kernel_mid_inv
+    fn = _load(_KERNELS).nystrom_middle_fwd_kernel_mid_inv
     try:
         triton.compile(ASTSource(fn, *_middle_signature(fn, False, 16, 16)), target=GPUTarget('cuda', arch, 32))
     except Exception:  # (triton raises several kinds: no such target, ptxas failing)

@@ -2,9 +2,10 @@
 installed; on CPU tensors only inside :func:`interpreted_triton_route`, under ``TRITON_INTERPRET=1`` (the tests, and
 the tools that count what a GPU would launch, run the GPU's route there); and how a kernel module is loaded.
 
-``TRITON_INTERPRET`` is read when a kernel is decorated, so :func:`load_kernels` re-imports a kernel module when the
-setting has changed since it was last loaded; to interpret at all, the variable must be set before triton is first
-imported (triton decorates its own library functions, ``tl.sum``, then).
+``TRITON_INTERPRET`` is read when a kernel is decorated, so :func:`load_kernels` re-imports a kernel module (and
+:mod:`.triton_interpreter`, whose ``INTERPRET`` the kernels read) when the setting has changed since it was imported;
+to interpret at all, the variable must be set before triton is first imported (triton decorates its own library
+functions, ``tl.sum``, then).
 """
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import torch
 from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, TARGET_MIN_TRITON, TARGETS
 
 __all__ = ['PLATFORMS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons',
-           'gpu_route', 'interpreted_bound', 'interpreted_triton_route', 'interpreting', 'load_kernels',
+           'gpu_route', 'interpreted_triton_route', 'interpreting', 'load_kernels',
            'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
 
 PLATFORMS = ('cuda', 'rocm')
@@ -107,7 +108,8 @@ def device_limits(index: int | None = None) -> DeviceLimits:
 
 TRITON_VERSION = _installed_triton()
 _ROUTE = {'cpu': False}  # whether CPU tensors take the Triton route (inside interpreted_triton_route)
-_LOADED: dict[str, tuple[ModuleType, bool]] = {}
+_LOADED: dict[str, tuple[ModuleType, bool]] = {}  # each kernel module and the setting it was imported under
+_INTERPRETER = f'{__package__}.triton_interpreter'
 _DEVICES: dict[int, DeviceLimits] = {}
 
 
@@ -200,13 +202,6 @@ def takes_triton(*tensors: torch.Tensor) -> bool:
     return not device_reasons(device_limits(device.index), bfloat16)
 
 
-def interpreted_bound(bound: int) -> int:
-    """A kernel loop's run-time ``bound`` as its ``INTERPRETED_*`` constexpr: ``bound`` under the interpreter (whose
-    ``range`` cannot take the run-time argument: see ``soft_mm/ops/soft/backends/triton/kernels.py``), 0 when compiled
-    (a constant, so one compiled kernel serves every bound)."""
-    return int(bound) if interpreting() else 0
-
-
 def store_dtype(dtype: torch.dtype) -> torch.dtype:
     """What a kernel writes for a result of ``dtype``: ``dtype``, or float32 for bfloat16 under the interpreter, whose
     cast to bfloat16 truncates instead of rounding to nearest (numpy has no bfloat16); torch casts afterwards."""
@@ -215,11 +210,15 @@ def store_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def load_kernels(module: str) -> ModuleType:
     """The kernel module ``module`` (a dotted name), imported under the current ``TRITON_INTERPRET`` setting: again
-    when it has changed since the last import. Every Triton launch of the package goes through a module loaded here
-    (the launch counters of ``benchmarks/launch_counts.py`` wrap it)."""
+    when it has changed since the last import, and :mod:`.triton_interpreter` (whose ``INTERPRET`` and ``loop_bound``
+    the kernels import) again before it where its ``INTERPRET`` is not the setting. Every Triton launch of the package
+    goes through a module loaded here (the launch counters of ``benchmarks/launch_counts.py`` wrap it)."""
     interpret = interpreting()
     loaded = _LOADED.get(module)
     if loaded is None or loaded[1] != interpret:
+        interpreter = importlib.import_module(_INTERPRETER)
+        if bool(interpreter.INTERPRET) != interpret:
+            importlib.reload(interpreter)
         kernels = importlib.import_module(module)
         if loaded is not None:
             kernels = importlib.reload(kernels)

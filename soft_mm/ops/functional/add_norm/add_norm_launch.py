@@ -80,7 +80,7 @@ class _AddLayerNorm(torch.autograd.Function):
         flags = dict(HAS_RESIDUAL=residual is not None, HAS_BRANCH_BIAS=branch_bias is not None,
                      HAS_SCALE=branch_scale is not None, GELU=gelu)
         _kernels().add_norm_fwd_kernel_y[(blocks,)](
-            x, r, bb, sc, weight, bias, y, total, stats, rows, width, per_sample, eps, ROWS=tile_rows, CP=padded,
+            (x, r, bb, sc), (weight, bias), y, total, stats, (rows, width, per_sample), eps, ROWS=tile_rows, CP=padded,
             STORE_SUM=return_sum, **flags)
         ctx.save_for_backward(x, r, bb, sc, weight, bias, stats)
         ctx.flags, ctx.per_sample, ctx.shape = flags, per_sample, branch.shape
@@ -109,10 +109,9 @@ class _AddLayerNorm(torch.autograd.Function):
         partials = torch.empty(programs, 3, padded, dtype=torch.float32, device=x.device)
         grad_rows = _rows(grad.expand(rows, width) if grad.ndim == 0 else grad)
         _kernels().add_norm_bwd_kernel_dx[(programs,)](
-            grad_rows, x if grad_total is None else _rows(grad_total), x, r, bb, sc, weight, bias, stats, grad_sum,
-            grad_x, partials, rows, width, ctx.per_sample, per_program, ROWS=tile_rows, CP=padded,
-            HAS_DSUM=grad_total is not None, INTERPRET=triton_route.interpreting(),
-            INTERPRETED_BLOCKS=triton_route.interpreted_bound(per_program), **flags)
+            (grad_rows, x if grad_total is None else _rows(grad_total)), (grad_sum, grad_x), (x, r, bb, sc),
+            (weight, bias), stats, partials, (rows, width, ctx.per_sample), per_program, ROWS=tile_rows, CP=padded,
+            HAS_DSUM=grad_total is not None, **flags)
         grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
         grad_branch = grad_x.to(branch_dtype).reshape(ctx.shape)
         grad_residual = None

@@ -97,8 +97,9 @@ def _kernels():
     return triton_route.load_kernels(f'{__package__}.nystrom_kernels')
 
 
-def _strides(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.stride())
+def _tokens(t: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    """A token tensor as the kernels take it: ``(tensor, its four strides)``."""
+    return t, tuple(t.stride())
 
 
 class _Launch:
@@ -121,25 +122,22 @@ class _Launch:
         self.grid = (self.nblk, self.groups)
         self.splits = split_count(self.n, self.block, self.groups)
         self.split_grid = (self.splits, self.groups)
-        # the loops' run-time bounds as their INTERPRETED_* constexprs (triton_route.interpreted_bound)
-        self.interpreted_trips = triton_route.interpreted_bound(-(-self.nblk // self.splits))
-        self.interpreted_splits = triton_route.interpreted_bound(self.splits)
         self.kernels = _kernels()
 
     def sizes(self) -> tuple[int, ...]:
+        """The token kernels' ``sizes`` argument: ``(H, N, M, D, DV)``."""
         return self.heads, self.n, self.m, self.d, self.dv
 
     def meta(self, products: int) -> dict:
-        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, INTERPRET=self.interpret,
-                    num_warps=NUM_WARPS, num_stages=self.stages)
+        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, num_warps=NUM_WARPS,
+                    num_stages=self.stages)
 
     def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
         """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),
         for ``nystrom_fwd_kernel_mc`` or ``nystrom_bwd_kernel_dmid_dctx`` to sum."""
         parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
         self.kernels.nystrom_fwd_kernel_context[self.split_grid](
-            q, landmarks, x, parts, *self.sizes(), _strides(q), _strides(x), **self.meta(products),
-            INTERPRETED_TRIPS=self.interpreted_trips)
+            _tokens(q), _tokens(x), landmarks, parts, self.sizes(), **self.meta(products))
         return parts
 
 
@@ -160,12 +158,11 @@ def _launch_forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, pro
     context, middle_context = (lm.new_empty(*lm.shape[:3], launch.dv) for _ in range(2))
     launch.kernels.nystrom_fwd_kernel_mc[(launch.groups,)](
         parts, middle.float().contiguous(), context, middle_context, launch.splits, launch.m, launch.dv, MP=launch.mp,
-        DVP=launch.dvp, INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits,
-        num_warps=middle_warps(launch.m))
+        DVP=launch.dvp, num_warps=middle_warps(launch.m))
     launch = _Launch(q, lm, v, _OUTPUT)
     out = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
     launch.kernels.nystrom_fwd_kernel_o[launch.grid](
-        q, lm, middle_context, out, *launch.sizes(), _strides(q), _strides(out), **launch.meta(products))
+        _tokens(q), _tokens(out), lm, middle_context, launch.sizes(), **launch.meta(products))
     return out.to(v.dtype), context, middle_context
 
 
@@ -204,8 +201,7 @@ def _launch_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, 
     grad_context = torch.empty_like(context)  # contiguous (B, h, m, d_v) float32, as the backward kernel reads it
     launch.kernels.nystrom_bwd_kernel_dmid_dctx[(launch.groups,)](
         parts, middle.float().contiguous(), context, grad_middle, grad_context, launch.splits, launch.m, launch.dv,
-        MP=launch.mp, DVP=launch.dvp, INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits,
-        num_warps=middle_warps(launch.m))
+        MP=launch.mp, DVP=launch.dvp, num_warps=middle_warps(launch.m))
     launch = _Launch(q, lm, v, _BACKWARD)
     grad_q = torch.empty_like(q, dtype=triton_route.store_dtype(q.dtype))
     grad_v = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
@@ -213,13 +209,12 @@ def _launch_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, 
     lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
     lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
-        q, lm, v, grad_out, middle_context, grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
-        _strides(q), _strides(v), _strides(grad_out), _strides(grad_q), _strides(grad_v), **launch.meta(products),
-        INTERPRETED_TRIPS=launch.interpreted_trips)
+        _tokens(q), _tokens(v), _tokens(grad_out), _tokens(grad_q), _tokens(grad_v), lm, (middle_context, grad_context),
+        (lsum, lcnt), launch.sizes(), **launch.meta(products))
     grad_landmarks = torch.empty_like(lm, dtype=torch.float32)
     launch.kernels.nystrom_bwd_kernel_dl_sum[(launch.groups,)](
         lsum, lcnt, lm.float(), grad_landmarks, launch.splits, m, d, MP=launch.mp, DP=launch.dp,
-        INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits, num_warps=middle_warps(m))
+        num_warps=middle_warps(m))
     return grad_q.to(q.dtype), grad_landmarks.to(lm.dtype), grad_v.to(v.dtype), grad_middle.to(middle.dtype)
 
 
@@ -262,8 +257,7 @@ def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: 
     with _recorded(lm.device, m, d, None, False):
         _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
             lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m),
-            DP=padded(d), SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(),
-            INTERPRETED_ITERS=triton_route.interpreted_bound(num_iters), num_warps=middle_warps(m))
+            DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
     return middle, inverse
 
 
