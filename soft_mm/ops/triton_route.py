@@ -108,7 +108,8 @@ def device_limits(index: int | None = None) -> DeviceLimits:
 
 TRITON_VERSION = _installed_triton()
 _ROUTE = {'cpu': False}  # whether CPU tensors take the Triton route (inside interpreted_triton_route)
-_LOADED: dict[str, tuple[ModuleType, bool]] = {}  # each kernel module and the setting it was imported under
+# each kernel module (and triton_interpreter) and the setting it was imported under
+_LOADED: dict[str, tuple[ModuleType, bool]] = {}
 _INTERPRETER = f'{__package__}.triton_interpreter'
 _DEVICES: dict[int, DeviceLimits] = {}
 
@@ -208,19 +209,29 @@ def store_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float32 if dtype == torch.bfloat16 and interpreting() else dtype
 
 
+def _imported(module: str, interpret: bool) -> ModuleType:
+    """Module ``module``, imported again where the setting it was imported under (:data:`_LOADED`) is not
+    ``interpret``."""
+    loaded = _LOADED.get(module)
+    if loaded is None:
+        imported = importlib.import_module(module)
+        if module == _INTERPRETER and bool(imported.INTERPRET) != interpret:  # (imported before, under the other)
+            imported = importlib.reload(imported)
+    else:
+        imported = loaded[0] if loaded[1] == interpret else importlib.reload(loaded[0])
+    _LOADED[module] = (imported, interpret)
+    return imported
+
+
 def load_kernels(module: str) -> ModuleType:
     """The kernel module ``module`` (a dotted name), imported under the current ``TRITON_INTERPRET`` setting: again
     when it has changed since the last import, and :mod:`.triton_interpreter` (whose ``INTERPRET`` and ``loop_bound``
-    the kernels import) again before it where its ``INTERPRET`` is not the setting. Every Triton launch of the package
-    goes through a module loaded here (the launch counters of ``benchmarks/launch_counts.py`` wrap it)."""
+    every kernel module reads) again whenever the setting differs from the one it was imported under. Every Triton
+    launch of the package goes through a module loaded here (the launch counters of ``benchmarks/launch_counts.py``
+    wrap it)."""
     interpret = interpreting()
     loaded = _LOADED.get(module)
-    if loaded is None or loaded[1] != interpret:
-        interpreter = importlib.import_module(_INTERPRETER)
-        if bool(interpreter.INTERPRET) != interpret:
-            importlib.reload(interpreter)
-        kernels = importlib.import_module(module)
-        if loaded is not None:
-            kernels = importlib.reload(kernels)
-        _LOADED[module] = loaded = (kernels, interpret)
+    if loaded is None or loaded[1] != interpret or _LOADED.get(_INTERPRETER, (None, None))[1] != interpret:
+        _imported(_INTERPRETER, interpret)
+        loaded = (_imported(module, interpret), interpret)
     return loaded[0]

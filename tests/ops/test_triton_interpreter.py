@@ -41,7 +41,8 @@ def test_no_kernel_takes_an_interpreter_constant_or_more_than_16_arguments():
 
 def test_the_interpreter_switch_follows_the_setting_the_kernels_are_loaded_under(monkeypatch):
     import soft_mm.ops.triton_interpreter as interpreter
-    name = KERNEL_MODULES[1]
+    other, name = KERNEL_MODULES
+    triton_route.load_kernels(other)
     interpreted = triton_route.load_kernels(name)
     assert interpreter.INTERPRET and interpreted.loop_bound is interpreter.loop_bound
     assert type(interpreted.add_norm_fwd_kernel_y).__name__ == 'InterpretedFunction'
@@ -50,6 +51,8 @@ def test_the_interpreter_switch_follows_the_setting_the_kernels_are_loaded_under
     assert not interpreter.INTERPRET and compiled.loop_bound is interpreter.loop_bound
     assert type(compiled.add_norm_fwd_kernel_y).__name__ == 'JITFunction'
     monkeypatch.setenv('TRITON_INTERPRET', '1')
+    # a module last loaded under this setting: the switch it reads (the interpreter module's) is this setting's again
+    assert triton_route.load_kernels(other) and interpreter.INTERPRET
     again = triton_route.load_kernels(name)
     assert interpreter.INTERPRET and again.loop_bound is interpreter.loop_bound
     assert type(again.add_norm_fwd_kernel_y).__name__ == 'InterpretedFunction'
