@@ -229,7 +229,8 @@ def nystrom_fwd_kernel_o(q, o, l_ptr, mc_ptr, sizes, BLOCK: tl.constexpr, MP: tl
     g = tl.program_id(1)
     _, _, k, rows, row_ok = kernel_block(at_group(q, H), l_ptr + g * M * D, tl.program_id(0), N, M, D, BLOCK, MP, DP)
     mc = load_group_tile(mc_ptr + g * M * DV, M, DV, MP, DVP)
-    store_tokens(at_group(o, H), pdot(k, mc, PRODUCTS), rows, row_ok, DV, DVP)
+    o_tile = pdot(k, mc, PRODUCTS)
+    store_tokens(at_group(o, H), o_tile, rows, row_ok, DV, DVP)
 
 
 @triton.jit

@@ -113,8 +113,7 @@ class _Launch:
         self.batch, self.heads, self.n, self.d = q.shape
         self.m, self.dv = landmarks.shape[2], v.shape[3]
         self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
-        self.interpret = triton_route.interpreting()
-        on_gpu = not self.interpret and q.device.type == 'cuda'
+        on_gpu = not triton_route.interpreting() and q.device.type == 'cuda'
         target = triton_route.cuda_target(q.device) if on_gpu else None
         self.block, self.stages = kernel_block(kernel, target), kernel_stages(kernel, target)
         self.groups = self.batch * self.heads
