@@ -112,15 +112,10 @@ from soft_mm.ops.precision.error_rule import (
     rule_inputs,
 )
 from soft_mm.ops.precision.soft_policy import precision_policy
-from soft_mm.ops.soft.backends.triton.backend import (
-    MAX_HEAD_DIM,
-    MAX_LANDMARKS,
-    TRITON,
-    triton_available,
-    unsupported_reason,
-)
-from soft_mm.ops.soft.backends.triton.targets import device_limits
+from soft_mm.ops.soft.backends.triton.backend import TRITON, unsupported_reason
+from soft_mm.ops.soft.backends.triton.nystrom_config import MAX_HEAD_DIM, MAX_LANDMARKS
 from soft_mm.ops.soft.dispatch import Call, select
+from soft_mm.ops.triton_route import device_limits, triton_available
 from soft_mm.utils.atomic import atomic_write_text
 
 FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),
@@ -158,8 +153,8 @@ def target_decisions(cfg: dict, device: torch.device) -> list[dict]:
     """The dispatcher's choice on this device at the published sizes and at the backend's largest declared corner, for
     float32 and bfloat16 / float16 autocast, inference and training: the backend taken automatically and, where it is
     not the Triton backend, why (the device's platform, capability and shared memory per block decide: see
-    ``soft_mm/ops/soft/backends/triton/targets.py``), with the ``BackendFallbackWarning`` a model's eager call raises
-    there (:func:`~soft_mm.ops.soft.dispatch.decide`), printed in its words. Printed first, recorded as
+    ``soft_mm/ops/soft/backends/triton/nystrom_limits.py``), with the ``BackendFallbackWarning`` a model's eager call
+    raises there (:func:`~soft_mm.ops.soft.dispatch.decide`), printed in its words. Printed first, recorded as
     ``targets``."""
     import warnings  # (here, not at the top: the rest of this file is another change's)
 

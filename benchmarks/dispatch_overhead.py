@@ -25,7 +25,7 @@ from soft_mm.ops import soft_attention
 from soft_mm.ops.precision.soft_policy import precision_policy
 from soft_mm.ops.soft import attention, dispatch
 from soft_mm.ops.soft.backends.triton import backend as triton_backend
-from soft_mm.ops.soft.backends.triton.targets import DeviceLimits
+from soft_mm.ops.triton_route import DeviceLimits
 
 __all__ = ['H100', 'main', 'per_call_times']
 

@@ -1,7 +1,7 @@
 """The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers, spills and shared
 memory, and the table of shared memory the dispatcher decides with.
 
-Every kernel that :mod:`soft_mm.ops.soft.backends.triton.backend` can launch (``nystrom_fwd_kernel_context``,
+Every kernel that :mod:`soft_mm.ops.soft.backends.triton.nystrom_launch` can launch (``nystrom_fwd_kernel_context``,
 ``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
 ``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel_mid_inv`` and ``nystrom_middle_bwd_kernel_dl``, the m×m part and its
 backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the three float32 kernels
@@ -9,20 +9,22 @@ that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
 architecture (by default every capability the backend is built for that the installed triton is checked with: sm_75
 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, and from triton 3.8 sm_100, sm_103, sm_120 and sm_121
-Blackwell, ``config.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of ``config.kernel_block``,
-the pipeline stages of ``config.kernel_stages``) — the real GPU code, with the real bfloat16 branches, not the
-interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's wheel, as ``ptxas`` is) reads
-each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled registers: ``ptxas -v`` reports
-as many spill-store bytes), local memory and shared memory per program. 0 stack and local bytes: no spills. The
+Blackwell, ``triton_targets.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of
+``nystrom_config.kernel_block``, the pipeline stages of ``nystrom_config.kernel_stages``) — the real GPU code, with the
+real bfloat16 branches, not the interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's
+wheel, as ``ptxas`` is) reads each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled
+registers: ``ptxas -v`` reports as many spill-store bytes), local memory and shared memory per program. 0 stack and
+local bytes: no spills. The
 compilation runs in a child process with ``TRITON_INTERPRET`` unset (in a process that interprets, triton's own library
 functions are decorated for the interpreter and cannot be compiled); this file imports only triton and the standard
-library, so the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise
+library, and soft_mm's plain-Python and Triton-only modules from their files without the package (:func:`_load`), so
+the child starts in a second. Integer arguments are compiled as plain ``i32`` (a real launch may specialise
 a stride of 1 or a multiple of 16, which only removes instructions; the shared memory is the same, checked at the
 published sizes on sm_80, sm_86 and sm_90).
 
     python benchmarks/triton_cubins.py [--arch 75 80 86 89 90 100 103 120 121] [--landmarks 49 ...] [--head-dim 32 ...]
         [--json]
-    python benchmarks/triton_cubins.py --write-table   # regenerate soft_mm/ops/soft/backends/triton/shared_memory.py
+    python benchmarks/triton_cubins.py --write-table   # regenerate .../backends/triton/nystrom_shared_memory.py
     python benchmarks/triton_cubins.py --layers [--width 64 128 320 1024]   # the blocks' add + LayerNorm kernels
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
@@ -32,18 +34,19 @@ static part.
 Several sizes give every (m, d) corner and a second table of the largest request per corner. ``--write-table``
 compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
-(:mod:`soft_mm.ops.soft.backends.triton.targets`); ``tests/ops/test_triton_cubins.py`` compiles the same and holds it.
+(:mod:`soft_mm.ops.soft.backends.triton.nystrom_limits`); ``tests/ops/test_triton_cubins.py`` compiles the same and
+holds it.
 
-``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (:mod:`soft_mm.ops.functional.add_norm_kernels`,
-forward and backward, in each flag set the models launch, ``LAYER_VARIANTS``, the stream in float32, bfloat16 or
-float16) at the given row widths, with the rows per program that :mod:`soft_mm.ops.functional.add_norm_config` gives
-each width.
+``--layers`` compiles the blocks' fused add + LayerNorm kernels instead
+(:mod:`soft_mm.ops.functional.add_norm.add_norm_kernels`, forward and backward, in each flag set the models launch,
+``LAYER_VARIANTS``, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
+that :mod:`soft_mm.ops.functional.add_norm.add_norm_config` gives each width.
 """
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata
-import importlib.util
 import itertools
 import json
 import os
@@ -51,6 +54,7 @@ import re
 import subprocess
 import sys
 import tempfile
+import types
 from pathlib import Path
 
 __all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS',
@@ -60,22 +64,35 @@ __all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS',
            'shared_memory_table', 'table_module']
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
-# pointer arguments in q's or v's dtype; every other pointer is float32 (landmarks, middle, partial sums)
-_Q_POINTERS = ('q_ptr', 'dq_ptr')
-_V_POINTERS = ('x_ptr', 'v_ptr', 'do_ptr', 'o_ptr', 'dv_ptr')
+# the token kernels' token tensors, each a (pointer, (b, h, n, d) strides) tuple, in q's or v's dtype; their sizes
+# (H, N, M, D, DV); their tuples of float32 pointers; every other pointer is float32 (landmarks, middle, partial sums)
+_Q_TENSORS = ('q', 'dq')
+_V_TENSORS = ('x', 'v', 'do', 'o', 'dv')
+_TOKEN_SIZES = ('i32',) * 5
+_FLOAT32_PAIRS = ('factors', 'partials')
 # the PTX of a tensor-core product: mma.sync (sm_75..sm_120), wgmma (sm_90), tcgen05.mma (sm_100: its operand dtypes
 # are in the instruction descriptor, ``kind::f16`` for both bfloat16 and float16)
 _TENSOR_CORE_INSTRUCTIONS = r'(?:wgmma\.mma_async|mma\.sync|tcgen05\.mma)\.\S+'
-_TRITON_BACKEND = Path(__file__).resolve().parents[1] / 'soft_mm/ops/soft/backends/triton'
-_KERNELS_FILE = _TRITON_BACKEND / 'kernels.py'
+_OPS = Path(__file__).resolve().parents[1] / 'soft_mm/ops'
+_TRITON_BACKEND = _OPS / 'soft/backends/triton'
+# soft_mm's folder imported under this name by _load: its modules import each other, its __init__ files are not run
+_BY_PATH = '_soft_mm_by_path'
 
 
-def _load(name: str, path: Path):
-    """A module of the Triton backend loaded by its path (without importing the soft_mm package, or torch)."""
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+def _load(module: str):
+    """soft_mm's module ``module`` (its dotted path inside the package, e.g. ``'ops.triton_targets'``: a plain-Python
+    or Triton-only module) imported from its file without the soft_mm package, so without torch: each package on the
+    way an empty module over its folder (its ``__init__`` not run), all under the top-level name :data:`_BY_PATH`
+    rather than ``soft_mm`` (a process may import the real package beside it). The module's relative imports resolve
+    there (the kernels' ``triton_interpreter``)."""
+    parts = module.split('.')
+    for depth in range(len(parts)):
+        name = '.'.join([_BY_PATH, *parts[:depth]])
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(_OPS.parent.joinpath(*parts[:depth]))]
+            sys.modules[name] = package
+    return importlib.import_module(f'{_BY_PATH}.{module}')
 
 
 def _installed_triton() -> tuple[int, ...]:
@@ -86,10 +103,13 @@ def _installed_triton() -> tuple[int, ...]:
         return (0, 0)
 
 
-_CONFIG = _load('soft_mm_triton_config', _TRITON_BACKEND / 'config.py')
-ARCHS = _CONFIG.TARGETS
-# the targets the installed triton is checked with (config.TARGET_MIN_TRITON: Blackwell from triton 3.8), the default
-CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _CONFIG.TARGET_MIN_TRITON.get(arch, (0,)))
+_TARGETS = _load('ops.triton_targets')
+_CONFIG = _load('ops.soft.backends.triton.nystrom_config')
+_KERNELS = 'ops.soft.backends.triton.nystrom_kernels'
+ARCHS = _TARGETS.TARGETS
+# the targets the installed triton is checked with (triton_targets.TARGET_MIN_TRITON: Blackwell from triton 3.8), the
+# default
+CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _TARGETS.TARGET_MIN_TRITON.get(arch, (0,)))
 KERNELS = _CONFIG.KERNELS
 LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES
 # the m×m kernels' rows: (the name in the table, SOFT_NORM); their tensors are float32 whatever the inputs' dtype
@@ -99,14 +119,17 @@ GROUP_KERNELS = _CONFIG.GROUP_KERNELS
 # every corner the backend declares it takes: m = 1 (16 padded), 49, 64 (64 padded); d = 16, 32, 64
 DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
-_TABLE_FILE = _TRITON_BACKEND / 'shared_memory.py'
-_LAYERS = Path(__file__).resolve().parents[1] / 'soft_mm/ops/functional'
-_ADD_NORM = _load('soft_mm_add_norm_config', _LAYERS / 'add_norm_config.py')
+_TABLE_FILE = _TRITON_BACKEND / 'nystrom_shared_memory.py'
+_ADD_NORM = _load('ops.functional.add_norm.add_norm_config')
 LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
 LAYER_WIDTHS = (64, 128, 320, _ADD_NORM.MAX_ADD_NORM_WIDTH)
-# the tensors of the stream (the addends, the output and their gradients), in the stream's dtype; the rest float32
-_STREAM_POINTERS = ('x_ptr', 'r_ptr', 'sc_ptr', 'y_ptr', 'sum_ptr', 'dy_ptr', 'dsum_ptr', 'ds_ptr', 'dx_ptr')
+# the tensors of the stream (the addends but the branch's bias, the output and their gradients) in the stream's dtype
+# (S), the rest float32 (F); the kernels' tuples of pointers: the addends (x, r, bb, sc), the norm's (w, b), the
+# gradients received (dy, dsum) and written (ds, dx); the sizes (R, C, T)
+_STREAM_POINTERS = ('y_ptr', 'sum_ptr')
+_LAYER_TUPLES = {'addends': 'SSFS', 'norm': 'FF', 'grads_in': 'SS', 'grads_out': 'SS'}
+_LAYER_SIZES = ('i32',) * 3
 LAYER_VARIANTS = _ADD_NORM.LAUNCH_VARIANTS
 
 
@@ -125,17 +148,18 @@ def _signature(fn, q: str, v: str, products: str, num_landmarks: int, head_dim: 
     pad = _CONFIG.padded
     signature, constants = {}, dict(BLOCK=_CONFIG.kernel_block(fn.__name__, arch), MP=pad(num_landmarks),
                                      DP=pad(head_dim), DVP=pad(head_dim),
-                                     PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]], INTERPRET=False)
-    constants.update({name: 0 for name in fn.arg_names if name.startswith('INTERPRETED_')})  # as a GPU launch
+                                     PRODUCTS=_CONFIG.PRODUCTS_CODES[_DTYPE_NAMES[products]])
     for name in fn.arg_names:
         if name in constants:
             signature[name] = 'constexpr'
-        elif name.endswith('_ptr'):
-            signature[name] = '*' + (q if name in _Q_POINTERS else v if name in _V_POINTERS else 'fp32')
-        elif name.endswith('_strides'):  # a token tensor's (b, h, n, d) strides, one tuple
-            signature[name] = ('i32',) * 4
+        elif name in _Q_TENSORS or name in _V_TENSORS:  # (pointer, its (b, h, n, d) strides)
+            signature[name] = ('*' + (q if name in _Q_TENSORS else v), ('i32',) * 4)
+        elif name == 'sizes':
+            signature[name] = _TOKEN_SIZES
+        elif name in _FLOAT32_PAIRS:
+            signature[name] = ('*fp32', '*fp32')
         else:
-            signature[name] = 'i32'
+            signature[name] = '*fp32' if name.endswith('_ptr') else 'i32'
     return signature, constants
 
 
@@ -143,7 +167,7 @@ def _middle_signature(fn, soft_norm: bool, num_landmarks: int, head_dim: int) ->
     """``ASTSource``'s signature and constants of a launch of a float32 kernel with one program per group (the m×m
     kernels, those of :data:`GROUP_KERNELS`)."""
     constants = dict(MP=_CONFIG.padded(num_landmarks), DP=_CONFIG.padded(head_dim), DVP=_CONFIG.padded(head_dim),
-                     SOFT_NORM=soft_norm, INTERPRET=False, INTERPRETED_SPLITS=0, INTERPRETED_ITERS=0)
+                     SOFT_NORM=soft_norm)
     constants = {name: value for name, value in constants.items() if name in fn.arg_names}
     floats = ('ridge', 'floor')
     signature = {name: 'constexpr' if name in constants else '*fp32' if name.endswith('_ptr')
@@ -178,7 +202,7 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = _load('soft_mm_triton_kernels_aot', _KERNELS_FILE)
+    kernels = _load(_KERNELS)
     launches = []  # (table name, kernel, q, v, products, arch, signature, constants, warps, stages)
     for arch in archs:
         for name in KERNELS:
@@ -214,24 +238,27 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
 
 def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dict]:
     """One row per add + LayerNorm kernel, stream dtype, architecture and width, compiled in this process (which
-    must not interpret), as :mod:`soft_mm.ops.functional.add_norm` launches them (triton's default 4 warps)."""
+    must not interpret), as :mod:`soft_mm.ops.functional.add_norm.add_norm_launch` launches them (triton's default 4
+    warps)."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    kernels = _load('soft_mm_add_norm_kernels_aot', _LAYERS / 'add_norm_kernels.py')
+    kernels = _load('ops.functional.add_norm.add_norm_kernels')
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for arch in archs:
             for width in widths:
-                constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width),
-                                 INTERPRET=False, INTERPRETED_BLOCKS=0)
+                constants = dict(ROWS=_ADD_NORM.add_norm_rows(width), CP=_ADD_NORM.padded_width(width))
                 for dtype, variant, name in itertools.product(_DTYPE_NAMES, LAYER_VARIANTS, LAYER_KERNELS):
                     fn = getattr(kernels, name)
                     used = {key: value for key, value in {**constants, **LAYER_VARIANTS[variant]}.items()
                             if key in fn.arg_names}
+                    kinds = {'S': '*' + dtype, 'F': '*fp32'}
                     signature = {arg: 'constexpr' if arg in used else '*' + dtype if arg in _STREAM_POINTERS
-                                 else '*fp32' if arg.endswith('_ptr') else 'fp32' if arg == 'eps' else 'i32'
+                                 else tuple(kinds[k] for k in _LAYER_TUPLES[arg]) if arg in _LAYER_TUPLES
+                                 else _LAYER_SIZES if arg == 'sizes' else '*fp32' if arg.endswith('_ptr')
+                                 else 'fp32' if arg == 'eps' else 'i32'
                                  for arg in fn.arg_names}
                     compiled = triton.compile(ASTSource(fn, signature, used), target=GPUTarget('cuda', arch, 32))
                     cubin = Path(folder) / f'{name}_{arch}.cubin'
@@ -282,7 +309,7 @@ def _compiles_for(arch: int) -> bool:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _load('soft_mm_triton_kernels_probe', _KERNELS_FILE).nystrom_middle_fwd_kernel_mid_inv
+    fn = _load(_KERNELS).nystrom_middle_fwd_kernel_mid_inv
     try:
         triton.compile(ASTSource(fn, *_middle_signature(fn, False, 16, 16)), target=GPUTarget('cuda', arch, 32))
     except Exception:  # (triton raises several kinds: no such target, ptxas failing)
@@ -342,7 +369,7 @@ def format_table(rows: list[dict]) -> str:
 
 def format_shared_memory(rows: list[dict]) -> str:
     """Per size (m, d) and architecture, the largest dynamic shared memory any kernel asks for and whether it fits
-    that architecture's limit per block (:data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK`)."""
+    that architecture's limit per block (:data:`~soft_mm.ops.triton_targets.SHARED_MEMORY_PER_BLOCK`)."""
     archs = sorted({row['arch'] for row in rows}, key=lambda a: int(a[3:]))
     largest: dict[tuple[int, int], dict[str, dict]] = {}
     for row in rows:
@@ -381,8 +408,8 @@ def format_layer_table(rows: list[dict]) -> str:
 
 def limit(arch: str) -> int | None:
     """The opt-in shared memory per block of an architecture such as ``'sm_86'``, bytes (None where the table of
-    :data:`~soft_mm.ops.soft.backends.triton.config.SHARED_MEMORY_PER_BLOCK` does not know it)."""
-    return _CONFIG.SHARED_MEMORY_PER_BLOCK.get(int(arch[3:]))
+    :data:`~soft_mm.ops.triton_targets.SHARED_MEMORY_PER_BLOCK` does not know it)."""
+    return _TARGETS.SHARED_MEMORY_PER_BLOCK.get(int(arch[3:]))
 
 
 def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str, object]]:
@@ -408,13 +435,14 @@ def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str
 
 
 def table_module(rows: list[dict]) -> str:
-    """The text of ``soft_mm/ops/soft/backends/triton/shared_memory.py`` from compiled rows (``--write-table``)."""
+    """The text of ``soft_mm/ops/soft/backends/triton/nystrom_shared_memory.py`` from compiled rows
+    (``--write-table``)."""
     import triton
 
     lines = ['"""The dynamic shared memory each Triton kernel asks for at launch, per target, padded size and products',
              'dtype: generated by ``python benchmarks/triton_cubins.py --write-table`` (triton '
              f'{triton.__version__}), held by',
-             '``tests/ops/test_triton_cubins.py``, read by :mod:`.targets`. Do not edit by hand."""',
+             '``tests/ops/test_triton_cubins.py``, read by :mod:`.nystrom_limits`. Do not edit by hand."""',
              '',
              f'TRITON = {triton.__version__!r}  # the triton that compiled the table',
              '# (target, padded m, padded d) -> kernel -> bytes by products dtype (the m×m kernel: one figure)',
@@ -455,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.write_table:
         if CHECKED_ARCHS != ARCHS:  # the table must hold every target
-            newest = max(_CONFIG.TARGET_MIN_TRITON.values())
+            newest = max(_TARGETS.TARGET_MIN_TRITON.values())
             parser.error(f'--write-table compiles every target, which needs triton >= {".".join(map(str, newest))}')
         archs, landmarks, head_dims = ARCHS, DECLARED_LANDMARKS, DECLARED_HEAD_DIMS
     if os.environ.get('TRITON_INTERPRET', '0') == '1':

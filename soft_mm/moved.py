@@ -31,7 +31,6 @@ MOVED = {
     'soft_mm.ops.health': 'soft_mm.ops.soft.kernel_health',
     'soft_mm.ops.tiled': 'soft_mm.ops.soft.backends.tiled',
     'soft_mm.ops.library': 'soft_mm.ops.custom_ops',
-    'soft_mm.ops.triton_nystrom': 'soft_mm.ops.soft.backends.triton.backend',
     'soft_mm.ops.triton_config': 'soft_mm.ops.soft.backends.triton.config',
     'soft_mm.ops._triton_kernels': 'soft_mm.ops.soft.backends.triton.kernels',
     'soft_mm.utils.config_checks': 'soft_mm.cli.config_checks',
@@ -49,6 +48,13 @@ MOVED = {
     'soft_mm.utils.precision_rule': 'soft_mm.ops.precision.error_rule',
     # step 4: no arrow up inside models/ (the conversion builds the classifier, a layer above the authors' key map)
     'soft_mm.models.official.convert': 'soft_mm.models.checkpoint_conversion',
+    # step 4: one folder per Triton op
+    'soft_mm.ops.functional.add_norm_config': 'soft_mm.ops.functional.add_norm.add_norm_config',
+    'soft_mm.ops.functional.add_norm_kernels': 'soft_mm.ops.functional.add_norm.add_norm_kernels',
+    'soft_mm.ops.soft.backends.triton.config': 'soft_mm.ops.soft.backends.triton.nystrom_config',
+    'soft_mm.ops.soft.backends.triton.kernels': 'soft_mm.ops.soft.backends.triton.nystrom_kernels',
+    'soft_mm.ops.soft.backends.triton.shared_memory': 'soft_mm.ops.soft.backends.triton.nystrom_shared_memory',
+    'soft_mm.ops.soft.backends.triton.targets': 'soft_mm.ops.soft.backends.triton.nystrom_limits',
 }
 # old module path -> the modules its names went to
 _CLI_PARTS = ('soft_mm.cli.arguments', 'soft_mm.cli.config_checks', 'soft_mm.cli.config_loading', 'soft_mm.cli.errors',
@@ -59,6 +65,8 @@ SPLIT = {
     'soft_mm.engine.cli': _CLI_PARTS,
     'soft_mm.converters': _CONVERTER_PARTS,
     'soft_mm.converters.official': _CONVERTER_PARTS,
+    'soft_mm.ops.triton_nystrom': ('soft_mm.ops.soft.backends.triton.backend',
+                                   'soft_mm.ops.soft.backends.triton.nystrom_launch'),
 }
 
 

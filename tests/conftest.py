@@ -27,7 +27,8 @@ from helpers.repo import ROOT  # tests/ is on sys.path (pyproject's pythonpath)
 
 import soft_mm
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
-from soft_mm.ops.soft.backends.triton.backend import MIN_TRITON, TRITON_VERSION, triton_available
+from soft_mm.ops.triton_route import TRITON_VERSION, triton_available
+from soft_mm.ops.triton_targets import MIN_TRITON
 
 # Under pytest-xdist (the README's `-n 2`) each worker, and every process it starts (a tool, a training run, its
 # DataLoader workers), computes on one thread: two workers of two threads each on two cores oversubscribe them (steps

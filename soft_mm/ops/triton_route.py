@@ -2,9 +2,10 @@
 installed; on CPU tensors only inside :func:`interpreted_triton_route`, under ``TRITON_INTERPRET=1`` (the tests, and
 the tools that count what a GPU would launch, run the GPU's route there); and how a kernel module is loaded.
 
-``TRITON_INTERPRET`` is read when a kernel is decorated, so :func:`load_kernels` re-imports a kernel module when the
-setting has changed since it was last loaded; to interpret at all, the variable must be set before triton is first
-imported (triton decorates its own library functions, ``tl.sum``, then).
+``TRITON_INTERPRET`` is read when a kernel is decorated, so :func:`load_kernels` re-imports a kernel module (and
+:mod:`.triton_interpreter`, whose ``INTERPRET`` the kernels read) when the setting has changed since it was imported;
+to interpret at all, the variable must be set before triton is first imported (triton decorates its own library
+functions, ``tl.sum``, then).
 """
 from __future__ import annotations
 
@@ -20,23 +21,12 @@ from types import ModuleType
 
 import torch
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'PLATFORMS', 'TARGETS', 'TARGET_MIN_TRITON', 'TRITON_VERSION',
-           'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons', 'gpu_route',
-           'interpreted_bound', 'interpreted_triton_route', 'interpreting', 'load_kernels', 'route_device_type',
-           'store_dtype', 'takes_triton', 'triton_available']
+from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, TARGET_MIN_TRITON, TARGETS
 
-# The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
-# 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
-MIN_TRITON = (3, 4)
-# The compute capabilities (10 * major + minor) of the NVIDIA GPUs every Triton kernel of the package is compiled and
-# checked for (benchmarks/triton_cubins.py; tests/ops/test_triton_cubins.py: 0 spills): sm_75 Turing, sm_80 / sm_86
-# Ampere, sm_89 Ada, sm_90 Hopper, sm_100 / sm_103 / sm_120 / sm_121 Blackwell. A device of another capability (a V100,
-# a Jetson Orin's sm_87), and any AMD GPU under ROCm, runs the PyTorch forms. bfloat16 needs sm_80 (Turing has no
-# bfloat16 arithmetic). The Blackwell targets are checked with triton >= 3.8 (TARGET_MIN_TRITON: its ptxas is the first
-# that knows sm_103 and sm_121, and the checked 0 spills are its code's). The backend's config.py repeats these three.
-TARGETS = (75, 80, 86, 89, 90, 100, 103, 120, 121)
-BFLOAT16_MIN_TARGET = 80
-TARGET_MIN_TRITON = {100: (3, 8), 103: (3, 8), 120: (3, 8), 121: (3, 8)}
+__all__ = ['PLATFORMS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons',
+           'gpu_route', 'interpreted_triton_route', 'interpreting', 'load_kernels',
+           'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
+
 PLATFORMS = ('cuda', 'rocm')
 
 
@@ -83,7 +73,8 @@ class DeviceLimits:
 
     @property
     def built_for(self) -> bool:
-        """Whether the kernels are compiled and checked for this device: an NVIDIA GPU of :data:`TARGETS`."""
+        """Whether the kernels are compiled and checked for this device: an NVIDIA GPU of
+        :data:`~.triton_targets.TARGETS`."""
         return self.platform == 'cuda' and self.target in TARGETS
 
     def __str__(self) -> str:
@@ -117,12 +108,14 @@ def device_limits(index: int | None = None) -> DeviceLimits:
 
 TRITON_VERSION = _installed_triton()
 _ROUTE = {'cpu': False}  # whether CPU tensors take the Triton route (inside interpreted_triton_route)
+# each kernel module (and triton_interpreter) and the setting it was imported under
 _LOADED: dict[str, tuple[ModuleType, bool]] = {}
+_INTERPRETER = f'{__package__}.triton_interpreter'
 _DEVICES: dict[int, DeviceLimits] = {}
 
 
 def triton_available() -> bool:
-    """Whether a triton the kernels can use is installed (>= :data:`MIN_TRITON`)."""
+    """Whether a triton the kernels can use is installed (>= :data:`~.triton_targets.MIN_TRITON`)."""
     return TRITON_VERSION is not None and TRITON_VERSION >= MIN_TRITON
 
 
@@ -169,9 +162,10 @@ def route_device_type(tensor: torch.Tensor) -> str:
 
 def device_reasons(limits: DeviceLimits, bfloat16: bool) -> list[str]:
     """Every reason why the package's Triton kernels do not run on the device of ``limits`` (empty if they do), whatever
-    the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`TARGETS`, a triton older than the target is
-    checked with (:data:`TARGET_MIN_TRITON`), bfloat16 below :data:`BFLOAT16_MIN_TARGET`. The SOFT op's backend adds
-    its kernels' shared memory (``soft_mm/ops/soft/backends/triton/targets.py``)."""
+    the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`~.triton_targets.TARGETS`, a triton older
+    than the target is checked with (:data:`~.triton_targets.TARGET_MIN_TRITON`), bfloat16 below
+    :data:`~.triton_targets.BFLOAT16_MIN_TARGET`. The SOFT op's backend adds its kernels' shared memory
+    (``soft_mm/ops/soft/backends/triton/nystrom_limits.py``)."""
     built = ', '.join(f'sm_{t}' for t in TARGETS)
     if limits.platform == 'rocm':
         return [f'is built and checked for NVIDIA GPUs ({built}), not this {limits}: an AMD GPU, whatever capability '
@@ -195,8 +189,9 @@ def cuda_target(device: torch.device) -> int:
 def takes_triton(*tensors: torch.Tensor) -> bool:
     """Whether a fused Triton kernel of the package's layers takes ``tensors``: a usable triton, and either CPU
     tensors inside :func:`interpreted_triton_route` or CUDA tensors on a device :func:`device_reasons` finds nothing
-    against (an NVIDIA GPU of :data:`TARGETS`, bfloat16 ones only from :data:`BFLOAT16_MIN_TARGET`; the SOFT op's
-    backend checks its own calls, shared memory included)."""
+    against (an NVIDIA GPU of :data:`~.triton_targets.TARGETS`, bfloat16 ones only from
+    :data:`~.triton_targets.BFLOAT16_MIN_TARGET`; the SOFT op's backend checks its own calls, shared memory
+    included)."""
     if not triton_available() or not tensors:
         return False
     device = tensors[0].device
@@ -208,28 +203,35 @@ def takes_triton(*tensors: torch.Tensor) -> bool:
     return not device_reasons(device_limits(device.index), bfloat16)
 
 
-def interpreted_bound(bound: int) -> int:
-    """A kernel loop's run-time ``bound`` as its ``INTERPRETED_*`` constexpr: ``bound`` under the interpreter (whose
-    ``range`` cannot take the run-time argument: see ``soft_mm/ops/soft/backends/triton/kernels.py``), 0 when compiled
-    (a constant, so one compiled kernel serves every bound)."""
-    return int(bound) if interpreting() else 0
-
-
 def store_dtype(dtype: torch.dtype) -> torch.dtype:
     """What a kernel writes for a result of ``dtype``: ``dtype``, or float32 for bfloat16 under the interpreter, whose
     cast to bfloat16 truncates instead of rounding to nearest (numpy has no bfloat16); torch casts afterwards."""
     return torch.float32 if dtype == torch.bfloat16 and interpreting() else dtype
 
 
+def _imported(module: str, interpret: bool) -> ModuleType:
+    """Module ``module``, imported again where the setting it was imported under (:data:`_LOADED`) is not
+    ``interpret``."""
+    loaded = _LOADED.get(module)
+    if loaded is None:
+        imported = importlib.import_module(module)
+        if module == _INTERPRETER and bool(imported.INTERPRET) != interpret:  # (imported before, under the other)
+            imported = importlib.reload(imported)
+    else:
+        imported = loaded[0] if loaded[1] == interpret else importlib.reload(loaded[0])
+    _LOADED[module] = (imported, interpret)
+    return imported
+
+
 def load_kernels(module: str) -> ModuleType:
     """The kernel module ``module`` (a dotted name), imported under the current ``TRITON_INTERPRET`` setting: again
-    when it has changed since the last import. Every Triton launch of the package goes through a module loaded here
-    (the launch counters of ``benchmarks/launch_counts.py`` wrap it)."""
+    when it has changed since the last import, and :mod:`.triton_interpreter` (whose ``INTERPRET`` and ``loop_bound``
+    every kernel module reads) again whenever the setting differs from the one it was imported under. Every Triton
+    launch of the package goes through a module loaded here (the launch counters of ``benchmarks/launch_counts.py``
+    wrap it)."""
     interpret = interpreting()
     loaded = _LOADED.get(module)
-    if loaded is None or loaded[1] != interpret:
-        kernels = importlib.import_module(module)
-        if loaded is not None:
-            kernels = importlib.reload(kernels)
-        _LOADED[module] = loaded = (kernels, interpret)
+    if loaded is None or loaded[1] != interpret or _LOADED.get(_INTERPRETER, (None, None))[1] != interpret:
+        _imported(_INTERPRETER, interpret)
+        loaded = (_imported(module, interpret), interpret)
     return loaded[0]

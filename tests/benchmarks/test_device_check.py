@@ -10,7 +10,8 @@ from device_training import TRAINING_SMOKE, training_plan
 from helpers.repo import ROOT
 from helpers.tool_process import BARE_GPU_MACHINE_LACKS, blocked_imports_env
 
-from soft_mm.ops.soft.backends.triton.backend import MAX_HEAD_DIM, MAX_LANDMARKS, TRITON_VERSION
+from soft_mm.ops.soft.backends.triton.nystrom_config import MAX_HEAD_DIM, MAX_LANDMARKS
+from soft_mm.ops.triton_route import TRITON_VERSION
 
 
 def test_the_blocker_makes_the_mm_packages_unimportable(tmp_path):

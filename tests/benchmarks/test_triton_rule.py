@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
+from soft_mm.ops.triton_route import TRITON_VERSION
 
 
 @pytest.mark.triton_kernels

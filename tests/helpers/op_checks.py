@@ -6,7 +6,7 @@ import torch
 from torch import Tensor
 
 from soft_mm.ops.compat import HAS_CUSTOM_OP, FunctionOp
-from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
+from soft_mm.ops.triton_route import TRITON_VERSION
 
 # A test that runs the Triton kernels (under the interpreter on CPU). Skipped where triton is missing (which fails
 # under CI=true: the installer installs it); deselected by tests/conftest.py where the installed triton is older than

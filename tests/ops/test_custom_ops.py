@@ -13,8 +13,9 @@ from helpers.op_checks import check_custom_op
 from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
 from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING, recorded_calls
 from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS, _tiled_products
-from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION, _triton_products
+from soft_mm.ops.soft.backends.triton.nystrom_launch import _triton_products
 from soft_mm.ops.soft.dispatch import DispatchError
+from soft_mm.ops.triton_route import TRITON_VERSION
 
 
 def token_major_inputs(dtype=torch.float64, batch=2, heads=3, num_tokens=45, head_dim=8, num_landmarks=5, seed=0):

@@ -98,7 +98,7 @@ def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_lan
 
 
 def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
-    import soft_mm.ops.soft.backends.triton.backend as triton_module
+    import soft_mm.ops.soft.backends.triton.nystrom_launch as triton_module
     seen = []
     original = triton_module._triton_products
     monkeypatch.setattr(triton_module, '_triton_products',
@@ -112,7 +112,7 @@ def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
 
 
 def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
-    import soft_mm.ops.soft.backends.triton.backend as triton_module
+    import soft_mm.ops.soft.backends.triton.nystrom_launch as triton_module
     calls = []
     original = triton_module._triton_products
     monkeypatch.setattr(triton_module, '_triton_products', lambda *a: calls.append(1) or original(*a))
@@ -127,7 +127,7 @@ def test_float16_products_keep_large_middle_factors_in_range():
     # landmarks far from the tokens (kernel values ~1e-3) and a middle matrix of 1e7 (an ill-conditioned inverse):
     # the m x d factors middle @ (K1^T v) reach ~4e5, beyond float16's 65504, while the float16 output and grad v
     # stay in range; each kernel scales such a factor tile into [-1, 1] by a power of two before rounding it
-    from soft_mm.ops.soft.backends.triton.backend import triton_nystrom_products
+    from soft_mm.ops.soft.backends.triton.nystrom_launch import triton_nystrom_products
     gen = torch.Generator().manual_seed(4)
     q = 0.1 * torch.randn(1, 2, 100, 8, generator=gen, dtype=torch.float64)
     landmarks = 1.3 + 0.1 * torch.randn(1, 2, 4, 8, generator=gen, dtype=torch.float64)
@@ -157,7 +157,7 @@ def test_float16_products_keep_large_middle_factors_in_range():
 def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, splits):
     # 4 (sample, head) groups of 300 tokens: 5 forward blocks of 64 and 10 backward blocks of 32 tokens, summed by 1
     # or 3 programs per group (uneven shares) into as many partial sums; against float64, and run to run identical
-    import soft_mm.ops.soft.backends.triton.config as config
+    import soft_mm.ops.soft.backends.triton.nystrom_config as config
     monkeypatch.setattr(config, 'SPLIT_PROGRAMS', programs)
     assert config.split_count(300, 64, 4) == splits and config.split_count(300, 32, 4) == splits
     tensors, grad_out = inputs(300, 49)
@@ -170,18 +170,19 @@ def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, 
 
 
 def test_split_count_follows_the_sizes_only():
-    from soft_mm.ops.soft.backends.triton.config import SPLIT_PROGRAMS, split_count
+    from soft_mm.ops.soft.backends.triton.nystrom_config import SPLIT_PROGRAMS, split_count
     assert split_count(66816, 64, 4) == SPLIT_PROGRAMS // 4 == 128  # 1044 blocks: about 8 per program
     assert split_count(100, 64, 4) == 2  # never more programs than blocks
     assert split_count(10 ** 6, 64, 10 ** 4) == 1  # at least one per group
 
 
 def test_the_kernels_products_constants_are_the_launch_codes():
-    # the kernels name their PRODUCTS values; the launches pass config.PRODUCTS_CODES (config.py imports nothing, so
-    # it cannot read them from kernels.py): the two must agree
-    from soft_mm.ops.soft.backends.triton import backend, config
+    # the kernels name their PRODUCTS values; the launches pass nystrom_config.PRODUCTS_CODES (the config imports
+    # nothing, so it cannot read them from the kernels' module): the two must agree
+    from soft_mm.ops.soft.backends.triton import nystrom_config as config
+    from soft_mm.ops.soft.backends.triton import nystrom_launch
 
-    kernels = backend._kernels()
+    kernels = nystrom_launch._kernels()
     assert {name: getattr(kernels, f'PRODUCTS_{name.upper()}').value for name in config.PRODUCTS_CODES} \
         == config.PRODUCTS_CODES == {'float32': 0, 'bfloat16': 1, 'float16': 2}
 
@@ -208,15 +209,15 @@ def launch_failures(monkeypatch):
     with no decision kept, nothing announced and no failure recorded before the test (all dropped after it)."""
     from soft_mm.ops import triton_route
     from soft_mm.ops.soft import dispatch
-    from soft_mm.ops.soft.backends.triton import backend, targets
+    from soft_mm.ops.soft.backends.triton import nystrom_launch, nystrom_limits
     monkeypatch.setattr(dispatch, '_DECISIONS', {})
     monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
-    monkeypatch.setattr(targets, '_FAILED_LAUNCHES', {})
+    monkeypatch.setattr(nystrom_limits, '_FAILED_LAUNCHES', {})
     monkeypatch.setitem(triton_route._ROUTE, 'cpu', True)  # (interpreted_triton_route(), for the test's duration)
 
     def fail(kernel: str) -> _OutOfResources:
         raising = _OutOfResources()
-        monkeypatch.setattr(backend._kernels(), kernel, raising)
+        monkeypatch.setattr(nystrom_launch._kernels(), kernel, raising)
         return raising
     return fail
 
@@ -284,7 +285,7 @@ def test_a_backward_kernel_that_cannot_launch_gives_the_same_gradients_in_pytorc
 @pytest.mark.parametrize('soft_norm', [False, True])
 def test_the_middle_backward_in_pytorch_is_the_kernel_s(launch_failures, soft_norm):
     # the m×m part's backward kernel, and its PyTorch form where the kernel cannot launch: the same gradient
-    from soft_mm.ops.soft.backends.triton.backend import triton_nystrom_middle
+    from soft_mm.ops.soft.backends.triton.nystrom_launch import triton_nystrom_middle
     gen = torch.Generator().manual_seed(5)
     landmarks = 0.4 * torch.randn(2, 3, 9, 16, generator=gen)
     grad_middle = torch.randn(2, 3, 9, 9, generator=gen)

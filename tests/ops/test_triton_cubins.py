@@ -30,26 +30,23 @@ from triton_cubins import (
     shared_memory_table,
 )
 
-from soft_mm.ops.soft.backends.triton.backend import TRITON_VERSION
-from soft_mm.ops.soft.backends.triton.config import (
-    BFLOAT16_MIN_TARGET,
+from soft_mm.ops.soft.backends.triton.nystrom_config import (
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
     NUM_WARPS,
-    SHARED_MEMORY_PER_BLOCK,
-    TARGET_MIN_TRITON,
-    TARGETS,
     kernel_block,
     kernel_stages,
     middle_warps,
 )
-from soft_mm.ops.soft.backends.triton.shared_memory import SHARED_MEMORY, TRITON
-from soft_mm.ops.soft.backends.triton.targets import DeviceLimits, launch_reasons, launched_kernels
+from soft_mm.ops.soft.backends.triton.nystrom_limits import launch_reasons, launched_kernels
+from soft_mm.ops.soft.backends.triton.nystrom_shared_memory import SHARED_MEMORY, TRITON
+from soft_mm.ops.triton_route import TRITON_VERSION, DeviceLimits
+from soft_mm.ops.triton_targets import BFLOAT16_MIN_TARGET, SHARED_MEMORY_PER_BLOCK, TARGET_MIN_TRITON, TARGETS
 
 pytestmark = triton_kernels
 # the oldest triton whose cubins spill no register at the published sizes, per target: 3.6 (the GPU image's) for
 # sm_80..sm_90; sm_75 3.8 (the newest: triton 3.6 spills 8 B in its float16-products backward, where every dot is FMAs);
-# Blackwell 3.8, the oldest it is compiled and checked with (config.TARGET_MIN_TRITON)
+# Blackwell 3.8, the oldest it is compiled and checked with (triton_targets.TARGET_MIN_TRITON)
 SPILL_FREE_TRITON = {75: (3, 8), 80: (3, 6), 86: (3, 6), 89: (3, 6), 90: (3, 6), 100: (3, 8), 103: (3, 8),
                      120: (3, 8), 121: (3, 8)}
 # the targets whose forward kernels multiply on the tensor cores through wgmma (Hopper) and tcgen05 (data-centre

@@ -1,7 +1,7 @@
-"""The m×m part of the SOFT op in one Triton kernel (soft_mm.ops.soft.backends.triton.backend.triton_nystrom_middle),
-run on CPU tensors under the Triton interpreter: the landmark kernel, the Newton–Schulz iteration and SOFT-Norm's
-scaling against the PyTorch iteration and float64, its backward, its place in the op, and the kernels one CUDA-path
-forward launches.
+"""The m×m part of the SOFT op in one Triton kernel
+(soft_mm.ops.soft.backends.triton.nystrom_launch.triton_nystrom_middle), run on CPU tensors under the Triton
+interpreter: the landmark kernel, the Newton–Schulz iteration and SOFT-Norm's scaling against the PyTorch iteration and
+float64, its backward, its place in the op, and the kernels one CUDA-path forward launches.
 """
 from __future__ import annotations
 
@@ -10,8 +10,9 @@ import torch
 from helpers.kernel_launches import counted_launches, summary
 from helpers.op_checks import check_custom_op, triton_kernels
 
-from soft_mm.ops import gaussian_kernel, newton_inverse, soft_attention
-from soft_mm.ops.soft.backends.triton.backend import _middle_op, triton_nystrom_middle
+from soft_mm.ops import soft_attention
+from soft_mm.ops.soft.backends.triton.nystrom_launch import _middle_op, triton_nystrom_middle
+from soft_mm.ops.soft.backends.triton.nystrom_reference import middle_reference
 
 pytestmark = triton_kernels
 
@@ -31,16 +32,6 @@ def landmarks_of(num_landmarks, head_dim=32, seed=0, spread=0.4):
     return spread * torch.randn(2, 3, num_landmarks, head_dim, generator=gen, dtype=torch.float64)
 
 
-def torch_middle(landmarks, num_iters, ridge, soft_norm):
-    """The middle matrix as the op computes it without the fused kernel (differentiable)."""
-    kernel = gaussian_kernel(landmarks, landmarks)
-    inverse = newton_inverse(kernel, num_iters, ridge)
-    if not soft_norm:
-        return inverse
-    scale = kernel.sum(-1).rsqrt()
-    return scale.unsqueeze(-1) * inverse * scale.unsqueeze(-2)
-
-
 def relative(a, b):
     return ((a.double() - b).norm() / b.norm()).item()
 
@@ -51,8 +42,8 @@ def relative(a, b):
 def test_matches_the_pytorch_iteration_and_float64(num_landmarks, head_dim, ridge, num_iters, soft_norm):
     # m = d = 64: the largest tiles; ridge 1.0: beyond 0.05, where alpha's floor takes over; 0 iterations: the start
     landmarks = landmarks_of(num_landmarks, head_dim)
-    exact = torch_middle(landmarks, num_iters, ridge, soft_norm)
-    pytorch = torch_middle(landmarks.float(), num_iters, ridge, soft_norm)
+    exact = middle_reference(landmarks, num_iters, ridge, soft_norm)
+    pytorch = middle_reference(landmarks.float(), num_iters, ridge, soft_norm)
     fused = triton_nystrom_middle(landmarks.float(), num_iters, ridge, soft_norm)
     assert fused.dtype == torch.float32 and fused.shape == (2, 3, num_landmarks, num_landmarks)
     # observed: the fused error 0.6-1.1 of the PyTorch float32 iteration's (7e-7 at m = 49); the two differ by their
@@ -70,7 +61,7 @@ def test_landmark_gradient_is_the_implicit_backward_of_the_pytorch_path(num_land
     grad_out = torch.randn(2, 3, num_landmarks, num_landmarks, generator=torch.Generator().manual_seed(2),
                            dtype=torch.float64)
     exact_leaf = landmarks.clone().requires_grad_()
-    exact, = torch.autograd.grad(torch_middle(exact_leaf, 20, 0.01, soft_norm), exact_leaf, grad_out)
+    exact, = torch.autograd.grad(middle_reference(exact_leaf, 20, 0.01, soft_norm), exact_leaf, grad_out)
     fused_leaf = landmarks.float().requires_grad_()
     fused, = torch.autograd.grad(triton_nystrom_middle(fused_leaf, 20, 0.01, soft_norm), fused_leaf, grad_out.float())
     assert relative(fused, exact) < 3e-5  # observed 1.4e-6..1.7e-6

@@ -12,27 +12,20 @@ from helpers.op_checks import triton_kernels
 from helpers.repo import ROOT
 
 import soft_mm.ops.soft.backends.triton.backend as triton_backend
+from soft_mm.ops import triton_route
 from soft_mm.ops.precision.soft_policy import precision_policy
-from soft_mm.ops.soft.backends.triton.config import (
-    BFLOAT16_MIN_TARGET,
+from soft_mm.ops.soft.backends.triton.nystrom_config import (
     KERNELS,
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
-    SHARED_MEMORY_PER_BLOCK,
-    TARGET_MIN_TRITON,
-    TARGETS,
     kernel_block,
     kernel_stages,
 )
-from soft_mm.ops.soft.backends.triton.shared_memory import SHARED_MEMORY
-from soft_mm.ops.soft.backends.triton.targets import (
-    DeviceLimits,
-    device_limits,
-    launch_reasons,
-    launched_kernels,
-    shared_memory_needed,
-)
+from soft_mm.ops.soft.backends.triton.nystrom_limits import launch_reasons, launched_kernels, shared_memory_needed
+from soft_mm.ops.soft.backends.triton.nystrom_shared_memory import SHARED_MEMORY
 from soft_mm.ops.soft.dispatch import DispatchError, select
+from soft_mm.ops.triton_route import DeviceLimits, device_limits
+from soft_mm.ops.triton_targets import BFLOAT16_MIN_TARGET, SHARED_MEMORY_PER_BLOCK, TARGETS
 
 pytestmark = triton_kernels  # (the dispatcher takes the backend only with a triton the kernels can use)
 
@@ -53,6 +46,13 @@ MI300X = DeviceLimits('AMD Instinct MI300X', (9, 4), 65_536, 'rocm', 'gfx942')
 PUBLISHED = dict(num_landmarks=49, head_dim=32, value_dim=32)
 CORNER = dict(num_landmarks=MAX_LANDMARKS, head_dim=MAX_HEAD_DIM, value_dim=MAX_HEAD_DIM)
 BUILT = 'sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121'
+
+
+@pytest.fixture(autouse=True)
+def installed_triton(monkeypatch):
+    """The decisions of the triton the installer installs (3.8, what the docs' table states; an older one declines
+    Blackwell, a test of its own), whatever triton runs the tests (the torch matrix's GPU-image venv has 3.6)."""
+    monkeypatch.setattr(triton_route, 'TRITON_VERSION', max(triton_route.TRITON_VERSION or (0,), (3, 8)))
 
 
 @pytest.fixture
@@ -104,12 +104,12 @@ def test_each_target_takes_what_fits_its_shared_memory(on_device, limits, publis
 def test_the_rtx_5090_declines_a_call_whose_kernel_needs_more_than_its_shared_memory(on_device, monkeypatch):
     # at the declared sizes every sm_120 kernel fits 101,376 B (the most: 81,920); a table that says a kernel needs
     # more (another triton's code, a larger tile) turns the call away, on sm_120 as on every target
-    from soft_mm.ops.soft.backends.triton import targets
+    from soft_mm.ops.soft.backends.triton import nystrom_limits
     assert max(shared_memory_needed(120, m, d, products, True)[0] for m in (1, 49, 64) for d in (16, 32, 64)
                for products in ('float32', 'bfloat16', 'float16')) == 81_920
     on_device(RTX_5090)
     entry = dict(SHARED_MEMORY[(120, 64, 32)], nystrom_middle_bwd_kernel_dl=101_377)
-    monkeypatch.setitem(targets.SHARED_MEMORY, (120, 64, 32), entry)
+    monkeypatch.setitem(nystrom_limits.SHARED_MEMORY, (120, 64, 32), entry)
     assert choose(torch.bfloat16, grad=True) == ('reference', 'bfloat16')
     assert choose(torch.bfloat16, grad=False) == ('triton', 'bfloat16')  # (the forward's kernels fit)
     with pytest.raises(DispatchError, match=r"needs 101,377 B of shared memory per block at m = 49, d = 32 "
@@ -259,9 +259,6 @@ def test_the_layers_fused_kernels_run_on_the_same_targets(monkeypatch, capabilit
     # bfloat16 below sm_80 (tests/ops/test_triton_cubins.py compiles them for every target without spills)
     from soft_mm.ops import triton_route
 
-    # (config.py repeats them: plain Python, read by the cubin tool)
-    assert triton_route.TARGETS == TARGETS and triton_route.TARGET_MIN_TRITON == TARGET_MIN_TRITON
-    assert triton_route.BFLOAT16_MIN_TARGET == BFLOAT16_MIN_TARGET
     monkeypatch.setattr(triton_route, '_DEVICES', {})
     monkeypatch.setattr(triton_route, '_read_limits',
                         lambda index: triton_route.DeviceLimits('a GPU', capability, 101_376))

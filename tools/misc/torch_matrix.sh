@@ -74,7 +74,7 @@ print(f"torch {torch.__version__}, triton {triton.__version__ if triton else Non
         --smoke --out "$smoke_dir/out" >"$smoke_log" 2>&1)
     smoke=$?
     rm -rf "$smoke_dir"
-    triton_ok=$(cd "$ROOT" && "$venv/bin/python" -c 'from soft_mm.ops.soft.backends.triton.backend import triton_available
+    triton_ok=$(cd "$ROOT" && "$venv/bin/python" -c 'from soft_mm.ops.triton_route import triton_available
 print(int(triton_available()))')
     if [ "$triton_ok" = 1 ]; then
       smoke_note="device_check --smoke exit $smoke"

@@ -1,83 +1,31 @@
-"""The ``'triton'`` backend: fused Triton kernels for the SOFT op's N×m products (CUDA; on CPU only under
-``TRITON_INTERPRET=1``, for tests).
-
-Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head) and builds that block's Gaussian
-kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
-cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
-
-* ``nystrom_fwd_kernel_context``: the partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the
-  backward): a split reduction, each program summing every ``splits``-th block of its (sample, head) in registers and
-  writing one ``(m, d_v)`` tile, summed in torch afterwards (deterministic: the split depends on the sizes only; no
-  atomics);
-* ``nystrom_fwd_kernel_o``: ``out = K1 @ middle_context`` for the block, written in the output's memory layout;
-* ``nystrom_bwd_kernel_dq_dv_dl``: for the block, ``grad K1 = grad_out middle_context^T + v grad_context^T``, ``grad v =
-  K1 grad_context``, ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the partial sums
-  of the landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``, split as in the context kernel. Every tensor is read
-  and written through its own strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout
-  when those are dense, contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
-
-The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) and its gradient are computed in torch around them, as in
-the other backends. Products with v run with bfloat16 operands when the precision policy says so, with float32
-accumulation, or float16 ones likewise (the m×d factor scaled into float16's range by a power of two per tile);
-otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is wrong,
-the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
-bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m and head dims up to 64 (what fits an
-A100's shared memory: :mod:`.config`; a GPU with less takes the calls whose kernels fit it, and only the GPUs the
-kernels are built for take any: :mod:`.targets`); batch and heads are the second grid axis; inputs may be strided
-views.
-
-A kernel that cannot launch on the device after all (triton's ``OutOfResources`` at its first launch) is recorded
-(:func:`~.targets.record_launch_failure`), so the backend refuses such calls from then on: a forward's error reaches
-``soft_attention``, which runs an eager automatic call again on the next backend; a backward's is answered here, by the
-same gradients in PyTorch (the tiled backend's math for the products, the implicit gradient for the m×m part), with a
-:class:`~soft_mm.ops.soft.dispatch.BackendFallbackWarning`.
-
-The kernels (``kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
-since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
-triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.py`` does so where there is no GPU.
-"""
+"""The ``'triton'`` backend of the SOFT op: the fused Triton kernels (:mod:`.nystrom_launch`) declared to the
+dispatcher, with the check that says why they decline a call (triton missing or too old, CPU outside the interpreter,
+a GPU they are not built for, a dtype or size its shared memory does not fit, a launch that failed there before:
+:mod:`.nystrom_limits`)."""
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Hashable, Iterator
+from collections.abc import Hashable
 
 import torch
 from torch import Tensor
 
 from .... import triton_route
-from ....custom_ops import differentiable_op
-from ....precision.autocast import ieee_float32_matmuls
 from ....precision.soft_policy import Precision
-from ....triton_route import MIN_TRITON, TRITON_VERSION, triton_available
-from ...dispatch import Backend, Call, announce_fallback, register_backend
+from ....triton_route import device_limits
+from ....triton_targets import MIN_TRITON
+from ...dispatch import Backend, Call, register_backend
 from ...middle import Middle
-from ...newton import alpha_floor
-from ...products_op import products_op
-from ..tiled import DEFAULT_TILE_SIZE, tiled_products_backward
-from .config import (
-    BLOCK_N,
-    KERNELS,
-    MAX_HEAD_DIM,
-    MAX_LANDMARKS,
-    NUM_WARPS,
-    PRODUCTS_CODES,
-    kernel_block,
-    kernel_stages,
-    middle_warps,
-    padded,
-    split_count,
-)
-from .targets import device_limits, failed_launch, launch_failures, launch_reasons, record_launch_failure
+from .nystrom_config import MAX_HEAD_DIM, MAX_LANDMARKS
+from .nystrom_launch import TRITON_NAME, triton_nystrom_middle, triton_nystrom_products
+from .nystrom_limits import dtype_name, failed_launch, launch_failures, launch_reasons, out_of_resources
 
-__all__ = ['BLOCK_N', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIN_TRITON', 'TRITON', 'TRITON_VERSION', 'call_reasons',
-           'check_state', 'out_of_resources', 'triton_available', 'triton_nystrom_middle', 'triton_nystrom_products',
-           'unsupported_reason']
+__all__ = ['TRITON', 'call_reasons', 'check_state', 'unsupported_reason']
 
 
 def unsupported_reason(device_type: str, forced: bool) -> str | None:
     """Why the Triton backend cannot run on this kind of device (None if it can): triton missing or older than
-    :data:`MIN_TRITON`, or CPU outside the interpreter. Which GPU, and the call's sizes and dtypes, are
-    :func:`call_reasons`'."""
+    :data:`~soft_mm.ops.triton_targets.MIN_TRITON`, or CPU outside the interpreter. Which GPU, and the call's sizes
+    and dtypes, are :func:`call_reasons`'."""
     if not triton_route.triton_available():
         if triton_route.TRITON_VERSION is None:
             return 'needs triton (pip install triton)'
@@ -92,8 +40,8 @@ def unsupported_reason(device_type: str, forced: bool) -> str | None:
 def call_reasons(call: Call, forced: bool) -> str | None:
     """The backend's check (:attr:`~soft_mm.ops.soft.dispatch.Backend.check`): :func:`unsupported_reason`, then on a
     GPU whether the device is a target of the kernels, runs the call's dtypes and has the shared memory every kernel
-    of the call asks for (:func:`~.targets.launch_reasons`, the device read once), and whether a launch of its kernels
-    failed there before (:func:`~.targets.failed_launch`)."""
+    of the call asks for (:func:`~.nystrom_limits.launch_reasons`, the device read once), and whether a launch of its
+    kernels failed there before (:func:`~.nystrom_limits.failed_launch`)."""
     reason = unsupported_reason(call.device_type, forced)
     if reason is not None:
         return reason
@@ -103,7 +51,7 @@ def call_reasons(call: Call, forced: bool) -> str | None:
         reasons = launch_reasons(device_limits(call.device_index), call.dtype, products, call.num_landmarks,
                                  call.head_dim, call.value_dim, call.needs_grad)
     failure = failed_launch(call.device_type, call.device_index, call.num_landmarks, call.head_dim, call.value_dim,
-                            _name(products), call.needs_grad)
+                            dtype_name(products), call.needs_grad)
     return ', '.join([*reasons, *([failure] if failure else [])]) or None
 
 
@@ -115,305 +63,9 @@ def check_state(device_type: str, device_index: int | None) -> Hashable:
             launch_failures())
 
 
-def out_of_resources(error: BaseException) -> bool:
-    """Whether ``error`` is triton's ``OutOfResources`` (a kernel that asked the device for more shared memory or
-    registers than it has, raised at the kernel's first launch; :attr:`~soft_mm.ops.soft.dispatch.Backend.
-    resource_error`)."""
-    try:
-        from triton.runtime.errors import OutOfResources
-    except ImportError:
-        return False
-    return isinstance(error, OutOfResources)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).replace('torch.', '')
-
-
-@contextlib.contextmanager
-def _recorded(device: torch.device, num_landmarks: int, head_dim: int, products: str | None, backward: bool,
-              ) -> Iterator[None]:
-    """Record an ``OutOfResources`` raised inside (:func:`~.targets.record_launch_failure`) and raise it on."""
-    try:
-        yield
-    except Exception as error:
-        if out_of_resources(error):
-            record_launch_failure(device, num_landmarks, head_dim, products, backward, error)
-        raise
-
-
-def _products_name(code: int) -> str:
-    """The products dtype's name of a kernels' ``PRODUCTS`` code."""
-    return next(name for name, value in PRODUCTS_CODES.items() if value == code)
-
-
-_CONTEXT, _OUTPUT, _BACKWARD = KERNELS
-TRITON_NAME = 'triton'  # the backend's name (soft_attention(..., backend='triton'))
-
-
-def _kernels():
-    """The kernel module, loaded under the current ``TRITON_INTERPRET`` setting
-    (:func:`~soft_mm.ops.triton_route.load_kernels`)."""
-    return triton_route.load_kernels(f'{__package__}.kernels')
-
-
-def _strides(t: Tensor) -> tuple[int, ...]:
-    return tuple(t.stride())
-
-
-class _Launch:
-    """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
-    tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
-    block of its group (the reductions over the tokens, one partial sum per program). The block and the pipeline
-    stages are the kernel's on the device's target (:func:`~.config.kernel_block`, :func:`~.config.kernel_stages`; the
-    defaults under the interpreter)."""
-
-    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, kernel: str) -> None:
-        self.batch, self.heads, self.n, self.d = q.shape
-        self.m, self.dv = landmarks.shape[2], v.shape[3]
-        self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
-        self.interpret = triton_route.interpreting()
-        on_gpu = not self.interpret and q.device.type == 'cuda'
-        target = triton_route.cuda_target(q.device) if on_gpu else None
-        self.block, self.stages = kernel_block(kernel, target), kernel_stages(kernel, target)
-        self.groups = self.batch * self.heads
-        self.nblk = -(-self.n // self.block)
-        self.grid = (self.nblk, self.groups)
-        self.splits = split_count(self.n, self.block, self.groups)
-        self.split_grid = (self.splits, self.groups)
-        # the loops' run-time bounds as their INTERPRETED_* constexprs (triton_route.interpreted_bound)
-        self.interpreted_trips = triton_route.interpreted_bound(-(-self.nblk // self.splits))
-        self.interpreted_splits = triton_route.interpreted_bound(self.splits)
-        self.kernels = _kernels()
-
-    def sizes(self) -> tuple[int, ...]:
-        return self.heads, self.n, self.m, self.d, self.dv
-
-    def meta(self, products: int) -> dict:
-        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, INTERPRET=self.interpret,
-                    num_warps=NUM_WARPS, num_stages=self.stages)
-
-    def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
-        """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),
-        for ``nystrom_fwd_kernel_mc`` or ``nystrom_bwd_kernel_dmid_dctx`` to sum."""
-        parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
-        self.kernels.nystrom_fwd_kernel_context[self.split_grid](
-            q, landmarks, x, parts, *self.sizes(), _strides(q), _strides(x), **self.meta(products),
-            INTERPRETED_TRIPS=self.interpreted_trips)
-        return parts
-
-
-def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel (:func:`_launch_forward`; a launch that runs
-    out of resources recorded and raised)."""
-    with _recorded(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]), _products_name(products), False):
-        return _launch_forward(q, landmarks, v, middle, products)
-
-
-def _launch_forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int,
-                    ) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward's three launches: the partial sums of the context, their sum with its product by the middle
-    matrix, the output."""
-    lm = landmarks.contiguous()
-    launch = _Launch(q, lm, v, _CONTEXT)
-    parts = launch.partials(q, lm, v, products)  # K1^T v, one partial sum per program
-    context, middle_context = (lm.new_empty(*lm.shape[:3], launch.dv) for _ in range(2))
-    launch.kernels.nystrom_fwd_kernel_mc[(launch.groups,)](
-        parts, middle.float().contiguous(), context, middle_context, launch.splits, launch.m, launch.dv, MP=launch.mp,
-        DVP=launch.dvp, INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits,
-        num_warps=middle_warps(launch.m))
-    launch = _Launch(q, lm, v, _OUTPUT)
-    out = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
-    launch.kernels.nystrom_fwd_kernel_o[launch.grid](
-        q, lm, middle_context, out, *launch.sizes(), _strides(q), _strides(out), **launch.meta(products))
-    return out.to(v.dtype), context, middle_context
-
-
-def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The gradients of q, landmarks, v and middle: the custom op's backward kernel (:func:`_launch_backward`); where
-    a launch runs out of resources, recorded and announced, the same gradients by the tiled backend's PyTorch math
-    (float32 products: the float16 kernels' range scaling is theirs alone)."""
-    tensors = (grad_out, q, landmarks, v, middle, context, middle_context)
-    try:
-        return _launch_backward(*tensors, products)
-    except Exception as error:
-        if not out_of_resources(error):
-            raise
-        _announce_backward_failure(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]),
-                                   _products_name(products), error)
-    return tiled_products_backward(*tensors, DEFAULT_TILE_SIZE, torch.float32)
-
-
-def _announce_backward_failure(device: torch.device, num_landmarks: int, head_dim: int, products: str | None,
-                               error: BaseException) -> None:
-    reason = record_launch_failure(device, num_landmarks, head_dim, products, True, error)
-    announce_fallback(device.type, device.index, TRITON_NAME, reason,
-                      'this backward runs the same math in PyTorch, and such calls take the next backend from now on')
-
-
-def _launch_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-                     middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The backward's four launches: the partial sums of ``K1^T grad_out``, the m×m and m×d gradients from them, the
-    tokens' gradients with the landmarks' partial sums, and the landmarks' gradient from those."""
-    lm = landmarks.contiguous()
-    grad_out = grad_out.to(v.dtype)
-    launch = _Launch(q, lm, v, _CONTEXT)
-    parts = launch.partials(q, lm, grad_out, products)  # K1^T grad_out
-    grad_middle = middle.new_empty(middle.shape, dtype=torch.float32)
-    grad_context = torch.empty_like(context)  # contiguous (B, h, m, d_v) float32, as the backward kernel reads it
-    launch.kernels.nystrom_bwd_kernel_dmid_dctx[(launch.groups,)](
-        parts, middle.float().contiguous(), context, grad_middle, grad_context, launch.splits, launch.m, launch.dv,
-        MP=launch.mp, DVP=launch.dvp, INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits,
-        num_warps=middle_warps(launch.m))
-    launch = _Launch(q, lm, v, _BACKWARD)
-    grad_q = torch.empty_like(q, dtype=triton_route.store_dtype(q.dtype))
-    grad_v = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
-    batch, heads, m, d = lm.shape
-    lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
-    lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
-    launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
-        q, lm, v, grad_out, middle_context, grad_context, grad_q, grad_v, lsum, lcnt, *launch.sizes(),
-        _strides(q), _strides(v), _strides(grad_out), _strides(grad_q), _strides(grad_v), **launch.meta(products),
-        INTERPRETED_TRIPS=launch.interpreted_trips)
-    grad_landmarks = torch.empty_like(lm, dtype=torch.float32)
-    launch.kernels.nystrom_bwd_kernel_dl_sum[(launch.groups,)](
-        lsum, lcnt, lm.float(), grad_landmarks, launch.splits, m, d, MP=launch.mp, DP=launch.dp,
-        INTERPRET=launch.interpret, INTERPRETED_SPLITS=launch.interpreted_splits, num_warps=middle_warps(m))
-    return grad_q.to(q.dtype), grad_landmarks.to(lm.dtype), grad_v.to(v.dtype), grad_middle.to(middle.dtype)
-
-
-# one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
-# products: the products' dtype as the kernels' PRODUCTS constant (config.PRODUCTS_CODES)
-_triton_products = products_op('triton_nystrom_products', _forward, _backward, 'int products')
-
-
-def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor,
-                            products: torch.dtype | None = None) -> Tensor:
-    """``K1 @ middle @ (K1^T @ v)`` with ``K1 = gaussian_kernel(q, landmarks)`` in fused Triton kernels.
-
-    Args:
-        q: ``(B, h, N, d)`` scaled queries (any strides; float32, or the low dtype under a mixed policy).
-        landmarks: ``(B, h, m, d)`` float32 scaled landmarks.
-        v: ``(B, h, N, d_v)`` values; the output has v's dtype and memory layout.
-        middle: ``(B, h, m, m)`` float32 middle matrix.
-        products: ``torch.bfloat16`` or ``torch.float16`` for operands of the products with v in that dtype (float32
-            accumulation; v is cast to it), None or ``torch.float32`` for float32 products.
-    """
-    if landmarks.shape[2] > MAX_LANDMARKS or max(q.shape[3], v.shape[3]) > MAX_HEAD_DIM:
-        raise ValueError(f'triton_nystrom_products: m must be <= {MAX_LANDMARKS} and d, d_v <= {MAX_HEAD_DIM} (the '
-                         f'kernels\' shared memory on an A100), got m={landmarks.shape[2]}, '
-                         f'd={q.shape[3]}, d_v={v.shape[3]}')
-    name = str(products or torch.float32).replace('torch.', '')
-    if name not in PRODUCTS_CODES:
-        allowed = ', '.join(f'torch.{name}' for name in PRODUCTS_CODES)
-        raise ValueError(f'triton_nystrom_products: products must be None or one of {allowed}, got {products!r}')
-    if products in (torch.bfloat16, torch.float16):
-        v = v.to(products)
-    return _triton_products(q, landmarks, v, middle, PRODUCTS_CODES[name])
-
-
-def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
-    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of
-    ``nystrom_middle_fwd_kernel_mid_inv`` (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
-    lm = landmarks.float().contiguous()
-    batch, heads, m, d = lm.shape
-    middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
-    with _recorded(lm.device, m, d, None, False):
-        _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
-            lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m),
-            DP=padded(d), SOFT_NORM=soft_norm, INTERPRET=triton_route.interpreting(),
-            INTERPRETED_ITERS=triton_route.interpreted_bound(num_iters), num_warps=middle_warps(m))
-    return middle, inverse
-
-
-def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool) -> Tensor:
-    """The landmarks' gradient through the middle matrix (the real kernel of
-    ``soft_mm::triton_nystrom_middle_backward``): one launch of ``nystrom_middle_bwd_kernel_dl``, IEEE float32. The
-    inverse's gradient is the exact inverse's at the final iterate, ``-V^T grad_V V^T``, as
-    :func:`~soft_mm.ops.soft.newton.newton_inverse`'s implicit backward (alpha is not differentiated); SOFT-Norm adds
-    the row sums' share; ``A = exp(min(E, 0))`` passes it to the exponent where ``E <= 0``, and ``E_ij = l_i . l_j -
-    |l_i|^2 / 2 - |l_j|^2 / 2`` to the landmarks."""
-    lm = landmarks.float().contiguous()
-    batch, heads, m, d = lm.shape
-    grad_landmarks = torch.empty_like(lm)
-    try:
-        _kernels().nystrom_middle_bwd_kernel_dl[(batch * heads,)](
-            grad_middle.float().contiguous(), lm, inverse.float().contiguous(), grad_landmarks, m, d, MP=padded(m),
-            DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
-    except Exception as error:
-        if not out_of_resources(error):
-            raise
-        _announce_backward_failure(lm.device, m, d, None, error)
-        grad_landmarks = _pytorch_middle_backward(grad_middle, lm, inverse, soft_norm)
-    return grad_landmarks.to(landmarks.dtype)
-
-
-def _pytorch_middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool) -> Tensor:
-    """:func:`_middle_backward`'s gradient in PyTorch, float32 (what ``nystrom_middle_bwd_kernel_dl`` computes: its
-    docstring has the math), for a kernel that cannot launch: ``(B, h, m, d)``."""
-    with ieee_float32_matmuls():
-        lm, grad, v = landmarks.float(), grad_middle.float(), inverse.float()
-        half_sq = 0.5 * (lm * lm).sum(-1)
-        exponent = lm @ lm.mT - half_sq[..., :, None] - half_sq[..., None, :]
-        kernel = exponent.clamp_max(0.0).exp()
-        row_term = 0.0
-        if soft_norm:
-            scale = kernel.sum(-1).rsqrt()  # D^-1/2
-            weighted = grad * v
-            grad_scale = (weighted * scale[..., None, :]).sum(-1) + (weighted * scale[..., :, None]).sum(-2)
-            row_term = (-0.5 * scale ** 3 * grad_scale)[..., :, None]
-            grad = scale[..., :, None] * grad * scale[..., None, :]
-        grad_kernel = row_term - v.mT @ grad @ v.mT
-        grad_exponent = torch.where(exponent <= 0.0, grad_kernel * kernel, 0.0)
-        both = grad_exponent + grad_exponent.mT
-        return both @ lm - both.sum(-1, keepdim=True) * lm
-
-
-def _middle_fake(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
-    shape = (*landmarks.shape[:-1], landmarks.shape[-2])
-    return landmarks.new_empty(shape, dtype=torch.float32), landmarks.new_empty(shape, dtype=torch.float32)
-
-
-def _middle_save(inputs: tuple, output: tuple[Tensor, Tensor]) -> tuple[tuple, tuple]:
-    landmarks, _, _, soft_norm = inputs
-    return (landmarks, output[1]), (soft_norm,)
-
-
-# soft_mm::triton_nystrom_middle and its backward; the inverse is returned for the backward only
-_middle_op, _ = differentiable_op(
-    'triton_nystrom_middle', _middle_forward,
-    '(Tensor landmarks, int num_iters, float ridge, bool soft_norm) -> (Tensor, Tensor)', _middle_fake,
-    backward=_middle_backward,
-    backward_schema='(Tensor grad_middle, Tensor landmarks, Tensor inverse, bool soft_norm) -> Tensor',
-    backward_fake=lambda grad_middle, landmarks, inverse, soft_norm: torch.empty_like(landmarks), save=_middle_save)
-
-
-def triton_nystrom_middle(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> Tensor:
-    """The m×m middle matrix of the SOFT op in one kernel launch per call: ``A^+`` by ``num_iters`` Newton–Schulz
-    iterations of ``A + ridge I``, or SOFT-Norm's ``D^-1/2 A^+ D^-1/2``, with ``A`` the landmarks' Gaussian kernel;
-    one program per (sample, head), everything in registers, IEEE float32. The same iteration as
-    :func:`~soft_mm.ops.soft.newton.newton_inverse` (same start, same alpha, same order of products) up to float32
-    rounding; differentiable in the landmarks (the implicit backward of ``newton_inverse``).
-
-    Args:
-        landmarks: ``(B, h, m, d)`` scaled landmarks, m up to :data:`MAX_LANDMARKS`, d up to :data:`MAX_HEAD_DIM`.
-        num_iters: Newton–Schulz iterations, an int >= 0.
-        ridge: a float >= 0.
-        soft_norm: SOFT-Norm's scaling.
-
-    Returns:
-        ``(B, h, m, m)`` float32.
-    """
-    if landmarks.shape[2] > MAX_LANDMARKS or landmarks.shape[3] > MAX_HEAD_DIM:
-        raise ValueError(f'triton_nystrom_middle: m must be <= {MAX_LANDMARKS} and d <= {MAX_HEAD_DIM} (the kernel\'s '
-                         f'shared memory on an A100), got m={landmarks.shape[2]}, '
-                         f'd={landmarks.shape[3]}')
-    return _middle_op(landmarks, int(num_iters), float(ridge), bool(soft_norm))[0]
-
-
 def _triton_attention(q: Tensor, landmarks: Tensor, v: Tensor, middle: Middle, precision: Precision) -> Tensor:
-    """The backend's run function: :func:`triton_nystrom_products` (fused kernels, float32 exponent)."""
+    """The backend's run function: :func:`~.nystrom_launch.triton_nystrom_products` (fused kernels, float32
+    exponent)."""
     return triton_nystrom_products(q, landmarks.float(), v, middle.matrix().float(),
                                    products=precision.products if precision.mixed else None)
 

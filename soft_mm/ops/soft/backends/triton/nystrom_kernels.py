@@ -1,4 +1,4 @@
-"""The Triton kernels of :mod:`soft_mm.ops.soft.backends.triton.backend` (imported on first use:
+"""The Triton kernels of the SOFT op's Triton backend, launched by :mod:`.nystrom_launch` (imported on first use:
 ``TRITON_INTERPRET`` is read when a kernel is decorated, so this module is re-imported when that setting changes).
 
 Kernels, named by op, direction and output:
@@ -15,30 +15,54 @@ Kernels, named by op, direction and output:
 
 ``K1`` is the Gaussian kernel of the tokens against the m landmarks; every kernel rebuilds its block of ``K1`` in
 registers from q and the landmarks (:func:`kernel_block`), so no N×m tensor is ever written to memory. A group ``g =
-sample * H + head`` is one (sample, head); a token tensor ``(B, H, N, D)`` comes as its pointer and one tuple of its
-strides over ``(b, h, n, d)``, ``<tensor>_strides`` (a tuple argument: triton specialises each stride as it does a
-plain integer), and the landmarks and the m×d factors are contiguous ``(B*H, M, D)``. Each kernel moves its
-pointers to its group once (:func:`group_base`); the block helpers below index tokens and dims within it. Padded tile
-sizes (powers of two, at least 16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
+sample * H + head`` is one (sample, head). The token kernels take their arguments grouped: a token tensor ``(B, H, N,
+D)`` (q, v, x, o, do, dq, dv) is one tuple ``(pointer, (stride_b, stride_h, stride_n, stride_d))`` (triton specialises
+each member as it does a plain argument), the sizes one tuple ``sizes = (H, N, M, D, DV)``; the landmarks and the m×d
+factors are contiguous ``(B*H, M, D)`` float32. Each kernel moves its token tensors to its group once
+(:func:`at_group`); the block helpers below index tokens and dims within it. Padded tile sizes (powers of two, at least
+16): ``MP`` (landmarks), ``DP`` (head dim), ``DVP`` (value dim).
 
 ``PRODUCTS`` (a constexpr) is the dtype of the products with v or grad_out: :data:`PRODUCTS_FLOAT32` (IEEE float32, no
 TF32), :data:`PRODUCTS_BFLOAT16` or :data:`PRODUCTS_FLOAT16`; every product accumulates in float32, and the kernel block
-and its exponent are float32 in every case. ``INTERPRET`` (a constexpr, True only under the interpreter) picks the
-interpreter's forms: bfloat16 rounding emulated in float32, and the bound of each loop whose bound is known only at run
-time given again as a constexpr (``INTERPRETED_TRIPS``, ``INTERPRETED_SPLITS``, ``INTERPRETED_ITERS``; 0 when compiled),
-which each loop takes where ``INTERPRET`` is set: triton 3.6's interpreter turns a run-time ``range`` bound into a
-Python int with ``int()`` of a one-element numpy array, which numpy >= 2.4 refuses. Every loop is then one ``for`` loop,
-which a GPU pipelines (its loads prefetched with ``cp.async``; a ``while`` loop is not pipelined), and each block helper
-has one call site."""
+and its exponent are float32 in every case. Under the interpreter (:data:`~soft_mm.ops.triton_interpreter.INTERPRET`, a
+constant of the module, not an argument) the bfloat16 rounding is emulated in float32. Every loop whose bound is known
+only at run time is one ``for`` loop over :func:`~soft_mm.ops.triton_interpreter.loop_bound` of it, which a GPU
+pipelines (its loads prefetched with ``cp.async``; a ``while`` loop is not pipelined), and each block helper has one
+call site."""
 import triton
 import triton.language as tl
 
-__all__ = ['MIDDLE_BWD_ROWS', 'PRODUCTS_BFLOAT16', 'PRODUCTS_FLOAT16', 'PRODUCTS_FLOAT32', 'bwd_block', 'context_block',
-           'group_base', 'kernel_block', 'load_f32', 'load_group_tile', 'load_tokens', 'newton_schulz_step',
-           'nystrom_bwd_kernel_dl_sum', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dq_dv_dl',
-           'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
-           'nystrom_middle_bwd_kernel_dl', 'nystrom_middle_fwd_kernel_mid_inv', 'pdot', 'pdot_scaled', 'pow2_above',
-           'round_bf16', 'store_group_tile', 'store_tokens', 'sum_partials']
+from ....triton_interpreter import INTERPRET, loop_bound
+
+__all__ = [
+    'MIDDLE_BWD_ROWS',
+    'PRODUCTS_BFLOAT16',
+    'PRODUCTS_FLOAT16',
+    'PRODUCTS_FLOAT32',
+    'at_group',
+    'bwd_block',
+    'context_block',
+    'kernel_block',
+    'load_f32',
+    'load_group_tile',
+    'load_tokens',
+    'newton_schulz_step',
+    'nystrom_bwd_kernel_dl_sum',
+    'nystrom_bwd_kernel_dmid_dctx',
+    'nystrom_bwd_kernel_dq_dv_dl',
+    'nystrom_fwd_kernel_context',
+    'nystrom_fwd_kernel_mc',
+    'nystrom_fwd_kernel_o',
+    'nystrom_middle_bwd_kernel_dl',
+    'nystrom_middle_fwd_kernel_mid_inv',
+    'pdot',
+    'pdot_scaled',
+    'pow2_above',
+    'round_bf16',
+    'store_group_tile',
+    'store_tokens',
+    'sum_partials',
+]
 
 # the values of PRODUCTS (the launches pass config.PRODUCTS_CODES[name])
 PRODUCTS_FLOAT32 = tl.constexpr(0)
@@ -72,17 +96,17 @@ def pow2_above(x):
 
 
 @triton.jit
-def pdot(a, b, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+def pdot(a, b, PRODUCTS: tl.constexpr):
     """``a @ b`` of float32 tiles with float32 accumulation, the operands rounded to the ``PRODUCTS`` dtype first (on a
     GPU tensor-core products; under the interpreter the same rounded values multiplied in float32). For float16,
     ``b`` (an m×d factor, which the inverse can make large) is scaled into [-1, 1] by a power of two and the product
     scaled back, so it stays in float16's range; ``a`` must be representable (the kernel block, in [0, 1], or float16
     values)."""
-    return pdot_scaled(a, b, pow2_above(b) if PRODUCTS == PRODUCTS_FLOAT16 else 1.0, PRODUCTS, INTERPRET)
+    return pdot_scaled(a, b, pow2_above(b) if PRODUCTS == PRODUCTS_FLOAT16 else 1.0, PRODUCTS)
 
 
 @triton.jit
-def pdot_scaled(a, b, scale, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+def pdot_scaled(a, b, scale, PRODUCTS: tl.constexpr):
     """:func:`pdot` with float16's power-of-two ``scale`` of ``b`` given (``pow2_above`` of ``b`` or of a tile with
     the same largest magnitude, e.g. its transpose): computed once before a loop whose ``b`` does not change."""
     if PRODUCTS == PRODUCTS_BFLOAT16:
@@ -99,25 +123,29 @@ def pdot_scaled(a, b, scale, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
 
 
 @triton.jit
-def group_base(ptr, H, strides):
-    """``ptr`` moved to this program's group (``tl.program_id(1)``) of a ``(B, H, N, D)`` tensor with ``strides``:
-    the kernels offset every token tensor once per program, and the block helpers index tokens and dims only."""
+def at_group(tensor, H):
+    """A token tensor ``(pointer, strides)`` of ``(B, H, N, D)`` with its pointer moved to this program's group
+    (``tl.program_id(1)``): the kernels offset every token tensor once per program, and the block helpers index tokens
+    and dims only."""
+    ptr, strides = tensor
     g = tl.program_id(1)
-    return ptr + (g // H) * strides[0] + (g % H) * strides[1]
+    return ptr + (g // H) * strides[0] + (g % H) * strides[1], strides
 
 
 @triton.jit
-def load_tokens(ptr, rows, row_ok, width, strides, WP: tl.constexpr):
+def load_tokens(tensor, rows, row_ok, width, WP: tl.constexpr):
     """The ``(BLOCK, WP)`` float32 tile of token rows ``rows`` (masked by ``row_ok``) and the first ``width`` columns
-    of a group's ``(N, width)`` slice (``ptr`` at the group, ``strides`` the tensor's four)."""
+    of a group's ``(N, width)`` slice (``tensor``: ``(pointer at the group, the tensor's four strides)``)."""
+    ptr, strides = tensor
     cols = tl.arange(0, WP)
     mask = row_ok[:, None] & (cols[None, :] < width)
     return load_f32(ptr + rows[:, None] * strides[2] + cols[None, :] * strides[3], mask)
 
 
 @triton.jit
-def store_tokens(ptr, tile, rows, row_ok, width, strides, WP: tl.constexpr):
+def store_tokens(tensor, tile, rows, row_ok, width, WP: tl.constexpr):
     """:func:`load_tokens`' counterpart: ``tile`` written in the tensor's own dtype."""
+    ptr, strides = tensor
     cols = tl.arange(0, WP)
     tl.store(ptr + rows[:, None] * strides[2] + cols[None, :] * strides[3], tile.to(ptr.dtype.element_ty),
              mask=row_ok[:, None] & (cols[None, :] < width))
@@ -133,115 +161,105 @@ def load_group_tile(ptr, rows, cols, RP: tl.constexpr, CP: tl.constexpr):
 
 
 @triton.jit
-def kernel_block(q_ptr, l_ptr, blk, N, M, D, q_strides, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
-    """Block ``blk`` of the group's tokens against its landmarks (``q_ptr`` and ``l_ptr`` at the group): ``(q (BLOCK,
+def kernel_block(q, l_ptr, blk, N, M, D, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr):
+    """Block ``blk`` of the group's tokens against its landmarks (``q`` and ``l_ptr`` at the group): ``(q (BLOCK,
     DP) float32, landmarks (MP, DP), K block (BLOCK, MP) float32 (zero outside the N tokens and M landmarks), token
     rows, row mask)``. The block is ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` with an IEEE float32 dot: the norm
     terms cancel against the dot product, so the exponent never runs in a lower dtype."""
     rows = blk * BLOCK + tl.arange(0, BLOCK)
     row_ok = rows < N
-    q = load_tokens(q_ptr, rows, row_ok, D, q_strides, DP)
+    q_tile = load_tokens(q, rows, row_ok, D, DP)
     lm = load_group_tile(l_ptr, M, D, MP, DP)
-    dot = tl.dot(q, tl.trans(lm), input_precision='ieee')
-    exponent = dot - 0.5 * tl.sum(q * q, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
+    dot = tl.dot(q_tile, tl.trans(lm), input_precision='ieee')
+    exponent = dot - 0.5 * tl.sum(q_tile * q_tile, axis=1)[:, None] - 0.5 * tl.sum(lm * lm, axis=1)[None, :]
     k = tl.where(row_ok[:, None] & (tl.arange(0, MP)[None, :] < M), tl.exp(tl.minimum(exponent, 0.0)), 0.0)
-    return q, lm, k, rows, row_ok
+    return q_tile, lm, k, rows, row_ok
 
 
 @triton.jit
-def context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK: tl.constexpr,
-                  MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
-                  INTERPRET: tl.constexpr):
-    """``acc + K_blk^T x_blk`` for block ``blk`` of the group: the body of :func:`nystrom_fwd_kernel_context`'s
-    loop."""
-    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, q_strides, BLOCK, MP, DP)
-    x = load_tokens(x_ptr, rows, row_ok, DV, x_strides, DVP)
-    return acc + pdot(tl.trans(k), x, PRODUCTS, INTERPRET)
+def context_block(acc, q, l_ptr, x, blk, N, M, D, DV, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
+                  DVP: tl.constexpr, PRODUCTS: tl.constexpr):
+    """``acc + K_blk^T x_blk`` for block ``blk`` of the group (``q``, ``x`` and ``l_ptr`` at the group): the body of
+    :func:`nystrom_fwd_kernel_context`'s loop."""
+    _, _, k, rows, row_ok = kernel_block(q, l_ptr, blk, N, M, D, BLOCK, MP, DP)
+    x_tile = load_tokens(x, rows, row_ok, DV, DVP)
+    return acc + pdot(tl.trans(k), x_tile, PRODUCTS)
 
 
 @triton.jit
-def nystrom_fwd_kernel_context(q_ptr, l_ptr, x_ptr, part_ptr, H, N, M, D, DV, q_strides, x_strides, BLOCK: tl.constexpr,
-                               MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
-                               INTERPRET: tl.constexpr, INTERPRETED_TRIPS: tl.constexpr):
+def nystrom_fwd_kernel_context(q, x, l_ptr, part_ptr, sizes, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
+                               DVP: tl.constexpr, PRODUCTS: tl.constexpr):
     """Partial sums of ``K1^T x``: ``x`` is v in the forward (the context), grad_out in the backward.
-
-    Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split,
-    split + splits, ...`` of ``BLOCK`` tokens of group ``g`` (under the interpreter every program runs
-    ``INTERPRETED_TRIPS``, the most any takes: a block past the last is all masked and adds zero), each block's kernel
-    rebuilt in registers, into one ``(MP, DVP)`` float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked
-    store, fewer registers); a later kernel sums the ``splits`` partials (deterministic: the split depends on the sizes
+Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split, split +
+splits, ...`` of ``BLOCK`` tokens of group ``g``, each block's kernel rebuilt in registers, into one ``(MP, DVP)``
+float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers); a later kernel sums the
+``splits`` partials (deterministic: the split depends on the sizes
     only; no atomics).
 
-    Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)`` through their strides (``q_strides``, ``x_strides``), in any
-    float dtype; the landmarks contiguous ``(B*H, M, D)`` float32. The products with x in the ``PRODUCTS`` dtype,
+    Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)``, each ``(pointer, strides)``, in any float dtype; the landmarks
+    contiguous ``(B*H, M, D)`` float32; ``sizes = (H, N, M, D, DV)``. The products with x in the ``PRODUCTS`` dtype,
     accumulated in float32."""
+    H, N, M, D, DV = sizes
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
-    q_ptr = group_base(q_ptr, H, q_strides)
-    x_ptr = group_base(x_ptr, H, x_strides)
+    q = at_group(q, H)
+    x = at_group(x, H)
     l_ptr += g * M * D
     acc = tl.zeros((MP, DVP), dtype=tl.float32)
     blk = split
     trips = tl.cdiv(tl.cdiv(N, BLOCK) - split, splits)
-    for _ in range(0, INTERPRETED_TRIPS if INTERPRET else trips):
-        acc = context_block(acc, q_ptr, l_ptr, x_ptr, blk, N, M, D, DV, q_strides, x_strides, BLOCK, MP, DP, DVP,
-                            PRODUCTS, INTERPRET)
+    for _ in range(0, loop_bound(trips)):
+        acc = context_block(acc, q, l_ptr, x, blk, N, M, D, DV, BLOCK, MP, DP, DVP, PRODUCTS)
         blk += splits  # (carried, not split + trip * splits: the same registers as a range(split, end, splits))
     marks = tl.arange(0, MP)
     tl.store(part_ptr + ((g * splits + split) * MP + marks[:, None]) * DVP + tl.arange(0, DVP)[None, :], acc)
 
 
 @triton.jit
-def nystrom_fwd_kernel_o(q_ptr, l_ptr, mc_ptr, o_ptr, H, N, M, D, DV, q_strides, o_strides, BLOCK: tl.constexpr,
-                         MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr,
-                         INTERPRET: tl.constexpr):
+def nystrom_fwd_kernel_o(q, o, l_ptr, mc_ptr, sizes, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
+                         DVP: tl.constexpr, PRODUCTS: tl.constexpr):
     """The output ``o = K1 @ middle_context``.
 
     Grid ``(cdiv(N, BLOCK), B * H)``: program ``(blk, g)`` rebuilds the ``(BLOCK, MP)`` kernel block in registers and
     multiplies it by its group's ``middle_context = middle @ K1^T v`` (``mc_ptr``: contiguous ``(B*H, M, DV)``
-    float32), operands in the ``PRODUCTS`` dtype, float32 accumulation; o is written through its strides in its own
-    dtype."""
+    float32), operands in the ``PRODUCTS`` dtype, float32 accumulation; o (``(pointer, strides)``, as q) is written
+    through its strides in its own dtype; ``sizes = (H, N, M, D, DV)``."""
+    H, N, M, D, DV = sizes
     g = tl.program_id(1)
-    q_ptr = group_base(q_ptr, H, q_strides)
-    _, _, k, rows, row_ok = kernel_block(q_ptr, l_ptr + g * M * D, tl.program_id(0), N, M, D, q_strides, BLOCK, MP, DP)
+    _, _, k, rows, row_ok = kernel_block(at_group(q, H), l_ptr + g * M * D, tl.program_id(0), N, M, D, BLOCK, MP, DP)
     mc = load_group_tile(mc_ptr + g * M * DV, M, DV, MP, DVP)
-    o = pdot(k, mc, PRODUCTS, INTERPRET)
-    store_tokens(group_base(o_ptr, H, o_strides), o, rows, row_ok, DV, o_strides, DVP)
+    o_tile = pdot(k, mc, PRODUCTS)
+    store_tokens(at_group(o, H), o_tile, rows, row_ok, DV, DVP)
 
 
 @triton.jit
-def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-              blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK: tl.constexpr,
-              MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr):
+def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q, v, do, dq, dv, l_ptr, mc_ptr, dctx_ptr, blk, N, M, D, DV,
+              BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr):
     """Block ``blk`` of the group: stores its grad q and grad v, returns the landmark gradient's partial sums
     ``(dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s loop.
-    Every pointer is at the group; ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context
+    Every tensor is at the group; ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context
     and middle-context tiles (the same for every block)."""
-    q, lm, k, rows, row_ok = kernel_block(q_ptr, l_ptr, blk, N, M, D, q_strides, BLOCK, MP, DP)
+    q_tile, lm, k, rows, row_ok = kernel_block(q, l_ptr, blk, N, M, D, BLOCK, MP, DP)
     # the order keeps few tiles alive at once (0 spills): the m×d tiles loaded where they are used, grad v first,
     # then grad K1 one product at a time
     dctx = load_group_tile(dctx_ptr, M, DV, MP, DVP)
-    dv = pdot_scaled(k, dctx, dctx_scale, PRODUCTS, INTERPRET)
-    store_tokens(dv_ptr, dv, rows, row_ok, DV, dv_strides, DVP)
-    v = load_tokens(v_ptr, rows, row_ok, DV, v_strides, DVP)
-    grad_k = pdot_scaled(v, tl.trans(dctx), dctx_scale, PRODUCTS, INTERPRET)
-    do = load_tokens(do_ptr, rows, row_ok, DV, do_strides, DVP)
+    store_tokens(dv, pdot_scaled(k, dctx, dctx_scale, PRODUCTS), rows, row_ok, DV, DVP)
+    grad_k = pdot_scaled(load_tokens(v, rows, row_ok, DV, DVP), tl.trans(dctx), dctx_scale, PRODUCTS)
+    do_tile = load_tokens(do, rows, row_ok, DV, DVP)
     mc = load_group_tile(mc_ptr, M, DV, MP, DVP)
-    grad_k += pdot_scaled(do, tl.trans(mc), mc_scale, PRODUCTS, INTERPRET)
+    grad_k += pdot_scaled(do_tile, tl.trans(mc), mc_scale, PRODUCTS)
     grad_s = grad_k * k  # (BLOCK, MP), zero on masked rows and landmarks
-    dq = tl.dot(grad_s, lm, input_precision='ieee') - q * tl.sum(grad_s, axis=1)[:, None]
-    store_tokens(dq_ptr, dq, rows, row_ok, D, dq_strides, DP)
-    dl_sum += tl.dot(tl.trans(grad_s), q, input_precision='ieee')  # (MP, DP)
+    dq_tile = tl.dot(grad_s, lm, input_precision='ieee') - q_tile * tl.sum(grad_s, axis=1)[:, None]
+    store_tokens(dq, dq_tile, rows, row_ok, D, DP)
+    dl_sum += tl.dot(tl.trans(grad_s), q_tile, input_precision='ieee')  # (MP, DP)
     dl_colsum += tl.sum(grad_s, axis=0)
     return dl_sum, dl_colsum
 
 
 @triton.jit
-def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr, dl_sum_ptr,
-                                dl_colsum_ptr, H, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides,
-                                BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr,
-                                PRODUCTS: tl.constexpr, INTERPRET: tl.constexpr, INTERPRETED_TRIPS: tl.constexpr):
+def nystrom_bwd_kernel_dq_dv_dl(q, v, do, dq, dv, l_ptr, factors, partials, sizes, BLOCK: tl.constexpr,
+                                MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr):
     """The products' backward: grad q, grad v, and partial sums of grad landmarks.
 
     Grid ``(splits, B * H)`` as :func:`nystrom_fwd_kernel_context`: program ``(split, g)`` takes every ``splits``-th
@@ -249,21 +267,25 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
     middle_context^T + v dctx^T`` and ``grad_s = grad K1 * K1`` in float32, writes the block's ``dv = K1 dctx`` and
     ``dq = grad_s l - q rowsum(grad_s)`` through their strides, and adds the block's share of the landmark gradient,
     ``grad_s^T q`` (``(MP, DP)``) and ``colsum(grad_s)`` (``(MP,)``), to float32 sums in registers, written once per
-    program to ``dl_sum_ptr`` and ``dl_colsum_ptr`` (torch forms ``dl = sum - l * colsum`` from them).
+    program to ``partials = (dl_sum_ptr, dl_colsum_ptr)`` (``(B*H, splits, MP, DP)`` and ``(B*H, splits, MP)``; the
+    landmarks' gradient is formed from them by :func:`nystrom_bwd_kernel_dl_sum`).
 
-    Inputs: q, v and do (grad_out) through their strides (``q_strides``, ``v_strides``, ``do_strides``); ``mc_ptr``
-    (middle_context) and ``dctx_ptr`` (the grad of the context, ``middle^T K1^T do``) contiguous ``(B*H, M, DV)``
-    float32; the landmarks contiguous ``(B*H, M, D)`` float32. The products with v, do and their m×d partners in the
-    ``PRODUCTS`` dtype, float32 accumulation; the products with q and the landmarks (the exponent's gradient) in IEEE
-    float32."""
+    Inputs: q, v and do (grad_out), written dq and dv, each ``(pointer, strides)``; ``factors = (mc_ptr, dctx_ptr)``,
+    middle_context and the grad of the context (``middle^T K1^T do``), contiguous ``(B*H, M, DV)`` float32; the
+    landmarks contiguous ``(B*H, M, D)`` float32; ``sizes = (H, N, M, D, DV)``. The products with v, do and their m×d
+    partners in the ``PRODUCTS`` dtype, float32 accumulation; the products with q and the landmarks (the exponent's
+    gradient) in IEEE float32."""
+    H, N, M, D, DV = sizes
+    mc_ptr, dctx_ptr = factors
+    dl_sum_ptr, dl_colsum_ptr = partials
     split = tl.program_id(0)
     splits = tl.num_programs(0)
     g = tl.program_id(1)
-    q_ptr = group_base(q_ptr, H, q_strides)
-    v_ptr = group_base(v_ptr, H, v_strides)
-    do_ptr = group_base(do_ptr, H, do_strides)
-    dq_ptr = group_base(dq_ptr, H, dq_strides)
-    dv_ptr = group_base(dv_ptr, H, dv_strides)
+    q = at_group(q, H)
+    v = at_group(v, H)
+    do = at_group(do, H)
+    dq = at_group(dq, H)
+    dv = at_group(dv, H)
     l_ptr += g * M * D
     mc_ptr += g * M * DV
     dctx_ptr += g * M * DV
@@ -277,11 +299,9 @@ def nystrom_bwd_kernel_dq_dv_dl(q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, d
     dl_colsum = tl.zeros((MP,), dtype=tl.float32)
     blk = split
     trips = tl.cdiv(tl.cdiv(N, BLOCK) - split, splits)
-    for _ in range(0, INTERPRETED_TRIPS if INTERPRET else trips):
-        dl_sum, dl_colsum = bwd_block(
-            dl_sum, dl_colsum, dctx_scale, mc_scale, q_ptr, l_ptr, v_ptr, do_ptr, mc_ptr, dctx_ptr, dq_ptr, dv_ptr,
-            blk, N, M, D, DV, q_strides, v_strides, do_strides, dq_strides, dv_strides, BLOCK, MP, DP, DVP, PRODUCTS,
-            INTERPRET)
+    for _ in range(0, loop_bound(trips)):
+        dl_sum, dl_colsum = bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q, v, do, dq, dv, l_ptr, mc_ptr,
+                                      dctx_ptr, blk, N, M, D, DV, BLOCK, MP, DP, DVP, PRODUCTS)
         blk += splits
     marks = tl.arange(0, MP)
     slot = g * splits + split  # one partial sum per program
@@ -297,8 +317,7 @@ def newton_schulz_step(v, p):
 
 @triton.jit
 def nystrom_middle_fwd_kernel_mid_inv(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, ridge, floor, MP: tl.constexpr,
-                                      DP: tl.constexpr, SOFT_NORM: tl.constexpr, INTERPRET: tl.constexpr,
-                                      INTERPRETED_ITERS: tl.constexpr):
+                                      DP: tl.constexpr, SOFT_NORM: tl.constexpr):
     """The m×m middle matrix and the inverse it holds, one (sample, head) group per program.
 
     Grid ``(B * H,)``; everything in registers, IEEE float32: the landmark kernel ``A = exp(min(l . l' - |l|^2 / 2 -
@@ -322,7 +341,7 @@ def nystrom_middle_fwd_kernel_mid_inv(l_ptr, mid_ptr, inv_ptr, M, D, num_iters, 
     alpha = 1.8 / tl.maximum(norm_1 * norm_inf, floor)
     p = tl.where(valid & (marks[:, None] == marks[None, :]), a + ridge, a)
     v = alpha * tl.trans(p)
-    for _ in range(0, INTERPRETED_ITERS if INTERPRET else num_iters):
+    for _ in range(0, loop_bound(num_iters)):
         v = newton_schulz_step(v, p)
     offsets = g * M * M + marks[:, None] * M + marks[None, :]
     tl.store(inv_ptr + offsets, v, mask=valid)
@@ -396,14 +415,13 @@ def nystrom_middle_bwd_kernel_dl(dm_ptr, l_ptr, inv_ptr, dl_ptr, M, D, MP: tl.co
 
 
 @triton.jit
-def sum_partials(part_ptr, g, splits, RP: tl.constexpr, CP: tl.constexpr, INTERPRET: tl.constexpr,
-                 INTERPRETED_SPLITS: tl.constexpr):
+def sum_partials(part_ptr, g, splits, RP: tl.constexpr, CP: tl.constexpr):
     """The sum of group ``g``'s ``splits`` partial ``(RP, CP)`` float32 tiles, stored contiguously at ``part_ptr``
     as ``(groups, splits, RP, CP)`` (padded: what the split reductions write), in the order of the splits."""
     offsets = tl.arange(0, RP)[:, None] * CP + tl.arange(0, CP)[None, :]
     base = part_ptr + g * splits * RP * CP
     total = tl.zeros((RP, CP), dtype=tl.float32)
-    for split in range(0, INTERPRETED_SPLITS if INTERPRET else splits):
+    for split in range(0, loop_bound(splits)):
         total += tl.load(base + split * RP * CP + offsets)
     return total
 
@@ -418,15 +436,14 @@ def store_group_tile(ptr, tile, rows, cols, RP: tl.constexpr, CP: tl.constexpr):
 
 
 @triton.jit
-def nystrom_fwd_kernel_mc(part_ptr, mid_ptr, ctx_ptr, mc_ptr, splits, M, DV, MP: tl.constexpr, DVP: tl.constexpr,
-                          INTERPRET: tl.constexpr, INTERPRETED_SPLITS: tl.constexpr):
+def nystrom_fwd_kernel_mc(part_ptr, mid_ptr, ctx_ptr, mc_ptr, splits, M, DV, MP: tl.constexpr, DVP: tl.constexpr):
     """The forward's m×d factors from the context kernel's partial sums, one (sample, head) group per program.
 
     Grid ``(B * H,)``: ``context = sum of the splits' partials of K1^T v`` (``part_ptr``: ``(B*H, splits, MP, DVP)``
     float32) and ``middle_context = middle @ context`` (``mid_ptr``: contiguous ``(B*H, M, M)`` float32), IEEE
     float32, written contiguous ``(B*H, M, DV)`` to ``ctx_ptr`` and ``mc_ptr``."""
     g = tl.program_id(0)
-    context = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET, INTERPRETED_SPLITS)
+    context = sum_partials(part_ptr, g, splits, MP, DVP)
     middle = load_group_tile(mid_ptr + g * M * M, M, M, MP, MP)
     store_group_tile(ctx_ptr + g * M * DV, context, M, DV, MP, DVP)
     store_group_tile(mc_ptr + g * M * DV, tl.dot(middle, context, input_precision='ieee'), M, DV, MP, DVP)
@@ -434,7 +451,7 @@ def nystrom_fwd_kernel_mc(part_ptr, mid_ptr, ctx_ptr, mc_ptr, splits, M, DV, MP:
 
 @triton.jit
 def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr, splits, M, DV, MP: tl.constexpr,
-                                 DVP: tl.constexpr, INTERPRET: tl.constexpr, INTERPRETED_SPLITS: tl.constexpr):
+                                 DVP: tl.constexpr):
     """The backward's m×m and m×d gradients from the partial sums of ``K1^T grad_out``, one group per program.
 
     Grid ``(B * H,)``: ``gmc = sum of the splits' partials`` (the gradient of ``middle_context``; ``part_ptr`` as in
@@ -442,7 +459,7 @@ def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr,
     ``ctx_ptr``: contiguous ``(B*H, M, M)`` and ``(B*H, M, DV)`` float32), IEEE float32, written contiguous to
     ``dmid_ptr`` and ``dctx_ptr``."""
     g = tl.program_id(0)
-    grad_mc = sum_partials(part_ptr, g, splits, MP, DVP, INTERPRET, INTERPRETED_SPLITS)
+    grad_mc = sum_partials(part_ptr, g, splits, MP, DVP)
     context = load_group_tile(ctx_ptr + g * M * DV, M, DV, MP, DVP)
     store_group_tile(dmid_ptr + g * M * M, tl.dot(grad_mc, tl.trans(context), input_precision='ieee'), M, M, MP, MP)
     marks = tl.arange(0, MP)
@@ -453,14 +470,14 @@ def nystrom_bwd_kernel_dmid_dctx(part_ptr, mid_ptr, ctx_ptr, dmid_ptr, dctx_ptr,
 
 @triton.jit
 def nystrom_bwd_kernel_dl_sum(dl_sum_ptr, dl_colsum_ptr, l_ptr, dl_ptr, splits, M, D, MP: tl.constexpr,
-                              DP: tl.constexpr, INTERPRET: tl.constexpr, INTERPRETED_SPLITS: tl.constexpr):
+                              DP: tl.constexpr):
     """The landmarks' gradient from :func:`nystrom_bwd_kernel_dq_dv_dl`'s partial sums, one group per program.
 
     Grid ``(B * H,)``: ``dl = sum(grad_s^T q) - l * sum(colsum(grad_s))`` over the splits (``dl_sum_ptr``:
     ``(B*H, splits, MP, DP)``, ``dl_colsum_ptr``: ``(B*H, splits, MP)`` float32; the landmarks contiguous ``(B*H, M,
     D)`` float32), written contiguous ``(B*H, M, D)`` float32 to ``dl_ptr``."""
     g = tl.program_id(0)
-    total = sum_partials(dl_sum_ptr, g, splits, MP, DP, INTERPRET, INTERPRETED_SPLITS)
-    counts = tl.sum(sum_partials(dl_colsum_ptr, g, splits, MP, 1, INTERPRET, INTERPRETED_SPLITS), axis=1)
+    total = sum_partials(dl_sum_ptr, g, splits, MP, DP)
+    counts = tl.sum(sum_partials(dl_colsum_ptr, g, splits, MP, 1), axis=1)
     lm = load_group_tile(l_ptr + g * M * D, M, D, MP, DP)
     store_group_tile(dl_ptr + g * M * D, total - counts[:, None] * lm, M, D, MP, DP)

@@ -1,22 +1,23 @@
-"""The launch configuration of the Triton kernels and the GPUs they are built for, in one place for the launches
-(:mod:`.backend`), the dispatcher's device check (:mod:`.targets`) and their ahead-of-time compilation
-(``benchmarks/triton_cubins.py``, which runs without torch). Plain Python: nothing imported.
+"""The launch configuration of the SOFT op's Triton kernels (:mod:`.nystrom_kernels`): tile sizes, warps, pipeline
+stages per target, the kernels' names and the dtypes they are launched with, in one place for the launches
+(:mod:`.nystrom_launch`), the dispatcher's device check (:mod:`.nystrom_limits`) and their ahead-of-time compilation
+(``benchmarks/triton_cubins.py``, which runs without torch and loads this file by its path). Plain Python: nothing
+imported. The targets themselves and their limits are :mod:`soft_mm.ops.triton_targets`'.
 
 The tile sizes, warps and pipeline stages hold every kernel at 0 spilled registers at the published sizes (m = 49,
-d = 32) on every target in :data:`TARGETS`, in every dtype the target runs (``python benchmarks/triton_cubins.py``
-prints the table; ``tests/ops/test_triton_cubins.py`` holds it). The backward holds the most at once (the kernel
-block, its gradient, q, v, grad_out and four m×d tiles), hence its smaller blocks; they cost no memory traffic, since
-its partial sums are one per program, not one per block. Turing (sm_75), the GeForce-class Ampere and Ada parts
-(sm_86, sm_89) and the Blackwell parts (sm_100, sm_103, sm_120, sm_121), with fewer registers' worth of work per thread
-at the same code, take smaller forward blocks (:data:`TARGET_BLOCKS`); on Blackwell the backward also runs its loop
-unpipelined (:data:`TARGET_STAGES`: its 16-token block is already ``tl.dot``'s smallest).
+d = 32) on every target, in every dtype the target runs (``python benchmarks/triton_cubins.py`` prints the table;
+``tests/ops/test_triton_cubins.py`` holds it). The backward holds the most at once (the kernel block, its gradient, q,
+v, grad_out and four m×d tiles), hence its smaller blocks; they cost no memory traffic, since its partial sums are one
+per program, not one per block. Turing (sm_75), the GeForce-class Ampere and Ada parts (sm_86, sm_89) and the Blackwell
+parts (sm_100, sm_103, sm_120, sm_121), with fewer registers' worth of work per thread at the same code, take smaller
+forward blocks (:data:`TARGET_BLOCKS`); on Blackwell the backward also runs its loop unpipelined
+(:data:`TARGET_STAGES`: its 16-token block is already ``tl.dot``'s smallest).
 """
 from __future__ import annotations
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'BLOCK_N', 'BLOCK_N_BACKWARD', 'DEFAULT_STAGES', 'GROUP_KERNELS', 'KERNELS',
-           'KERNEL_BLOCKS', 'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS',
-           'MIDDLE_KERNELS', 'NUM_WARPS', 'PRODUCTS_CODES', 'SHARED_MEMORY_PER_BLOCK', 'SPLIT_PROGRAMS', 'TARGETS',
-           'TARGET_BLOCKS', 'TARGET_GPUS', 'TARGET_MIN_TRITON', 'TARGET_STAGES', 'kernel_block', 'kernel_stages',
+__all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'DEFAULT_STAGES', 'GROUP_KERNELS', 'KERNELS', 'KERNEL_BLOCKS',
+           'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS', 'MIDDLE_KERNELS', 'NUM_WARPS',
+           'PRODUCTS_CODES', 'SPLIT_PROGRAMS', 'TARGET_BLOCKS', 'TARGET_STAGES', 'kernel_block', 'kernel_stages',
            'middle_warps', 'padded', 'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (context, o)
@@ -26,30 +27,11 @@ NUM_WARPS = 8  # warps per program, every kernel
 # shared memory a block may ask for on an A100 (sm_80) and an H100 (sm_90). A launch asks for the dynamic shared memory
 # of the compiled kernel (its metadata), which grows with the padded tiles: at m, d <= 64 at most 163,840 B; d = 128
 # needs 176,128 B even at m <= 16, and m = 65..128 the m×m kernel's 196,608 B, both over an A100's 166,912. Targets
-# with less shared memory take a call within these limits only where its kernels fit them (:mod:`.targets`; the table:
-# docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every corner for every target).
+# with less shared memory take a call within these limits only where its kernels fit them (:mod:`.nystrom_limits`; the
+# table: docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every corner for every
+# target).
 MAX_LANDMARKS = 64
 MAX_HEAD_DIM = 64
-# The compute capabilities the kernels are compiled and checked for (0 spills at the published sizes) are the package's
-# Triton targets, soft_mm.ops.triton_route.TARGETS (sm_75 Turing, sm_80 / sm_86 Ampere, sm_89 Ada, sm_90 Hopper,
-# sm_100 / sm_103 data-centre Blackwell, sm_120 / sm_121 GeForce and workstation Blackwell; bfloat16 from sm_80): a
-# device of another capability gets the next backend. They are repeated here because this module is plain Python (the
-# cubin tool loads it by its path, without torch); tests/ops/test_triton_targets.py holds the two equal, and
-# TARGET_MIN_TRITON with them.
-TARGETS = (75, 80, 86, 89, 90, 100, 103, 120, 121)
-BFLOAT16_MIN_TARGET = 80
-# The oldest triton each target is checked with, where it is newer than the backend's own minimum (MIN_TRITON of
-# soft_mm.ops.triton_route): the Blackwell targets were compiled and checked at 0 spills with triton 3.8 (ptxas 12.9,
-# the first that knows sm_103 and sm_121); with an older triton such a device gets the next backend.
-TARGET_MIN_TRITON = {100: (3, 8), 103: (3, 8), 120: (3, 8), 121: (3, 8)}
-# the opt-in shared memory per block of each capability (CUDA programming guide, compute capabilities table), bytes:
-# what the ahead-of-time tables compare against; a device's own limit is read from the device itself at run time
-SHARED_MEMORY_PER_BLOCK = {75: 65_536, 80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448,
-                           103: 232_448, 120: 101_376, 121: 101_376}
-# GPUs of each target, for messages and docs
-TARGET_GPUS = {75: 'T4, RTX 20xx', 80: 'A100, A800', 86: 'RTX 30xx, A10, A40, A6000', 89: 'RTX 40xx, L4, L40S',
-               90: 'H100, H200, H20', 100: 'B200, GB200', 103: 'B300, GB300',
-               120: 'RTX 50xx, RTX PRO 6000 Blackwell', 121: 'DGX Spark (GB10)'}
 # programs of a reduction over the tokens (the context kernel, the backward), over all (sample, head) groups: a few per
 # streaming multiprocessor of a large GPU (132 on an H100/H200), so the partial sums are a few per group, not one per
 # block
@@ -88,7 +70,7 @@ TARGET_STAGES = {target: _UNPIPELINED_BACKWARD for target in (100, 103, 120, 121
 LAUNCH_DTYPES = (('fp32', 'fp32', 'fp32'),
                  *((q, products, products) for products in ('bf16', 'fp16') for q in ('fp32', 'bf16', 'fp16')))
 # the kernels' PRODUCTS constant: the dtype of the products with v (float32 accumulation in every case); the same
-# values as kernels.PRODUCTS_FLOAT32, PRODUCTS_BFLOAT16, PRODUCTS_FLOAT16
+# values as nystrom_kernels.PRODUCTS_FLOAT32, PRODUCTS_BFLOAT16, PRODUCTS_FLOAT16
 PRODUCTS_CODES = {'float32': 0, 'bfloat16': 1, 'float16': 2}
 
 
@@ -112,8 +94,8 @@ def split_count(num_tokens: int, block: int, groups: int) -> int:
 
 
 def kernel_block(kernel: str, target: int | None) -> int:
-    """Tokens per block of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (a capability of :data:`TARGETS`;
-    None: the interpreter, which takes the default blocks)."""
+    """Tokens per block of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (a capability of
+    :data:`soft_mm.ops.triton_targets.TARGETS`; None: the interpreter, which takes the default blocks)."""
     return TARGET_BLOCKS.get(target, {}).get(kernel, KERNEL_BLOCKS[kernel])
 
 

@@ -1,9 +1,10 @@
-"""The Triton kernels of :mod:`soft_mm.ops.functional.add_norm` (loaded through
-:func:`soft_mm.ops.triton_route.load_kernels`, under the current ``TRITON_INTERPRET`` setting).
+"""The Triton kernels of :mod:`.add_norm_launch` (loaded through :func:`soft_mm.ops.triton_route.load_kernels`, under
+the current ``TRITON_INTERPRET`` setting).
 
-Per row of a ``(R, C)`` token matrix, with ``x`` the branch (``x_ptr``), ``bb`` its bias (``bb_ptr``), ``sc`` the
-per-sample scale of stochastic depth (``sc_ptr``, one float32 per sample of ``T`` rows) and ``r`` the residual
-(``r_ptr``), each of the three optional (the constexprs ``HAS_BRANCH_BIAS``, ``HAS_SCALE``, ``HAS_RESIDUAL``)::
+Per row of a ``(R, C)`` token matrix, with the sum's addends ``addends = (x_ptr, r_ptr, bb_ptr, sc_ptr)``: ``x`` the
+branch, ``r`` the residual, ``bb`` the branch's bias and ``sc`` the per-sample scale of stochastic depth (one float32
+per sample of ``T`` rows), the last three optional (the constexprs ``HAS_RESIDUAL``, ``HAS_BRANCH_BIAS``,
+``HAS_SCALE``), and the norm's affine parameters ``norm = (w_ptr, b_ptr)``::
 
     s = r + sc * (x + bb)          y = LayerNorm(s) * w + b          (then GELU(y) where GELU is set)
 
@@ -15,10 +16,14 @@ per-sample scale of stochastic depth (``sc_ptr``, one float32 per sample of ``T`
   (``dx_ptr``; without one it is ``ds`` itself), of a share of the rows, and the program's partial sums of the
   gradients of ``w``, ``b`` and ``bb`` (summed in torch afterwards).
 
-Rows are contiguous; ``CP`` is C padded to a power of two, masked. The GELU is the exact (erf) form.
+Rows are contiguous; ``sizes = (R, C, T)``; ``CP`` is C padded to a power of two, masked. The GELU is the exact (erf)
+form. The backward's loop over its row blocks is one ``for`` loop over
+:func:`~soft_mm.ops.triton_interpreter.loop_bound` of its run-time bound.
 """
 import triton
 import triton.language as tl
+
+from ...triton_interpreter import loop_bound
 
 __all__ = ['add_norm_bwd_block', 'add_norm_bwd_kernel_dx', 'add_norm_fwd_kernel_y', 'gelu_and_grad', 'load_rows',
            'summed_rows']
@@ -36,10 +41,11 @@ def load_rows(ptr, rows, row_ok, C, CP: tl.constexpr):
 
 
 @triton.jit
-def summed_rows(x_ptr, r_ptr, bb_ptr, sc_ptr, rows, row_ok, C, T, ROWS: tl.constexpr, CP: tl.constexpr,
-                HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
+def summed_rows(addends, rows, row_ok, C, T, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr):
     """``(s, scale)``: the float32 ``(ROWS, CP)`` tile of ``s = r + sc * (x + bb)`` (zero outside) and each row's
     scale ``(ROWS,)`` (1 without one)."""
+    x_ptr, r_ptr, bb_ptr, sc_ptr = addends
     cols = tl.arange(0, CP)
     col_ok = cols < C
     s = load_rows(x_ptr, rows, row_ok, C, CP)
@@ -63,19 +69,19 @@ def gelu_and_grad(y):
 
 
 @triton.jit
-def add_norm_fwd_kernel_y(x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, y_ptr, sum_ptr, stats_ptr, R, C, T, eps,
-                          ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                          HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
-                          STORE_SUM: tl.constexpr):
+def add_norm_fwd_kernel_y(addends, norm, y_ptr, sum_ptr, stats_ptr, sizes, eps, ROWS: tl.constexpr, CP: tl.constexpr,
+                          HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
+                          GELU: tl.constexpr, STORE_SUM: tl.constexpr):
     """``y = (s - mean(s)) / sqrt(var(s) + eps) * w + b`` per row (then ``GELU(y)`` where ``GELU``), ``s`` as the
     module docstring gives it; grid ``(cdiv(R, ROWS),)``. Writes ``y`` (``y_ptr``, its own dtype), the row means
     (``stats_ptr[0]``) and ``1 / std`` (``stats_ptr[1]``), float32, and ``s`` (``sum_ptr``) where ``STORE_SUM``."""
+    R, C, T = sizes
+    w_ptr, b_ptr = norm
     rows = tl.program_id(0) * ROWS + tl.arange(0, ROWS)
     row_ok = rows < R
     cols = tl.arange(0, CP)
     col_ok = cols < C
-    s, _ = summed_rows(x_ptr, r_ptr, bb_ptr, sc_ptr, rows, row_ok, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS,
-                       HAS_SCALE)
+    s, _ = summed_rows(addends, rows, row_ok, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE)
     mean = tl.sum(s, axis=1) / C
     centred = tl.where(col_ok[None, :], s - mean[:, None], 0.0)
     rstd = 1.0 / tl.sqrt(tl.sum(centred * centred, axis=1) / C + eps)
@@ -93,10 +99,9 @@ def add_norm_fwd_kernel_y(x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, y_ptr, sum
 
 
 @triton.jit
-def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr, ds_ptr, dx_ptr,
-                       block, R, C, T, ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-                       HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
-                       HAS_DSUM: tl.constexpr):
+def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, addends, stats_ptr, ds_ptr, dx_ptr, block, R, C, T,
+                       ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr,
+                       HAS_SCALE: tl.constexpr, GELU: tl.constexpr, HAS_DSUM: tl.constexpr):
     """Rows ``block * ROWS ..`` of :func:`add_norm_bwd_kernel_dx`: stores their ``ds`` (and ``dx``), returns
     ``(dw, db, dbb)`` with their share added."""
     rows = block * ROWS + tl.arange(0, ROWS)
@@ -105,8 +110,7 @@ def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr
     mask = row_ok[:, None] & (cols[None, :] < C)
     mean = tl.load(stats_ptr + rows, mask=row_ok, other=0.0)
     rstd = tl.load(stats_ptr + R + rows, mask=row_ok, other=0.0)
-    s, scale = summed_rows(x_ptr, r_ptr, bb_ptr, sc_ptr, rows, row_ok, C, T, ROWS, CP, HAS_RESIDUAL,
-                           HAS_BRANCH_BIAS, HAS_SCALE)
+    s, scale = summed_rows(addends, rows, row_ok, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE)
     xh = tl.where(mask, (s - mean[:, None]) * rstd[:, None], 0.0)
     dy = load_rows(dy_ptr, rows, row_ok, C, CP)
     if GELU:  # the gradient through the GELU of the normalised row, rebuilt from xh
@@ -128,20 +132,23 @@ def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr
 
 
 @triton.jit
-def add_norm_bwd_kernel_dx(dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr, b_ptr, stats_ptr, ds_ptr, dx_ptr,
-                           part_ptr, R, C, T, blocks_per_program, ROWS: tl.constexpr, CP: tl.constexpr,
-                           HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr,
-                           GELU: tl.constexpr, HAS_DSUM: tl.constexpr, INTERPRET: tl.constexpr,
-                           INTERPRETED_BLOCKS: tl.constexpr):
+def add_norm_bwd_kernel_dx(grads_in, grads_out, addends, norm, stats_ptr, part_ptr, sizes, blocks_per_program,
+                           ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
+                           HAS_BRANCH_BIAS: tl.constexpr, HAS_SCALE: tl.constexpr, GELU: tl.constexpr,
+                           HAS_DSUM: tl.constexpr):
     """The backward of :func:`add_norm_fwd_kernel_y`; grid ``(programs,)``, program ``p`` taking the row blocks
     ``p * blocks_per_program ..`` (``ROWS`` rows each, :func:`add_norm_bwd_block`). Per row, with ``xh = (s - mean) *
-    rstd`` rebuilt from the addends, ``dy`` passed through the GELU's slope where ``GELU``, and ``g = w * dy``:
+    rstd`` rebuilt from the addends, ``dy`` passed through the GELU's slope where ``GELU``, and ``g = w * dy``
+    (``grads_in = (dy_ptr, dsum_ptr)``: the gradients the norm and the sum received; ``grads_out = (ds_ptr,
+    dx_ptr)``: those written):
     ``ds = (g - xh * mean(g * xh) - mean(g)) * rstd`` (plus ``dsum_ptr``'s rows where ``HAS_DSUM``), stored to
     ``ds_ptr`` (the gradient of ``s``, its own dtype), and ``sc * ds`` to ``dx_ptr`` where ``HAS_SCALE``. The
     program's float32 sums over its rows of ``dy * xh``, ``dy`` and the branch's gradient go to ``part_ptr[p, 0]``,
-    ``[p, 1]`` and ``[p, 2]`` (``(programs, 3, CP)``).
-    Under the interpreter the loop's bound is ``INTERPRETED_BLOCKS``, ``blocks_per_program`` as a constexpr (0 when
-    compiled; why: ``soft_mm/ops/soft/backends/triton/kernels.py``)."""
+    ``[p, 1]`` and ``[p, 2]`` (``(programs, 3, CP)``)."""
+    R, C, T = sizes
+    dy_ptr, dsum_ptr = grads_in
+    ds_ptr, dx_ptr = grads_out
+    w_ptr, b_ptr = norm
     p = tl.program_id(0)
     cols = tl.arange(0, CP)
     w = tl.load(w_ptr + cols, mask=cols < C, other=0.0).to(tl.float32)
@@ -150,10 +157,9 @@ def add_norm_bwd_kernel_dx(dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, w_ptr
     db = tl.zeros((CP,), dtype=tl.float32)
     dbb = tl.zeros((CP,), dtype=tl.float32)
     block = p * blocks_per_program
-    for _ in range(0, INTERPRETED_BLOCKS if INTERPRET else blocks_per_program):
-        dw, db, dbb = add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, x_ptr, r_ptr, bb_ptr, sc_ptr, stats_ptr,
-                                         ds_ptr, dx_ptr, block, R, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS,
-                                         HAS_SCALE, GELU, HAS_DSUM)
+    for _ in range(0, loop_bound(blocks_per_program)):
+        dw, db, dbb = add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, addends, stats_ptr, ds_ptr, dx_ptr, block,
+                                         R, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE, GELU, HAS_DSUM)
         block += 1
     tl.store(part_ptr + (p * 3) * CP + cols, dw)
     tl.store(part_ptr + (p * 3 + 1) * CP + cols, db)

@@ -9,20 +9,20 @@ its backward is one kernel for the gradients of ``s`` and of the branch (``s`` r
 stored) with per-program partial sums of the gradients of the norm's weight and bias and of the branch's bias, summed
 after: two launches. The same kernels without a residual and with a GELU after the norm are the SOFT layers' landmark
 sampler's LayerNorm and GELU (:func:`layer_norm_gelu`). Everywhere else (CPU, a graph being traced or compiled, where
-the compiler fuses the same passes itself) it is the PyTorch form. The sum in float32 is at least as accurate as the
-PyTorch form's, which rounds it to the stream's dtype before normalising.
+the compiler fuses the same passes itself) it is the PyTorch form (:mod:`.add_norm_reference`). The sum in float32 is
+at least as accurate as the PyTorch form's, which rounds it to the stream's dtype before normalising.
 """
 from __future__ import annotations
 
 import functools
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from .. import triton_route
-from ..graph_mode import eager_tensors
+from ... import triton_route
+from ...graph_mode import eager_tensors
 from .add_norm_config import BACKWARD_PROGRAMS, MAX_ADD_NORM_WIDTH, add_norm_rows, padded_width
+from .add_norm_reference import add_layer_norm_reference
 
 __all__ = ['MAX_ADD_NORM_WIDTH', 'add_layer_norm', 'fuses_add_norm', 'layer_norm_gelu']
 
@@ -34,7 +34,7 @@ def _cdiv(a: int, b: int) -> int:
 
 
 def _kernels():
-    return triton_route.load_kernels('soft_mm.ops.functional.add_norm_kernels')
+    return triton_route.load_kernels(f'{__package__}.add_norm_kernels')
 
 
 def fuses_add_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None) -> bool:
@@ -80,7 +80,7 @@ class _AddLayerNorm(torch.autograd.Function):
         flags = dict(HAS_RESIDUAL=residual is not None, HAS_BRANCH_BIAS=branch_bias is not None,
                      HAS_SCALE=branch_scale is not None, GELU=gelu)
         _kernels().add_norm_fwd_kernel_y[(blocks,)](
-            x, r, bb, sc, weight, bias, y, total, stats, rows, width, per_sample, eps, ROWS=tile_rows, CP=padded,
+            (x, r, bb, sc), (weight, bias), y, total, stats, (rows, width, per_sample), eps, ROWS=tile_rows, CP=padded,
             STORE_SUM=return_sum, **flags)
         ctx.save_for_backward(x, r, bb, sc, weight, bias, stats)
         ctx.flags, ctx.per_sample, ctx.shape = flags, per_sample, branch.shape
@@ -109,10 +109,9 @@ class _AddLayerNorm(torch.autograd.Function):
         partials = torch.empty(programs, 3, padded, dtype=torch.float32, device=x.device)
         grad_rows = _rows(grad.expand(rows, width) if grad.ndim == 0 else grad)
         _kernels().add_norm_bwd_kernel_dx[(programs,)](
-            grad_rows, x if grad_total is None else _rows(grad_total), x, r, bb, sc, weight, bias, stats, grad_sum,
-            grad_x, partials, rows, width, ctx.per_sample, per_program, ROWS=tile_rows, CP=padded,
-            HAS_DSUM=grad_total is not None, INTERPRET=triton_route.interpreting(),
-            INTERPRETED_BLOCKS=triton_route.interpreted_bound(per_program), **flags)
+            (grad_rows, x if grad_total is None else _rows(grad_total)), (grad_sum, grad_x), (x, r, bb, sc),
+            (weight, bias), stats, partials, (rows, width, ctx.per_sample), per_program, ROWS=tile_rows, CP=padded,
+            HAS_DSUM=grad_total is not None, **flags)
         grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
         grad_branch = grad_x.to(branch_dtype).reshape(ctx.shape)
         grad_residual = None
@@ -123,20 +122,6 @@ class _AddLayerNorm(torch.autograd.Function):
         return (grad_branch, grad_residual, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype),
                 None if branch_bias_dtype is None else grad_branch_bias.to(branch_bias_dtype), None, None, None, None,
                 None)
-
-
-def _pytorch_form(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
-                  out_dtype: torch.dtype, branch_bias: Tensor | None, branch_scale: Tensor | None,
-                  gelu: bool, return_sum: bool) -> Tensor | tuple[Tensor, Tensor]:
-    s = branch if branch_bias is None else branch + branch_bias
-    if branch_scale is not None:  # (in the branch's dtype, as timm's DropPath scales it)
-        scale = branch_scale.to(s.dtype).reshape(-1, *([1] * (s.ndim - 1)))
-        s = s * scale if residual is None else torch.addcmul(residual, s, scale)
-    elif residual is not None:
-        s = residual + s
-    y = F.layer_norm(s, s.shape[-1:], weight, bias, eps)
-    y = (F.gelu(y) if gelu else y).to(out_dtype)
-    return (s, y) if return_sum else y
 
 
 def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
@@ -168,7 +153,8 @@ def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | Non
     if bias is not None and fuses_add_norm(branch, residual, weight):
         return _AddLayerNorm.apply(branch, residual, weight, bias, branch_bias, branch_scale, float(eps), out_dtype,
                                    bool(gelu), bool(return_sum))
-    return _pytorch_form(branch, residual, weight, bias, eps, out_dtype, branch_bias, branch_scale, gelu, return_sum)
+    return add_layer_norm_reference(branch, residual, weight, bias, eps, out_dtype, branch_bias, branch_scale, gelu,
+                                    return_sum)
 
 
 def layer_norm_gelu(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,

@@ -1,6 +1,6 @@
-"""The launch configuration of the fused add + LayerNorm kernels (:mod:`soft_mm.ops.functional.add_norm_kernels`), in a
-module of plain Python (no torch, no triton), so that ``benchmarks/triton_cubins.py`` compiles them exactly as
-:mod:`soft_mm.ops.functional.add_norm` launches them.
+"""The launch configuration of the fused add + LayerNorm kernels (:mod:`.add_norm_kernels`), in a module of plain
+Python (no torch, no triton), so that ``benchmarks/triton_cubins.py`` compiles them exactly as :mod:`.add_norm_launch`
+launches them.
 """
 from __future__ import annotations
 
