@@ -316,16 +316,14 @@ def _plain_mlp_forward(mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor |
 
 
 def _without_float32_core(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """A softmax attention's forward with its bfloat16 operands attended as they are (no float32 core)."""
-    import functools
+    """A softmax attention's forward with its bfloat16 operands attended as they are (no float32 core): PyTorch's
+    ``scaled_dot_product_attention`` in place of the layer's ``softmax_attention`` during the call."""
+    import torch.nn.functional as F
 
     from soft_mm.models import attention
-    from soft_mm.ops.functional.sdpa import softmax_attention
-
-    plain = functools.partial(softmax_attention, float32_core=False)
 
     def run(*args: Any, **kwargs: Any) -> torch.Tensor:
-        with patched(attention, softmax_attention=plain):
+        with patched(attention, softmax_attention=F.scaled_dot_product_attention):
             return forward(*args, **kwargs)
     return run
 
