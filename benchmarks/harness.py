@@ -3,7 +3,7 @@ and the allocator setting they run under, the backbones compared, and inductor's
 
 The scripts beside it import it as ``harness`` (a script's own folder is first on ``sys.path``; the tests put this
 folder there too). Sizes on the command line are :mod:`soft_mm.utils.sizes`, errors against a reference
-:func:`soft_mm.ops.precision.error_rule.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
+:func:`soft_mm.testing.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
 
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh ``mmap`` and
 returns it on free, so each new large tensor is page-faulted in again: measured here, allocating and filling a 69 MB

@@ -115,7 +115,7 @@ def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = '
 
 def max_norm_error(outs: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> float:
     """The largest ``max |out - exact| / max |exact|`` over the output maps (a max-norm error, as the recorded runs
-    give it; the Frobenius relative error is :func:`soft_mm.ops.precision.error_rule.relative_error`)."""
+    give it; the Frobenius relative error is :func:`soft_mm.testing.error_rule.relative_error`)."""
     return max(float((o.double() - e).abs().max() / e.abs().max()) for o, e in zip(outs, exact))
 
 

@@ -10,13 +10,13 @@ import torch
 
 from soft_mm.ops import soft_attention
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
-from soft_mm.ops.precision.error_rule import RULE_FRACTION, rule_errors, rule_inputs
 from soft_mm.ops.precision.soft_policy import Precision, precision_policy
 from soft_mm.ops.soft import dispatch
 from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS
 from soft_mm.ops.soft.backends.triton.backend import triton_available
 from soft_mm.ops.soft.backends.triton.targets import DeviceLimits
 from soft_mm.ops.soft.dispatch import Backend, BackendFallbackWarning, DispatchError, backends, decide, select
+from soft_mm.testing import RULE_FRACTION, rule_errors, rule_inputs
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
