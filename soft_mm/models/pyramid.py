@@ -265,7 +265,8 @@ class SoftPyramid(nn.Module):
 
     def init_pyramid_weights(self) -> None:
         """timm-style initialisation: truncated-normal linears (the SOFT q/k projections with ``qk_init_std``) and
-        position embeddings, Kaiming convs, norms at unit scale and zero shift."""
+        position embeddings, Kaiming convs, norms at unit scale and zero shift. The timm classifier runs it when it is
+        built; the mm backbone in ``init_weights()``, as mmdet's backbones initialise."""
         qk_weights = {id(m.qk.weight) for m in self.modules() if isinstance(m, SoftAttention)}
         for m in self.modules():
             if isinstance(m, nn.Linear):

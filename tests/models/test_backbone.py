@@ -1,6 +1,6 @@
 """Tests of the SOFT mm backbone: shapes at odd and detection resolutions, bounded landmarks, out_indices,
-frozen_stages, norm_eval, with_cp, stochastic depth, every attention setting, Pretrained init_cfg, the convs' norm_cfg
-(SyncBN) and position embeddings."""
+frozen_stages, norm_eval, with_cp, stochastic depth, every attention setting, init_weights and the Pretrained
+init_cfg, the convs' norm_cfg (SyncBN) and position embeddings."""
 from __future__ import annotations
 
 import math
@@ -20,8 +20,13 @@ NARROW_ARCH = {'embed_dims': (16, 32, 48, 64), 'num_heads': (1, 2, 2, 2), 'depth
 
 
 def make(**kwargs) -> SOFT:
+    """A SOFT model built from seed 0 as training starts it: initialised by ``init_weights()``, unless an ``init_cfg``
+    is given (its test calls ``init_weights()`` itself)."""
     torch.manual_seed(0)
-    return SOFT(**{'arch': 'tiny', **kwargs})
+    model = SOFT(**{'arch': 'tiny', **kwargs})
+    if 'init_cfg' not in kwargs:
+        model.init_weights()
+    return model
 
 
 def make_narrow(**kwargs) -> SOFT:
@@ -519,10 +524,8 @@ def test_bad_constructor_arguments():
 def test_soft_block_norm_and_qk_init_std_options():
     """The two from-scratch options (docs/advanced/attention_health.md): pre-norm SOFT blocks and the q/k
     projections' initial std; the same parameters and keys as the authors' layout, and the defaults are the authors'."""
-    torch.manual_seed(0)
-    default = SOFT('tiny', soft_norm=True, drop_path_rate=0.0)
-    torch.manual_seed(0)
-    changed = SOFT('tiny', soft_norm=True, drop_path_rate=0.0, soft_block_norm='pre', qk_init_std=0.125)
+    default = make(soft_norm=True, drop_path_rate=0.0)
+    changed = make(soft_norm=True, drop_path_rate=0.0, soft_block_norm='pre', qk_init_std=0.125)
     assert default.state_dict().keys() == changed.state_dict().keys()
     assert all(a.shape == b.shape for a, b in zip(default.state_dict().values(), changed.state_dict().values()))
     soft_blocks = [block for stage in changed.stages[:3] for block in stage.blocks]
@@ -543,7 +546,7 @@ def test_soft_block_norm_and_qk_init_std_options():
 
 
 # ---------------------------------------------------------------------------------------------------------------------
-# the convs' norm_cfg
+# init_weights and the convs' norm_cfg
 
 
 def conv_norms(model: nn.Module) -> dict[str, nn.Module]:
@@ -551,6 +554,59 @@ def conv_norms(model: nn.Module) -> dict[str, nn.Module]:
     prefix."""
     return {f'{name}.bn': module.bn for name, module in model.named_modules()
             if isinstance(module, pyramid_module.ConvBNAct)}
+
+
+def test_init_weights_initialises_what_the_constructor_leaves_as_pytorch_creates_it():
+    torch.manual_seed(0)
+    model = SOFT('tiny', soft_norm=True)
+    # built as mmdet's backbones are: PyTorch's own parameter initialisation, zero position embeddings; finite outputs
+    def linear_std() -> float:
+        return torch.cat([m.weight.flatten() for m in model.modules() if isinstance(m, nn.Linear)]).std().item()
+
+    assert all(not stage.pos_embed.any() for stage in model.stages) and linear_std() > 0.024
+    with torch.no_grad():
+        x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))  # (the global seed's draws kept)
+        assert all(bool(torch.isfinite(m).all()) for m in model.eval()(x))
+    model.init_weights()
+    for stage in model.stages:
+        assert abs(stage.pos_embed.std().item() - 0.02) < 0.002
+    assert abs(linear_std() - 0.02) < 0.001  # timm's truncated normal
+    # exactly the pyramid's default initialisation, the one the timm classifier and the benchmarks run
+    torch.manual_seed(0)
+    reference = SOFT('tiny', soft_norm=True)
+    reference.init_pyramid_weights()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    # a second call leaves the weights alone (mmengine warns): a loaded checkpoint is not initialised over
+    before = snapshot(model)
+    model.init_weights()
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+def test_init_weights_loads_a_pretrained_checkpoint_over_the_default_initialisation(tmp_path):
+    torch.manual_seed(1)
+    source = SOFT('tiny')
+    # a checkpoint without stage 4 and the final norm (e.g. a pruned classifier's): those keep the default init
+    kept = {key: value for key, value in source.state_dict().items()
+            if not key.startswith(('stages.3.', 'norm.'))}
+    path = tmp_path / 'partial.pth'
+    torch.save({'state_dict': kept}, path)
+    torch.manual_seed(0)
+    model = SOFT('tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    torch.manual_seed(0)
+    default = SOFT('tiny')
+    default.init_pyramid_weights()
+    for key, value in model.state_dict().items():
+        expected = kept.get(key, default.state_dict()[key])
+        torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=key)
+    assert model.stages[3].pos_embed.any() and not torch.equal(model.stages[3].pos_embed, source.stages[3].pos_embed)
+
+
+def test_init_weights_keeps_frozen_stages_frozen():
+    model = make(frozen_stages=1)
+    assert not any(p.requires_grad for p in model.stages[0].parameters())
+    assert all(p.requires_grad for p in model.stages[1].parameters())
 
 
 def test_norm_cfg_bn_is_the_default_batchnorm():
