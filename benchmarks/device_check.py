@@ -38,7 +38,7 @@ Parts:
    (m = MAX_LANDMARKS with d = MAX_HEAD_DIM, m = 1 with d = 16: the largest and the smallest tiles, launched on the
    device's real shared memory) (float32 within 3e-5, also with TF32 switched on globally as training scripts do;
    bfloat16 and float16 within half the error of the plain math in that dtype or twice the exact result's own
-   rounding to it, the FlashAttention rule of :mod:`soft_mm.ops.precision.error_rule`); the exit status is 1 if any case
+   rounding to it, the FlashAttention rule of :mod:`soft_mm.testing.error_rule`); the exit status is 1 if any case
    fails; a corner the dispatcher does not hand this device's Triton backend is recorded with the reason instead;
 2. the op at 16k, 67k and 267k tokens (batch 2, 2 heads, d = 32, m = 49, SOFT-Norm), bfloat16, float16 and float32,
    forward and forward+backward: Triton, the reference PyTorch math, and ``scaled_dot_product_attention`` on the same
@@ -105,17 +105,12 @@ from triton_cubins import format_table, resource_usage
 import soft_mm
 from soft_mm.ops import naive_soft_attention, soft_attention
 from soft_mm.ops.precision import float32_matmul_precision
-from soft_mm.ops.precision.error_rule import (
-    outputs_and_grads,
-    relative_error,
-    rule_errors,
-    rule_inputs,
-)
 from soft_mm.ops.precision.soft_policy import precision_policy
 from soft_mm.ops.soft.backends.triton.backend import TRITON, unsupported_reason
 from soft_mm.ops.soft.backends.triton.nystrom_config import MAX_HEAD_DIM, MAX_LANDMARKS
 from soft_mm.ops.soft.dispatch import Call, select
 from soft_mm.ops.triton_route import device_limits, triton_available
+from soft_mm.testing import outputs_and_grads, relative_error, rule_errors, rule_inputs
 from soft_mm.utils.atomic import atomic_write_text
 
 FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),

@@ -6,10 +6,11 @@ conv in its two layouts.
     python benchmarks/eager_launches.py --device cpu --sizes 64x96 --batch 1 --dtype float32 --rounds 1
 
 The savings (on in the package): the landmark sampler's pooling matrices built once per size, device and dtype
-instead of by a dozen small kernels in every layer (``soft_mm.ops.functional.pooling.CACHE_MATRICES``), and on CUDA the
-value conv of large filters through PyTorch's NCHW depthwise kernel instead of cuDNN's channels-last one
+instead of by a dozen small kernels in every layer (``soft_mm.ops.functional.pooling``), and on CUDA the value conv of
+large filters through PyTorch's NCHW depthwise kernel instead of cuDNN's channels-last one
 (``soft_mm.ops.functional.head_conv.CUDA_NCHW_MIN_KERNEL``). ``savings off`` switches both off in the same process, so
-the two are timed side by side.
+the two are timed side by side: this script's own switch (:func:`savings`), which builds each pooling matrix on every
+call, as a traced graph does, and raises the NCHW route's smallest filter above any.
 
 1. The value convs (each SOFT stage's at the input size, SOFT-Small's filters): the channels-last map's conv as
    PyTorch routes it (cuDNN on CUDA) and through a contiguous NCHW copy (the copies in and out included), forward and
@@ -77,11 +78,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 @contextlib.contextmanager
 def savings(on: bool) -> Iterator[None]:
     """The package's eager savings as shipped (on) or off inside the block (patched by this benchmark, restored
-    after it)."""
+    after it): off, the pooling matrices are built on every call (the eager cache's lookup replaced by the matrices'
+    construction itself) and no filter takes the NCHW route."""
     if on:
         yield
         return
-    with patched(pooling, CACHE_MATRICES=False), patched(head_conv, CUDA_NCHW_MIN_KERNEL=sys.maxsize):
+    built_every_call = patched(pooling, _eager_pool_matrix=pooling._pool_matrix)
+    with built_every_call, patched(head_conv, CUDA_NCHW_MIN_KERNEL=sys.maxsize):
         yield
 
 

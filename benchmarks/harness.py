@@ -3,7 +3,7 @@ and the allocator setting they run under, the backbones compared, and inductor's
 
 The scripts beside it import it as ``harness`` (a script's own folder is first on ``sys.path``; the tests put this
 folder there too). Sizes on the command line are :mod:`soft_mm.utils.sizes`, errors against a reference
-:func:`soft_mm.ops.precision.error_rule.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
+:func:`soft_mm.testing.relative_error`, the plain SOFT math :func:`soft_mm.ops.naive_soft_attention`.
 
 glibc's malloc serves every allocation above its mmap threshold (at most 32 MB by default) with a fresh ``mmap`` and
 returns it on free, so each new large tensor is page-faulted in again: measured here, allocating and filling a 69 MB
@@ -316,16 +316,14 @@ def _plain_mlp_forward(mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor |
 
 
 def _without_float32_core(forward: Callable[..., torch.Tensor]) -> Callable[..., torch.Tensor]:
-    """A softmax attention's forward with its bfloat16 operands attended as they are (no float32 core)."""
-    import functools
+    """A softmax attention's forward with its bfloat16 operands attended as they are (no float32 core): PyTorch's
+    ``scaled_dot_product_attention`` in place of the layer's ``softmax_attention`` during the call."""
+    import torch.nn.functional as F
 
     from soft_mm.models import attention
-    from soft_mm.ops.functional.sdpa import softmax_attention
-
-    plain = functools.partial(softmax_attention, float32_core=False)
 
     def run(*args: Any, **kwargs: Any) -> torch.Tensor:
-        with patched(attention, softmax_attention=plain):
+        with patched(attention, softmax_attention=F.scaled_dot_product_attention):
             return forward(*args, **kwargs)
     return run
 

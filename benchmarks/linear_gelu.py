@@ -5,14 +5,16 @@ at a detection size and for the whole backbone, side by side in one process.
     python benchmarks/linear_gelu.py                       # SOFT-Norm-Small at 800x1344, 5 interleaved rounds
     python benchmarks/linear_gelu.py --arch tiny --sizes 512x512 --rounds 3
 
-``soft_mm.ops.functional.gelu.linear_gelu`` runs float32 tanh-GELU layers as the GEMM then ``gelu_tanh_``
-(``FLOAT32_TANH_GELU = 'sigmoid'``) and fuses erf-GELU layers of at most ``FUSED_FLOAT32_MAX_IN_FEATURES`` inputs;
-this script measures those choices on the machine it runs on: each distinct fc1 shape of the backbone's MLPs (with
-its own GELU) fused, unfused and, for tanh, in the sigmoid form, and the backbone's forward under the rule (``rule``)
-against fusing every layer within the bound, tanh ones included (``fused_bound``), fusing every layer (``fused``) and
-fusing none, with ``F.gelu`` (``unfused``), the four interleaved per round. Run it under the allocator setting the
-other benchmarks use (``MALLOC_MMAP_THRESHOLD_=4294967296 MALLOC_TRIM_THRESHOLD_=68719476736``,
-benchmarks/harness.py); the table's header says which one it ran under.
+``soft_mm.ops.functional.gelu.linear_gelu`` runs float32 tanh-GELU layers as the GEMM then ``gelu_tanh_`` and fuses
+erf-GELU layers of at most ``FUSED_FLOAT32_MAX_IN_FEATURES`` inputs (the rule); this script measures those choices on
+the machine it runs on: each distinct fc1 shape of the backbone's MLPs (with its own GELU) fused, unfused and, for
+tanh, in the sigmoid form, and the backbone's forward under the rule (``rule``) against fusing every layer within the
+bound, tanh ones included (``fused_bound``), fusing every layer (``fused``) and fusing none, with ``F.gelu``
+(``unfused``), the four interleaved per round. The three alternatives are this script's own, written with the plain
+calls (:data:`VARIANTS`: oneDNN's ``torch.ops.mkldnn._linear_pointwise``, ``F.linear``, ``F.gelu``) and put in place of
+``linear_gelu`` in the blocks' MLPs for the block of each timed call (the library has one rule and no switch). Run it
+under the allocator setting the other benchmarks use (``MALLOC_MMAP_THRESHOLD_=4294967296
+MALLOC_TRIM_THRESHOLD_=68719476736``, benchmarks/harness.py); the table's header says which one it ran under.
 """
 from __future__ import annotations
 
@@ -34,16 +36,36 @@ from harness import (
     write_results,
 )
 
-from soft_mm.models import SOFT
+from soft_mm.models import SOFT, blocks
 from soft_mm.models.blocks import GeluMlp
 from soft_mm.ops.functional import gelu
 
 CPU = torch.device('cpu')
-# (FUSED_FLOAT32_MAX_IN_FEATURES, FLOAT32_TANH_GELU) of each backbone setting
-# ('fused_bound': oneDNN's epilogue for every layer within the bound, tanh included, F.gelu above it)
-SETTINGS = {'rule': (gelu.FUSED_FLOAT32_MAX_IN_FEATURES, gelu.FLOAT32_TANH_GELU),
-            'fused_bound': (gelu.FUSED_FLOAT32_MAX_IN_FEATURES, 'fused'), 'fused': (sys.maxsize, 'fused'),
-            'unfused': (-1, 'plain')}
+
+
+def fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = 'none',
+          ) -> torch.Tensor:
+    """``GELU(linear(x))`` as oneDNN's GEMM with the GELU in its epilogue, at any width and either GELU."""
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, 'gelu', [], approximate)
+
+
+def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = 'none',
+            ) -> torch.Tensor:
+    """``F.gelu(F.linear(x, weight, bias))``: the GEMM, then a pass of the GELU."""
+    return F.gelu(F.linear(x, weight, bias), approximate=approximate)
+
+
+def fused_within_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+                       approximate: str = 'none') -> torch.Tensor:
+    """:func:`fused` for layers of at most ``FUSED_FLOAT32_MAX_IN_FEATURES`` inputs, tanh ones included (the rule
+    before the sigmoid form), :func:`unfused` above."""
+    if weight.shape[1] <= gelu.FUSED_FLOAT32_MAX_IN_FEATURES:
+        return fused(x, weight, bias, approximate)
+    return unfused(x, weight, bias, approximate)
+
+
+# each backbone setting: the fc1 + GELU the blocks' MLPs call (the library's linear_gelu: its rule)
+VARIANTS = {'rule': gelu.linear_gelu, 'fused_bound': fused_within_bound, 'fused': fused, 'unfused': unfused}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -83,9 +105,8 @@ def time_layer(tokens: int, d_in: int, d_out: int, approximate: str, rounds: int
                ) -> dict[str, float | None]:
     """Milliseconds of one fc1 layer with its GELU: fused, unfused and (tanh) in the sigmoid form (None for erf)."""
     x, weight, bias = torch.randn(tokens, d_in), 0.05 * torch.randn(d_out, d_in), torch.randn(d_out)
-    cases = {'fused': (lambda: None, lambda: torch.ops.mkldnn._linear_pointwise(x, weight, bias, 'gelu', [],
-                                                                                approximate)),
-             'unfused': (lambda: None, lambda: F.gelu(F.linear(x, weight, bias), approximate=approximate))}
+    cases = {'fused': (lambda: None, lambda: fused(x, weight, bias, approximate)),
+             'unfused': (lambda: None, lambda: unfused(x, weight, bias, approximate))}
     if approximate == 'tanh':
         # as linear_gelu runs it: the GEMM without the bias, which joins the GELU in cache
         cases['sigmoid'] = (lambda: None, lambda: gelu.gelu_tanh_(F.linear(x, weight), bias))
@@ -94,15 +115,17 @@ def time_layer(tokens: int, d_in: int, d_out: int, approximate: str, rounds: int
 
 
 def time_backbone(model: torch.nn.Module, image: torch.Tensor, rounds: int, repeats: int) -> dict[str, float]:
-    """Seconds of the backbone's forward under each setting of :data:`SETTINGS`."""
+    """Seconds of the backbone's forward under each setting of :data:`VARIANTS` (its function in the blocks' MLPs
+    for the call, put back after it)."""
 
-    def setting(bound: int, tanh: str):
+    def setting(variant):
         def run():
-            with patched(gelu, FUSED_FLOAT32_MAX_IN_FEATURES=bound, FLOAT32_TANH_GELU=tanh):
+            with patched(blocks, linear_gelu=variant):
                 return model(image)
         return run
 
-    return interleaved({name: (lambda: None, setting(*values)) for name, values in SETTINGS.items()}, rounds, repeats)
+    return interleaved({name: (lambda: None, setting(variant)) for name, variant in VARIANTS.items()}, rounds,
+                       repeats)
 
 
 def layer_row(r: dict) -> str:
@@ -112,15 +135,17 @@ def layer_row(r: dict) -> str:
 
 
 def rule_for(d_in: int, approximate: str) -> str:
-    """What the rule (``linear_gelu``'s defaults) runs for a float32 layer."""
-    if approximate == 'tanh' and SETTINGS['rule'][1] != 'fused':
-        return 'sigmoid' if SETTINGS['rule'][1] == 'sigmoid' else 'unfused'
-    return 'fused' if d_in <= SETTINGS['rule'][0] else 'unfused'
+    """What the rule (``linear_gelu``) runs for a float32 layer in CPU inference."""
+    if approximate == 'tanh':
+        return 'sigmoid'
+    return 'fused' if d_in <= gelu.FUSED_FLOAT32_MAX_IN_FEATURES else 'unfused'
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    model = SOFT(arch=args.arch, soft_norm=True).eval()
+    model = SOFT(arch=args.arch, soft_norm=True)
+    model.init_pyramid_weights()  # the default initialisation (init_weights without mmengine's log of it)
+    model.eval()
     allocator = 'tuned' if os.environ.get('MALLOC_MMAP_THRESHOLD_') else 'default'
     header = (f'CPU float32 inference, {torch.get_num_threads()} threads, {cpu_model()}, '
               f'{glibc_malloc_note(allocator)}; median of {args.repeats} calls per round, median of {args.rounds} '
@@ -140,11 +165,11 @@ def main(argv: list[str] | None = None) -> int:
                       '| tokens | in → out | GELU | layers | fused ms | unfused ms | unfused / fused | '
                       'sigmoid form ms (unfused / it) | the rule runs |',
                       '|---|---|---|---|---|---|---|---|---|', *map(layer_row, layers), '',
-                      f'backbone forward (rule: tanh layers {SETTINGS["rule"][1]}, erf layers fused up to '
-                      f'{SETTINGS["rule"][0]} inputs): '
+                      'backbone forward (rule: tanh layers in the sigmoid form, erf layers fused up to '
+                      f'{gelu.FUSED_FLOAT32_MAX_IN_FEATURES} inputs): '
                       + ', '.join(f'{name} {t:.3f} s' for name, t in backbone.items())
                       + '; ' + ', '.join(f'{name} / rule {backbone[name] / backbone["rule"]:.3f}x'
-                                         for name in SETTINGS if name != 'rule'), '']
+                                         for name in VARIANTS if name != 'rule'), '']
     write_results(args.out, 'linear_gelu', '\n'.join([header, '', *lines]), args, **data)
     return 0
 

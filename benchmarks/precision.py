@@ -9,7 +9,7 @@ products (the policy under bfloat16 autocast), on each backend that takes the ca
 bfloat16 (the FlashAttention rule's baseline) and two rejected alternatives written out here: the bfloat16 products
 with the kernel exponent's dot products in bfloat16 too, and those dot products alone in bfloat16. Errors are
 relative Frobenius errors of the output and of grad q; times are medians, rounds interleaved across the variants.
-The inputs imitate a trained layer (``soft_mm.ops.precision.error_rule.rule_inputs``): scaled queries of std 0.42, m
+The inputs imitate a trained layer (``soft_mm.testing.error_rule.rule_inputs``): scaled queries of std 0.42, m
 landmarks near m of them, unit values.
 """
 from __future__ import annotations
@@ -23,8 +23,8 @@ from collections.abc import Callable
 import torch
 
 from soft_mm.ops import gaussian_kernel, naive_soft_attention, newton_inverse, soft_attention
-from soft_mm.ops.precision.error_rule import outputs_and_grads, relative_error, rule_inputs
 from soft_mm.ops.soft.dispatch import DispatchError
+from soft_mm.testing import outputs_and_grads, relative_error, rule_inputs
 
 SETTINGS = dict(soft_norm=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 

@@ -6,7 +6,7 @@ one process, with each one's error against float64.
     python benchmarks/softmax_attention.py --sizes 512x512 --heads 16 --head-dim 32 --rounds 3
 
 Cases, on the same bfloat16 ``(1, heads, N, head_dim)`` operands, forward under ``no_grad``: ``bfloat16`` (PyTorch's
-kernel on them, ``softmax_attention(..., float32_core=False)``) and ``float32_core`` (``softmax_attention``: float32
+kernel on them, ``F.scaled_dot_product_attention`` called directly) and ``float32_core`` (``softmax_attention``: float32
 copies attended, the result cast back), interleaved per round. Errors against the float64 attention of the same
 operands: the mean absolute error and the fraction of outputs equal to the float64 result rounded to bfloat16. Run it
 under the allocator setting the other benchmarks use (``MALLOC_MMAP_THRESHOLD_=4294967296
@@ -48,8 +48,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def run_case(name: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The case ``name`` of :data:`CASES` on the operands, without gradients."""
+    attend = softmax_attention if name == 'float32_core' else F.scaled_dot_product_attention
     with torch.no_grad():
-        return softmax_attention(q, k, v, float32_core=name == 'float32_core')
+        return attend(q, k, v)
 
 
 def measure(tokens: int, heads: int, head_dim: int, rounds: int, repeats: int) -> dict[str, dict[str, float]]:

@@ -115,7 +115,7 @@ def compare(model: nn.Module, sizes: Sequence[tuple[int, int]], backend: str = '
 
 def max_norm_error(outs: Sequence[torch.Tensor], exact: Sequence[torch.Tensor]) -> float:
     """The largest ``max |out - exact| / max |exact|`` over the output maps (a max-norm error, as the recorded runs
-    give it; the Frobenius relative error is :func:`soft_mm.ops.precision.error_rule.relative_error`)."""
+    give it; the Frobenius relative error is :func:`soft_mm.testing.error_rule.relative_error`)."""
     return max(float((o.double() - e).abs().max() / e.abs().max()) for o, e in zip(outs, exact))
 
 
@@ -137,7 +137,9 @@ def main(argv: list[str] | None = None) -> list[dict]:
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
-    model = SOFT(args.arch, soft_norm=args.soft_norm).eval()
+    model = SOFT(args.arch, soft_norm=args.soft_norm)
+    model.init_pyramid_weights()  # the default initialisation (init_weights without mmengine's log of it)
+    model.eval()
     rows = compare(model, args.sizes, args.backend, args.repeats, args.batch, args.dynamic or None,
                    dtype=getattr(torch, args.dtype), freezing=args.freezing, float64_errors=True)
     print(f'SOFT-{args.arch}{" (SOFT-Norm)" if args.soft_norm else ""}, batch {args.batch}, '

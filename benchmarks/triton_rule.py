@@ -1,5 +1,5 @@
 """The Triton backend's low-precision errors against float64 beside the plain math's in the same precision (the
-FlashAttention rule, ``soft_mm.ops.precision.error_rule``): float16 and bfloat16 inputs, and float32 inputs under
+FlashAttention rule, ``soft_mm.testing.error_rule``): float16 and bfloat16 inputs, and float32 inputs under
 float16 / bfloat16 autocast, output and the gradients of q, landmarks and v.
 
     python benchmarks/triton_rule.py [--tokens 300 4096] [--landmarks 49] [--device cuda|cpu]
@@ -38,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     elif not torch.cuda.is_available():
         parser.error('--device cuda needs a CUDA device; use --device cpu (the Triton interpreter)')
     from soft_mm.ops import soft_attention
-    from soft_mm.ops.precision.error_rule import rule_errors, rule_inputs
+    from soft_mm.testing import rule_errors, rule_inputs
 
     print(f'{"tokens":>6}  {"inputs":<28} {"triton: out / grad q / grad l / grad v":<40} '
           f'{"plain in the same precision":<40} worst / bound')

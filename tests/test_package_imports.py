@@ -20,7 +20,7 @@ def run_blocked(tmp_path, code: str, blocked: tuple[str, ...]) -> str:
 
 
 def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
-    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.ops.precision.error_rule, soft_mm.utils.sizes\n'
+    code = ('import sys, torch, soft_mm, soft_mm.ops, soft_mm.testing, soft_mm.utils.sizes\n'
             'from soft_mm.ops import soft_attention\n'
             'q = torch.randn(1, 2, 30, 8, dtype=torch.float64)\n'
             'out = soft_attention(q, q[:, :, :30], q, num_iters=40, ridge=0.0, backend="reference")\n'
@@ -37,7 +37,7 @@ def test_torch_alone_imports_and_runs_the_op_layer(tmp_path):
 
 
 def test_without_mm_packages_the_timm_models_register_and_the_backbone_says_what_it_needs(tmp_path):
-    code = ('import sys, soft_mm, timm, soft_mm.ops.precision.error_rule, harness\n'
+    code = ('import sys, soft_mm, timm, soft_mm.testing, harness\n'
             'from soft_mm.models import SoftPyramid, SoftVisionTransformer\n'
             'print(soft_mm.HAS_MMENGINE, soft_mm.HAS_TIMM, "soft_norm_small" in timm.list_models("soft_*"),\n'
             '      soft_mm.SoftVisionTransformer is SoftVisionTransformer)\n'

@@ -1,5 +1,7 @@
-"""The README is a landing page that cannot drift: at most 200 lines, exactly the two set-up commands, the model zoo
-table read from the metafiles, and every local link of the README and of docs/ resolving to a file (and a heading)."""
+"""The README is a landing page that cannot drift: at most 200 lines, a first section that says what SOFT is and why it
+is linear in at most 15 lines and points to the benchmarks' headline table for the figures, exactly the two set-up
+commands, the model zoo table read from the metafiles, and every local link of the README and of docs/ resolving to a
+file (and a heading)."""
 from __future__ import annotations
 
 import re
@@ -12,6 +14,11 @@ README = ROOT / 'README.md'
 DOCS = sorted((ROOT / 'docs').rglob('*.md'))
 
 MAX_LINES = 200
+# The first section (everything above "## Set up"): what SOFT is and why it is linear; the figures live with their runs
+FIRST_SECTION_MAX_LINES = 15
+HEADLINE_TABLE = 'docs/benchmarks/README.md#headline-ratios'
+# what a run result looks like in prose: a measured ratio (492×, 1.30×; not a size such as 1333×800) or a run's date
+RUN_RESULT = re.compile(r'\d×(?!\s*\d)|\b\d{4}-\d{2}-\d{2}\b')
 # The set-up block that .ci/run runs on a fresh clone.
 SETUP_COMMANDS = ['bash tools/install.sh', 'python -m pytest -n 2 --dist loadgroup']
 ZOO_HEADER = '| model | backbone | published | params (M) |'
@@ -87,6 +94,27 @@ def broken_links(text: str, source: Path) -> list[str]:
 def test_readme_is_a_landing_page_of_at_most_200_lines():
     num_lines = len(README.read_text().splitlines())
     assert num_lines <= MAX_LINES, f'README.md has {num_lines} lines; move detail to docs/ (at most {MAX_LINES})'
+
+
+def first_section(text: str) -> list[str]:
+    """The README's lines above its "## Set up" heading."""
+    return text[:text.index('\n## Set up\n')].splitlines()
+
+
+def test_readme_first_section_is_what_soft_is_in_at_most_15_lines_pointing_once_to_the_headline_table():
+    lines = first_section(README.read_text())
+    assert len(lines) <= FIRST_SECTION_MAX_LINES, (
+        f'the README\'s first section has {len(lines)} lines; say what SOFT is and why it is linear in at most '
+        f'{FIRST_SECTION_MAX_LINES} and move figures and history to docs/benchmarks/ and docs/changelog.md')
+    assert sum(HEADLINE_TABLE in line for line in lines) == 1
+    assert [line for line in lines if RUN_RESULT.search(line)] == []
+    assert 'linear' in ' '.join(lines) and 'Nyström' in ' '.join(lines)
+
+
+def test_the_run_result_pattern_finds_ratios_and_dates_but_not_sizes():
+    found = [bool(RUN_RESULT.search(text)) for text in (
+        '492× faster', 'is 1.30× Swin-T', '(2026-12-04)', 'a 1333×800 image', 'the m × m middle', '16.6 GiB')]
+    assert found == [True, True, True, False, False, False]
 
 
 def test_readme_set_up_block_holds_exactly_the_two_set_up_commands():

@@ -1,15 +1,61 @@
 """``SOFT``: the multi-scale backbone for mmdet and mmseg."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+import functools
+from collections.abc import Mapping, Sequence
+from types import MappingProxyType
 from typing import Any
 
 import torch
 from mmengine.model import BaseModule
 from torch import nn
 
+from .conv import NormLayer
 from .pyramid import SoftPyramid
 from .settings import attention_settings
+
+__all__ = ['DEFAULT_NORM_CFG', 'SOFT', 'conv_norm_layer']
+
+# the norm of the conv stem and the downsampling convs, as mmdet's backbones write it (SyncBN for distributed training)
+DEFAULT_NORM_CFG = MappingProxyType({'type': 'BN', 'requires_grad': True})
+# what torch builds itself where mmcv (whose build_norm_layer knows every registered norm) is not installed
+_TORCH_NORMS = {'BN': nn.BatchNorm2d, 'SyncBN': nn.SyncBatchNorm}
+
+
+def _build_norm(norm_cfg: dict[str, Any], num_features: int) -> nn.Module:
+    """The norm layer of ``norm_cfg`` for ``num_features`` channels: mmcv's ``build_norm_layer`` (the registered
+    types in the current scope, ``requires_grad`` applied), or without mmcv torch's BatchNorm2d / SyncBatchNorm."""
+    layer_type = norm_cfg['type']
+    try:
+        from mmcv.cnn import build_norm_layer
+    except ModuleNotFoundError as err:
+        if (err.name or '').partition('.')[0] != 'mmcv':  # a dependency of an installed mmcv: its own error
+            raise
+        if isinstance(layer_type, str) and layer_type not in _TORCH_NORMS:
+            raise ImportError(f'norm_cfg type {layer_type!r} needs mmcv (bash tools/install.sh); without it '
+                              f'{" and ".join(map(repr, _TORCH_NORMS))} only, or a class') from err
+        build = _TORCH_NORMS[layer_type] if isinstance(layer_type, str) else layer_type
+        options = {key: value for key, value in norm_cfg.items() if key not in ('type', 'requires_grad')}
+        return build(num_features, **options).requires_grad_(norm_cfg.get('requires_grad', True))
+    try:
+        _, layer = build_norm_layer(norm_cfg, num_features)
+    except KeyError as err:
+        raise ValueError(f'norm_cfg: type {layer_type!r} is no norm layer mmcv knows (e.g. \'BN\', \'SyncBN\', '
+                         f'\'GN\' with num_groups, \'IN\')') from err
+    if isinstance(layer, nn.LayerNorm):
+        raise ValueError(f'norm_cfg: type {layer_type!r} normalises the last dim, but the convs\' maps are '
+                         '(B, C, H, W): use a norm over channels (\'BN\', \'SyncBN\', \'GN\', \'IN\')')
+    return layer
+
+
+def conv_norm_layer(norm_cfg: Mapping[str, Any]) -> NormLayer:
+    """``norm_cfg`` (mmcv's norm config: ``type``, a registered name or a class, the layer's own keywords and
+    ``requires_grad``) as the pyramid's ``conv_norm_layer``: ``channels -> module``, built by mmcv's
+    ``build_norm_layer`` where mmcv is installed."""
+    if not isinstance(norm_cfg, Mapping) or not isinstance(norm_cfg.get('type'), (str, type)):
+        raise ValueError(f"norm_cfg must be a dict with a 'type' (a registered name or a class), e.g. "
+                         f"dict(type='SyncBN', requires_grad=True), got {norm_cfg!r}")
+    return functools.partial(_build_norm, dict(norm_cfg))
 
 
 class SOFT(SoftPyramid, BaseModule):
@@ -30,6 +76,11 @@ class SOFT(SoftPyramid, BaseModule):
         drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
         soft_block_norm: ``'post'`` (the authors') or ``'pre'`` norm blocks in the SOFT stages (see ``SoftPyramid``).
         qk_init_std: initial std of the SOFT layers' q/k projection (the authors' 0.02; from-scratch training only).
+        norm_cfg: the norm of the conv stem and of the downsampling convs, mmcv's config as mmdet's backbones take it
+            (``type``, ``requires_grad`` and the layer's keywords; default ``dict(type='BN', requires_grad=True)``);
+            ``dict(type='SyncBN', requires_grad=True)`` for distributed training (mmengine's runner reverts SyncBN to
+            BatchNorm when not distributed). The state-dict keys stay ``...downsample(.k).bn.*``; the blocks' norms
+            are LayerNorms, fixed by the arch.
         compile_stages: None (eager), True or a dict of ``torch.compile`` keywords: each stage compiled as its own
             graph on its first forward, forward and backward (``True``: ``dict(dynamic=True)``, one graph for every
             image size mmdet's batches come in; ``dict(mode='reduce-overhead')`` adds CUDA graphs, one per size).
@@ -40,14 +91,20 @@ class SOFT(SoftPyramid, BaseModule):
         init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
             checkpoint of a classifier or a detector (add ``prefix='backbone.'``), or the authors' release file as
             it is (its ``state_dict``, renamed on load for this arch by ``SoftPyramid._load_from_state_dict``) —
-            missing and unexpected keys are logged.
+            missing and unexpected keys are logged. Applied by :meth:`init_weights`, after the default
+            initialisation.
+
+    As mmdet's backbones, the model is initialised by :meth:`init_weights`, not when it is built: mmengine's runner
+    calls it before training (a model built only to load a checkpoint, for testing or inference, skips it). Until then
+    its parameters are those PyTorch's modules are created with (position embeddings zero), and its outputs finite.
     """
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  out_indices: Sequence[int] = (0, 1, 2, 3), frozen_stages: int = -1, norm_eval: bool = False,
                  with_cp: bool = False, drop_path_rate: float = 0.1, soft_block_norm: str = 'post',
                  qk_init_std: float = 0.02, compile_stages: bool | dict | None = None,
-                 init_cfg: dict | list[dict] | None = None, **attention: Any) -> None:
+                 norm_cfg: Mapping[str, Any] = DEFAULT_NORM_CFG, init_cfg: dict | list[dict] | None = None,
+                 **attention: Any) -> None:
         if isinstance(out_indices, int):
             out_indices = (out_indices,)
         out_indices = tuple(out_indices)
@@ -57,12 +114,23 @@ class SOFT(SoftPyramid, BaseModule):
             raise ValueError(f'frozen_stages must be an int in -1..4, got {frozen_stages!r}')
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
                          with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
-                         qk_init_std=qk_init_std, compile_stages=compile_stages, init_cfg=init_cfg)
+                         qk_init_std=qk_init_std, compile_stages=compile_stages,
+                         conv_norm_layer=conv_norm_layer(norm_cfg), init_cfg=init_cfg)
+        self.norm_cfg = dict(norm_cfg)
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
-        self.init_pyramid_weights()
         self._freeze_stages()
+
+    def init_weights(self) -> None:
+        """The default initialisation (:meth:`~soft_mm.models.pyramid.SoftPyramid.init_pyramid_weights`: timm's
+        truncated-normal linears and position embeddings, Kaiming convs), then mmengine's ``BaseModule.init_weights``:
+        ``init_cfg`` applied over it (a ``Pretrained`` checkpoint loaded non-strictly, so what it lacks keeps the
+        default; other initialisers after the default). Once: a second call only warns, as mmengine's does, and
+        leaves the weights as they are."""
+        if not self._is_init:
+            self.init_pyramid_weights()
+        super().init_weights()
 
     @property
     def out_channels(self) -> list[int]:

@@ -1,6 +1,8 @@
-"""The pyramid's convolutions: conv + BatchNorm + ReLU with the BatchNorm folded into the conv in eval mode, the
-stride-4 stem built of three of them, and conv weights in the input's memory layout."""
+"""The pyramid's convolutions: conv + norm (BatchNorm by default) + ReLU with a BatchNorm folded into the conv in eval
+mode, the stride-4 stem built of three of them, and conv weights in the input's memory layout."""
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import torch
 from timm.layers import register_notrace_function
@@ -8,26 +10,32 @@ from torch import nn
 
 from ..ops.graph_mode import exporting
 
-__all__ = ['STEM_CHANNELS', 'ConvBNAct', 'conv_stem', 'like_input']
+__all__ = ['STEM_CHANNELS', 'ConvBNAct', 'NormLayer', 'conv_stem', 'like_input']
 
 STEM_CHANNELS = 32
+# what builds a conv's norm: ``norm_layer(channels) -> module`` normalising (B, C, H, W) maps over C (torch's
+# BatchNorm2d, SyncBatchNorm, a GroupNorm with its groups bound, or the mm backbone's builder of its norm_cfg)
+NormLayer = Callable[[int], nn.Module]
 
 
 class ConvBNAct(nn.Sequential):
-    """``conv(k, stride, bias) -> BatchNorm -> ReLU``.
+    """``conv(k, stride, bias) -> norm -> ReLU``, the norm built by ``norm_layer(out_channels)`` (BatchNorm by
+    default) and kept as ``bn`` whatever its kind, so the state-dict keys stay ``...bn.*``.
 
-    While the BatchNorm normalises with its running statistics (eval mode, e.g. inference or ``norm_eval=True``
-    training) it is an affine map per channel, and the forward folds it into the conv's weight and bias
-    (``W * s``, ``(b - mean) * s + beta`` with ``s = gamma / sqrt(var + eps)``): one pass over the output map instead
-    of two. The same function of the same parameters, so gradients reach the conv and the BatchNorm's affine
-    parameters as unfolded. In training mode, or once something replaced ``bn`` (e.g. mmcv's ``fuse_conv_bn``), the
-    three modules run one after the other.
+    While a BatchNorm (any ``_BatchNorm``: SyncBatchNorm and mmengine's reverted ``_BatchNormXd`` too) normalises with
+    its running statistics (eval mode, e.g. inference or ``norm_eval=True`` training) it is an affine map per channel,
+    and the forward folds it into the conv's weight and bias (``W * s``, ``(b - mean) * s + beta`` with
+    ``s = gamma / sqrt(var + eps)``): one pass over the output map instead of two. The same function of the same
+    parameters, so gradients reach the conv and the BatchNorm's affine parameters as unfolded. In training mode, for
+    other norms (GroupNorm, InstanceNorm), or once something replaced ``bn`` (e.g. mmcv's ``fuse_conv_bn``), the three
+    modules run one after the other.
     """
 
-    def __init__(self, in_channels: int, out_channels: int, stride: int, kernel_size: int = 3) -> None:
+    def __init__(self, in_channels: int, out_channels: int, stride: int, kernel_size: int = 3,
+                 norm_layer: NormLayer = nn.BatchNorm2d) -> None:
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, kernel_size // 2)
-        self.bn = nn.BatchNorm2d(out_channels)
+        self.bn = norm_layer(out_channels)
         self.act = nn.ReLU(inplace=True)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -61,7 +69,9 @@ def like_input(weight: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     return weight.contiguous(memory_format=torch.channels_last)
 
 
-def conv_stem(in_channels: int, out_channels: int) -> nn.Sequential:
-    """Stride-4 stem: conv3x3 s2 (-> 32), conv3x3 s1 (32), conv3x3 s2 (-> out), each with BN + ReLU."""
-    return nn.Sequential(ConvBNAct(in_channels, STEM_CHANNELS, 2), ConvBNAct(STEM_CHANNELS, STEM_CHANNELS, 1),
-                         ConvBNAct(STEM_CHANNELS, out_channels, 2))
+def conv_stem(in_channels: int, out_channels: int, norm_layer: NormLayer = nn.BatchNorm2d) -> nn.Sequential:
+    """Stride-4 stem: conv3x3 s2 (-> 32), conv3x3 s1 (32), conv3x3 s2 (-> out), each with its norm (``norm_layer``,
+    BatchNorm by default) + ReLU."""
+    return nn.Sequential(ConvBNAct(in_channels, STEM_CHANNELS, 2, norm_layer=norm_layer),
+                         ConvBNAct(STEM_CHANNELS, STEM_CHANNELS, 1, norm_layer=norm_layer),
+                         ConvBNAct(STEM_CHANNELS, out_channels, 2, norm_layer=norm_layer))

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from timm.layers import register_notrace_function
 from torch import nn
+from torch.nn.modules.batchnorm import _BatchNorm
+from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..ops.graph_mode import exporting
@@ -39,7 +41,7 @@ from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU, drop_path_scales
 from .compiled import BUCKET_KEYWORD, CompiledStages, check_compile_stages, padded_input
-from .conv import STEM_CHANNELS, ConvBNAct, conv_stem, like_input  # noqa: F401 (where they were)
+from .conv import STEM_CHANNELS, ConvBNAct, NormLayer, conv_stem, like_input  # noqa: F401 (where they were)
 from .official.layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
 from .weight_cast import cast_once_applies, weights_cast_once
@@ -179,6 +181,9 @@ class SoftPyramid(nn.Module):
         qk_init_std: std of the truncated-normal initialisation of the SOFT layers' shared q/k projection (the
             authors' 0.02 by default, as every other linear). Only a model trained from scratch sees it: with 0.02
             the queries start small against the Gaussian kernel's bandwidth, so the kernel starts near all-ones.
+        conv_norm_layer: ``conv_norm_layer(channels)`` builds the norm of the conv stem's and the downsampling convs'
+            (BatchNorm by default; the mm backbone builds it from its ``norm_cfg``, e.g. SyncBN); each stays
+            ``...downsample(.k).bn`` in the state dict.
     """
 
     # The state-dict layout version (see the module docstring); bump it with a migration in _load_from_state_dict.
@@ -187,7 +192,7 @@ class SoftPyramid(nn.Module):
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
                  drop_path_rate: float = 0.1, with_cp: bool = False, attention: AttentionSettings = AUTHORS_SETTINGS,
                  soft_block_norm: str = 'post', qk_init_std: float = 0.02, compile_stages: bool | dict | None = None,
-                 **base_kwargs: Any) -> None:
+                 conv_norm_layer: NormLayer = nn.BatchNorm2d, **base_kwargs: Any) -> None:
         super().__init__(**base_kwargs)
         self.compile_stages = check_compile_stages(compile_stages)
         self._compiled = CompiledStages()
@@ -214,7 +219,8 @@ class SoftPyramid(nn.Module):
         stages = []
         for i, (dim, heads, kind) in enumerate(zip(self.embed_dims, settings['num_heads'],
                                                    settings['stage_attention'])):
-            downsample = conv_stem(in_channels, dim) if i == 0 else ConvBNAct(self.embed_dims[i - 1], dim, 2)
+            downsample = (conv_stem(in_channels, dim, conv_norm_layer) if i == 0
+                          else ConvBNAct(self.embed_dims[i - 1], dim, 2, norm_layer=conv_norm_layer))
             if kind == 'soft':
                 stride, kernel = next(soft_stage_params)
                 make_attn = partial(SoftAttention, dim, heads, landmark_stride=stride, v_conv_kernel=kernel,
@@ -259,7 +265,8 @@ class SoftPyramid(nn.Module):
 
     def init_pyramid_weights(self) -> None:
         """timm-style initialisation: truncated-normal linears (the SOFT q/k projections with ``qk_init_std``) and
-        position embeddings, Kaiming convs."""
+        position embeddings, Kaiming convs, norms at unit scale and zero shift. The timm classifier runs it when it is
+        built; the mm backbone in ``init_weights()``, as mmdet's backbones initialise."""
         qk_weights = {id(m.qk.weight) for m in self.modules() if isinstance(m, SoftAttention)}
         for m in self.modules():
             if isinstance(m, nn.Linear):
@@ -271,9 +278,11 @@ class SoftPyramid(nn.Module):
                 nn.init.kaiming_normal_(m.weight, mode='fan_out', nonlinearity='relu')
                 if m.bias is not None:
                     nn.init.zeros_(m.bias)
-            elif isinstance(m, (nn.LayerNorm, nn.BatchNorm2d)):
-                nn.init.ones_(m.weight)
-                nn.init.zeros_(m.bias)
+            elif isinstance(m, (nn.LayerNorm, nn.GroupNorm, _BatchNorm, _InstanceNorm)):
+                if m.weight is not None:
+                    nn.init.ones_(m.weight)
+                if m.bias is not None:
+                    nn.init.zeros_(m.bias)
         for stage in self.stages:
             nn.init.trunc_normal_(stage.pos_embed, std=0.02)
 

@@ -9,6 +9,7 @@ from soft_mm.ops.functional import head_conv, pooling
 
 def test_tiny_run_counts_fewer_calls_with_the_savings_and_restores_them(tmp_path, load_benchmark):
     tool = load_benchmark('eager_launches')
+    shipped = pooling._eager_pool_matrix
     # 100x132: the SOFT stages' maps 25x33, 13x17 and 7x9 are pooled to multiples of their strides (32x40, 16x20,
     # 8x10), so all 11 SOFT layers of SOFT-Small build pooling matrices
     assert tool.main(['--device', 'cpu', '--sizes', '100x132', '--batch', '1', '--dtype', 'float32', '--rounds', '1',
@@ -26,7 +27,8 @@ def test_tiny_run_counts_fewer_calls_with_the_savings_and_restores_them(tmp_path
     assert saved >= 11 * 2 * 12, (on, off)
     assert off['step_launches']['launches'] - on['step_launches']['launches'] == saved
     assert all(r['forward_ms'] > 0 and r['step_ms'] > 0 for r in rows.values())
-    assert pooling.CACHE_MATRICES and head_conv.CUDA_NCHW_MIN_KERNEL == 7  # switched back on after the run
+    # switched back on after the run
+    assert pooling._eager_pool_matrix is shipped and head_conv.CUDA_NCHW_MIN_KERNEL == 7
     table = (tmp_path / 'eager_launches.md').read_text()
     assert '| 100x132 | 25x33 | 64 (2) | 9 |' in table and 'ATen operators a forward / a step' in table
 

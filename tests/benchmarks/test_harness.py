@@ -149,7 +149,9 @@ def test_soft_backbones_are_the_mm_backbone_without_mmengine():
     torch.manual_seed(0)
     model = build_backbone('soft_norm_tiny').eval()
     torch.manual_seed(0)
-    mm_backbone = SOFT(arch='tiny', soft_norm=True, drop_path_rate=0.0).eval()
+    mm_backbone = SOFT(arch='tiny', soft_norm=True, drop_path_rate=0.0)
+    mm_backbone.init_weights()  # the same initialisation as the harness's pyramid
+    mm_backbone.eval()
     assert [f'pyramid.{key}' for key in mm_backbone.state_dict()] == list(model.state_dict())
     assert len(model.stages) == 4
     with torch.no_grad():

@@ -17,7 +17,9 @@ RETINANET_DEMO = str(ROOT / 'configs/retinanet_soft_tiny_demo.py')
 
 def _backbone(**kwargs) -> SOFT:
     torch.manual_seed(0)
-    return SOFT(**{'arch': 'tiny', 'landmark_mode': 'avg', 'drop_path_rate': 0.0, **kwargs})
+    model = SOFT(**{'arch': 'tiny', 'landmark_mode': 'avg', 'drop_path_rate': 0.0, **kwargs})
+    model.init_weights()  # the weights training starts from
+    return model
 
 
 def _all_finite(tensors) -> bool:

@@ -17,6 +17,7 @@ class Detector(nn.Module):
         super().__init__()
         torch.manual_seed(0)
         self.backbone = SOFT(NARROW_ARCH, soft_norm=True)
+        self.backbone.init_weights()  # the weights training starts from
         self.neck = nn.Conv2d(64, 8, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from helpers.op_checks import cpu_float16
 
 from soft_mm.models import SoftAttention, SoftmaxAttention
-from soft_mm.ops.precision.error_rule import relative_error
+from soft_mm.testing import relative_error
 
 
 def smooth_tokens(h: int, w: int, dim: int, seed: int = 0, scale: float = 1.0) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """Tests of the SOFT mm backbone: shapes at odd and detection resolutions, bounded landmarks, out_indices,
-frozen_stages, norm_eval, with_cp, stochastic depth, every attention setting, Pretrained init_cfg and position
-embeddings."""
+frozen_stages, norm_eval, with_cp, stochastic depth, every attention setting, init_weights and the Pretrained
+init_cfg, the convs' norm_cfg (SyncBN) and position embeddings."""
 from __future__ import annotations
 
 import math
@@ -20,8 +20,13 @@ NARROW_ARCH = {'embed_dims': (16, 32, 48, 64), 'num_heads': (1, 2, 2, 2), 'depth
 
 
 def make(**kwargs) -> SOFT:
+    """A SOFT model built from seed 0 as training starts it: initialised by ``init_weights()``, unless an ``init_cfg``
+    is given (its test calls ``init_weights()`` itself)."""
     torch.manual_seed(0)
-    return SOFT(**{'arch': 'tiny', **kwargs})
+    model = SOFT(**{'arch': 'tiny', **kwargs})
+    if 'init_cfg' not in kwargs:
+        model.init_weights()
+    return model
 
 
 def make_narrow(**kwargs) -> SOFT:
@@ -519,10 +524,8 @@ def test_bad_constructor_arguments():
 def test_soft_block_norm_and_qk_init_std_options():
     """The two from-scratch options (docs/advanced/attention_health.md): pre-norm SOFT blocks and the q/k
     projections' initial std; the same parameters and keys as the authors' layout, and the defaults are the authors'."""
-    torch.manual_seed(0)
-    default = SOFT('tiny', soft_norm=True, drop_path_rate=0.0)
-    torch.manual_seed(0)
-    changed = SOFT('tiny', soft_norm=True, drop_path_rate=0.0, soft_block_norm='pre', qk_init_std=0.125)
+    default = make(soft_norm=True, drop_path_rate=0.0)
+    changed = make(soft_norm=True, drop_path_rate=0.0, soft_block_norm='pre', qk_init_std=0.125)
     assert default.state_dict().keys() == changed.state_dict().keys()
     assert all(a.shape == b.shape for a, b in zip(default.state_dict().values(), changed.state_dict().values()))
     soft_blocks = [block for stage in changed.stages[:3] for block in stage.blocks]
@@ -540,3 +543,174 @@ def test_soft_block_norm_and_qk_init_std_options():
         SOFT(soft_block_norm='sandwich')
     with pytest.raises(ValueError, match='qk_init_std must be a number in'):
         SOFT(qk_init_std=0.0)
+
+
+# ---------------------------------------------------------------------------------------------------------------------
+# init_weights and the convs' norm_cfg
+
+
+def conv_norms(model: nn.Module) -> dict[str, nn.Module]:
+    """The norm of every conv + norm + ReLU module (the stem's three, the three downsamplings), by its state-dict
+    prefix."""
+    return {f'{name}.bn': module.bn for name, module in model.named_modules()
+            if isinstance(module, pyramid_module.ConvBNAct)}
+
+
+def test_init_weights_initialises_what_the_constructor_leaves_as_pytorch_creates_it():
+    torch.manual_seed(0)
+    model = SOFT('tiny', soft_norm=True)
+    # built as mmdet's backbones are: PyTorch's own parameter initialisation, zero position embeddings; finite outputs
+    def linear_std() -> float:
+        return torch.cat([m.weight.flatten() for m in model.modules() if isinstance(m, nn.Linear)]).std().item()
+
+    assert all(not stage.pos_embed.any() for stage in model.stages) and linear_std() > 0.024
+    with torch.no_grad():
+        x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))  # (the global seed's draws kept)
+        assert all(bool(torch.isfinite(m).all()) for m in model.eval()(x))
+    model.init_weights()
+    for stage in model.stages:
+        assert abs(stage.pos_embed.std().item() - 0.02) < 0.002
+    assert abs(linear_std() - 0.02) < 0.001  # timm's truncated normal
+    # exactly the pyramid's default initialisation, the one the timm classifier and the benchmarks run
+    torch.manual_seed(0)
+    reference = SOFT('tiny', soft_norm=True)
+    reference.init_pyramid_weights()
+    for key, value in reference.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+    # a second call leaves the weights alone (mmengine warns): a loaded checkpoint is not initialised over
+    before = snapshot(model)
+    model.init_weights()
+    assert all(torch.equal(value, before[key]) for key, value in model.state_dict().items())
+
+
+def test_init_weights_loads_a_pretrained_checkpoint_over_the_default_initialisation(tmp_path):
+    torch.manual_seed(1)
+    source = SOFT('tiny')
+    # a checkpoint without stage 4 and the final norm (e.g. a pruned classifier's): those keep the default init
+    kept = {key: value for key, value in source.state_dict().items()
+            if not key.startswith(('stages.3.', 'norm.'))}
+    path = tmp_path / 'partial.pth'
+    torch.save({'state_dict': kept}, path)
+    torch.manual_seed(0)
+    model = SOFT('tiny', init_cfg=dict(type='Pretrained', checkpoint=str(path)))
+    model.init_weights()
+    torch.manual_seed(0)
+    default = SOFT('tiny')
+    default.init_pyramid_weights()
+    for key, value in model.state_dict().items():
+        expected = kept.get(key, default.state_dict()[key])
+        torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=key)
+    assert model.stages[3].pos_embed.any() and not torch.equal(model.stages[3].pos_embed, source.stages[3].pos_embed)
+
+
+def test_init_weights_keeps_frozen_stages_frozen():
+    model = make(frozen_stages=1)
+    assert not any(p.requires_grad for p in model.stages[0].parameters())
+    assert all(p.requires_grad for p in model.stages[1].parameters())
+
+
+def test_norm_cfg_bn_is_the_default_batchnorm():
+    default, given = make(), make(norm_cfg=dict(type='BN', requires_grad=True))
+    assert {type(bn) for bn in conv_norms(default).values()} == {nn.BatchNorm2d}
+    assert default.norm_cfg == given.norm_cfg == {'type': 'BN', 'requires_grad': True}
+    for key, value in default.state_dict().items():
+        torch.testing.assert_close(given.state_dict()[key], value, rtol=0, atol=0, msg=key)
+
+
+def test_norm_cfg_syncbn_keeps_the_keys_and_trains_a_step_on_cpu_after_mmengine_reverts_it():
+    from mmengine.model import revert_sync_batchnorm
+
+    model = make(norm_cfg=dict(type='SyncBN', requires_grad=True), drop_path_rate=0.0)
+    norms = conv_norms(model)
+    assert len(norms) == 6 and all(isinstance(bn, nn.SyncBatchNorm) for bn in norms.values())
+    default = make(drop_path_rate=0.0)
+    assert list(model.state_dict()) == list(default.state_dict())  # ...downsample(.k).bn.* as with BatchNorm
+    # what mmengine's runner does when not distributed (a CPU run): SyncBN back to BatchNorm, the state kept
+    model = revert_sync_batchnorm(model)
+    norms = conv_norms(model)
+    assert not any(isinstance(bn, nn.SyncBatchNorm) for bn in norms.values())
+    assert all(isinstance(bn, nn.modules.batchnorm._BatchNorm) for bn in norms.values())
+    assert list(model.state_dict()) == list(default.state_dict())
+    # a training step: gradients reach the norms' affine parameters, the running statistics move, the step applies
+    before = snapshot(model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    maps = model.train()(torch.randn(2, 3, 64, 96, generator=gen))
+    sum((m * torch.randn(m.shape, generator=gen)).sum() for m in maps).backward()
+    assert all(bn.weight.grad is not None and bn.weight.grad.abs().sum() > 0 for bn in norms.values())
+    optimizer.step()
+    after = model.state_dict()
+    for key in ('stages.0.downsample.0.bn.running_mean', 'stages.2.downsample.bn.running_var',
+                'stages.1.downsample.bn.weight', 'stages.3.downsample.conv.weight'):
+        assert not torch.equal(after[key], before[key]), key
+    # in eval mode the reverted BatchNorm folds into its conv as BatchNorm2d does: the same maps, exactly
+    default.load_state_dict(model.state_dict())
+    x = torch.randn(1, 3, 64, 96, generator=gen)
+    calls = []
+    for bn in norms.values():
+        bn.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        for a, b in zip(model.eval()(x), default.eval()(x)):
+            torch.testing.assert_close(a, b, rtol=0, atol=0)
+    assert calls == []  # folded: the norms themselves never ran
+
+
+def test_syncbn_folds_into_its_conv_in_eval_mode():
+    torch.manual_seed(0)
+    block = pyramid_module.ConvBNAct(5, 7, stride=2, norm_layer=nn.SyncBatchNorm).double().eval()
+    with torch.no_grad():
+        block.bn.running_mean.normal_()
+        block.bn.running_var.uniform_(0.2, 3.0)
+        block.bn.weight.normal_()
+    calls = []
+    block.bn.register_forward_hook(lambda *_: calls.append(1))
+    x = torch.randn(2, 5, 9, 11, dtype=torch.float64)
+    with torch.no_grad():
+        out = block(x)
+        reference = torch.relu(nn.functional.batch_norm(block.conv(x), block.bn.running_mean, block.bn.running_var,
+                                                        block.bn.weight, block.bn.bias, eps=block.bn.eps))
+    assert calls == []
+    torch.testing.assert_close(out, reference, rtol=1e-12, atol=1e-12)
+
+
+def test_norm_cfg_requires_grad_false_freezes_the_conv_norms_only():
+    model = make(norm_cfg=dict(type='BN', requires_grad=False))
+    frozen = {id(p) for bn in conv_norms(model).values() for p in bn.parameters()}
+    assert len(frozen) == 12
+    assert all(p.requires_grad == (id(p) not in frozen) for p in model.parameters())
+
+
+def test_norm_cfg_group_norm_runs_unfolded():
+    model = make(norm_cfg=dict(type='GN', num_groups=8), drop_path_rate=0.0).eval()
+    norms = conv_norms(model)
+    assert all(isinstance(bn, nn.GroupNorm) and bn.num_groups == 8 for bn in norms.values())
+    assert not any(key.endswith('running_mean') for key in model.state_dict())  # GroupNorm keeps no statistics
+    calls = []
+    for bn in norms.values():
+        bn.register_forward_hook(lambda *_: calls.append(1))
+    with torch.no_grad():
+        maps = model(torch.randn(1, 3, 64, 96))
+    assert len(calls) == 6 and [m.shape[1] for m in maps] == list(TINY_DIMS)
+
+
+@pytest.mark.parametrize('norm_cfg, message', [
+    (None, r"norm_cfg must be a dict with a 'type'"),
+    (dict(requires_grad=True), r"norm_cfg must be a dict with a 'type'"),
+    (dict(type='NoSuchNorm'), r"norm_cfg: type 'NoSuchNorm' is no norm layer mmcv knows"),
+    (dict(type='LN'), r"norm_cfg: type 'LN' normalises the last dim, but the convs' maps are \(B, C, H, W\)"),
+])
+def test_bad_norm_cfg_is_named(norm_cfg, message):
+    with pytest.raises(ValueError, match=message):
+        SOFT(arch=NARROW_ARCH, norm_cfg=norm_cfg)
+
+
+def test_without_mmcv_bn_and_syncbn_are_torchs_and_other_types_need_mmcv(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, 'mmcv.cnn', None)  # `from mmcv.cnn import ...` fails as without mmcv
+    model = make(norm_cfg=dict(type='SyncBN', requires_grad=False, momentum=0.3))
+    norms = conv_norms(model).values()
+    assert all(type(bn) is nn.SyncBatchNorm and bn.momentum == 0.3 and not bn.weight.requires_grad for bn in norms)
+    assert list(model.state_dict()) == list(make().state_dict())
+    with pytest.raises(ImportError, match=r"norm_cfg type 'GN' needs mmcv .* without it 'BN' and 'SyncBN' only"):
+        SOFT(arch=NARROW_ARCH, norm_cfg=dict(type='GN', num_groups=4))

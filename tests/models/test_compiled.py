@@ -32,7 +32,9 @@ def test_the_switch_takes_none_true_or_compile_keywords():
 
 def test_each_stage_compiles_once_and_gives_the_eager_maps():
     torch.manual_seed(0)
-    eager = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0).eval()
+    eager = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0)
+    eager.init_weights()  # the weights training starts from
+    eager.eval()
     compiled = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0, compile_stages=dict(backend='eager', dynamic=True)).eval()
     compiled.load_state_dict(eager.state_dict())
     for size in ((64, 96), (96, 64)):  # two sizes, one graph per stage (dynamic sizes)
@@ -55,7 +57,9 @@ def test_the_padded_buckets_give_the_maps_of_the_padded_input_cropped():
         return graph_module.forward
 
     torch.manual_seed(0)
-    eager = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0).eval()
+    eager = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0)
+    eager.init_weights()  # the weights training starts from
+    eager.eval()
     bucketed = SOFT(ARCH, soft_norm=True, drop_path_rate=0.0,
                     compile_stages=dict(backend=counting_backend, dynamic=False, pad_size_divisor=64)).eval()
     bucketed.load_state_dict(eager.state_dict())

@@ -10,12 +10,12 @@ import torch
 
 from soft_mm.ops import soft_attention
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
-from soft_mm.ops.precision.error_rule import RULE_FRACTION, rule_errors, rule_inputs
 from soft_mm.ops.precision.soft_policy import Precision, precision_policy
 from soft_mm.ops.soft import dispatch
 from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS
-from soft_mm.ops.soft.dispatch import Backend, BackendFallbackWarning, DispatchError, backends, decide, select_backend
+from soft_mm.ops.soft.dispatch import Backend, BackendFallbackWarning, DispatchError, backends, decide, select
 from soft_mm.ops.triton_route import DeviceLimits, triton_available
+from soft_mm.testing import RULE_FRACTION, rule_errors, rule_inputs
 
 FP32 = Precision(torch.float32, torch.float32, torch.float32, torch.float32)
 BF16_PRODUCTS = Precision(torch.bfloat16, torch.float32, torch.float32, torch.float32)
@@ -33,7 +33,7 @@ def an_h100_where_there_is_no_gpu(monkeypatch):
 
 
 def pick(device='cpu', dtype=torch.float32, precision=FP32, tokens=100, grad=True, mode='eager', name=None):
-    return select_backend(device, dtype, precision, tokens, grad, mode, name).name
+    return select(device, dtype, precision, tokens, grad, mode, name)[0].name
 
 
 def test_built_in_backends_declare_their_support():
@@ -45,7 +45,6 @@ def test_built_in_backends_declare_their_support():
     assert reference.compile and reference.export and 'cuda' in reference.devices
     assert tiled.compile and not tiled.export and tiled.devices == ('cpu',)
     assert tiled.min_tokens == AUTO_TILING_MIN_TOKENS and dict(tiled.options) == {'tile_size': 4096}
-    assert 'eager, compile;' in tiled.describe() and 'eager, compile, export' in reference.describe()
 
 
 def test_automatic_choice():
@@ -116,18 +115,17 @@ def test_every_reason_of_every_backend_is_listed():
 def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkeypatch):
     sizes = dict(num_landmarks=64, head_dim=64, value_dim=64)
     expected = 'triton' if triton_available() else 'reference'
-    assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **sizes).name == expected
+    assert select('cuda', torch.float32, FP32, 10 ** 5, True, **sizes)[0].name == expected
     # m = 65..128 (the m×m kernel), d or d_v = 128 (every backward) or m = 196 (landmark_grid=14): the kernels would
     # ask for more shared memory than an A100 has per block (test_triton_cubins.py), the reference runs
     for too_big in (dict(num_landmarks=65), dict(num_landmarks=196), dict(head_dim=65), dict(value_dim=128)):
-        assert select_backend('cuda', torch.float32, FP32, 10 ** 5, True, **{**sizes, **too_big}).name == 'reference'
+        assert select('cuda', torch.float32, FP32, 10 ** 5, True, **{**sizes, **too_big})[0].name == 'reference'
     triton = {b.name: b for b in backends()}['triton']
-    assert (triton.max_landmarks, triton.max_head_dim) == (64, 64) and 'm <= 64; d, d_v <= 64' in triton.describe()
+    assert (triton.max_landmarks, triton.max_head_dim) == (64, 64)
     monkeypatch.delenv('TRITON_INTERPRET', raising=False)
     monkeypatch.setattr('soft_mm.ops.triton_route.triton_available', lambda: True)
     with pytest.raises(DispatchError) as info:
-        select_backend('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160,
-                       value_dim=32)
+        select('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160, value_dim=32)
     assert str(info.value) == (
         "soft_attention: backend 'triton' runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for "
         "tests) or inside soft_mm.ops.triton_route.interpreted_triton_route(), does not take torch.float64 inputs, "
@@ -236,7 +234,7 @@ def test_the_kept_decisions_are_bounded_and_follow_what_the_checks_read(fresh_de
         decide('cpu', torch.float32, FP32, 100, False, num_landmarks=m)
         assert len(dispatch._DECISIONS) <= 8
     # the token count matters only through the backends' thresholds: one decision for every count on one side
-    dispatch.clear_decisions()
+    dispatch._DECISIONS.clear()
     for tokens in (1, 100, AUTO_TILING_MIN_TOKENS):
         assert decide('cpu', torch.float32, FP32, tokens, False)[0].name == 'reference'
     assert len(dispatch._DECISIONS) == 1
@@ -268,8 +266,8 @@ def test_soft_attention_decides_through_the_kept_decisions_only_when_eager(fresh
     torch._dynamo.reset()
 
 
-def test_passing_over_a_backend_on_a_gpu_is_announced_once_per_device_and_reason(fresh_decisions,
-                                                                                 a_triton_the_kernels_take, monkeypatch):
+def test_passing_over_a_backend_on_a_gpu_is_announced_once_per_device_and_reason(
+        fresh_decisions, a_triton_the_kernels_take, monkeypatch):
     from soft_mm.ops.soft.backends.triton import backend as triton_module
     v100 = DeviceLimits('Tesla V100-SXM2-32GB', (7, 0), 98_304)
     monkeypatch.setattr(triton_module, 'device_limits', lambda index=None: v100)
@@ -295,8 +293,9 @@ def test_passing_over_a_backend_on_a_gpu_is_announced_once_per_device_and_reason
         decide('cuda', torch.float32, FP32, 10 ** 5, True, device_index=1, **sizes)
     with pytest.warns(BackendFallbackWarning, match='does not take torch.float64 inputs'):
         decide('cuda', torch.float64, Precision(*[torch.float64] * 4), 10 ** 5, True, device_index=0, **sizes)
-    # a user silences it by its category
-    dispatch.clear_decisions()
+    # a user silences it by its category (the decisions and announcements forgotten: all is new again)
+    monkeypatch.setattr(dispatch, '_DECISIONS', {})
+    monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
     with warnings.catch_warnings():
         warnings.simplefilter('error')
         warnings.filterwarnings('ignore', category=BackendFallbackWarning)
@@ -355,8 +354,9 @@ def test_float16_products_run_where_the_sums_are_stored_in_float32_and_fall_back
     forced = precision_policy('cpu', torch.float16, 'float16')
     with pytest.raises(DispatchError, match="backend 'reference' has no float16 products with float32 accumulation"):
         dispatch.select('cpu', torch.float16, forced, 100, True, name='reference')
-    assert 'triton (priority 20): devices cuda/cpu; dtypes float16, bfloat16, float32; bfloat16/float16 products' in \
-        {b.name: b for b in backends()}['triton'].describe()
+    triton = {b.name: b for b in backends()}['triton']
+    assert (triton.priority, triton.devices, triton.dtypes, triton.product_dtypes) == (
+        20, ('cuda', 'cpu'), (torch.float16, torch.bfloat16, torch.float32), (torch.bfloat16, torch.float16))
 
 
 def test_bad_precision_raises():

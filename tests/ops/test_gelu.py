@@ -127,18 +127,6 @@ def test_gelu_mlp_is_timms_mlp(act_layer):
         torch.testing.assert_close(ours.double()(x.double()), timms.double()(x.double()), rtol=0, atol=1e-15)
 
 
-@needs_onednn
-@pytest.mark.parametrize('choice', gelu.FLOAT32_TANH_GELU_CHOICES)
-def test_float32_tanh_choice_is_taken(choice, monkeypatch, fused_calls, sigmoid_form_calls):
-    monkeypatch.setattr(gelu, 'FLOAT32_TANH_GELU', choice)
-    x, weight, bias = layer(torch.float32)
-    with torch.no_grad():
-        out = linear_gelu(x, weight, bias, 'tanh')
-    assert fused_calls == [torch.float32 if choice == 'fused' else None]
-    assert len(sigmoid_form_calls) == (choice == 'sigmoid')
-    torch.testing.assert_close(out, F.gelu(F.linear(x, weight, bias), approximate='tanh'), rtol=1e-6, atol=1e-6)
-
-
 @pytest.mark.parametrize('dtype', [torch.float32, torch.float64])
 def test_gelu_tanh_in_place_is_the_tanh_gelu(dtype):
     """Values from -1e4 to 1e4, chunks that do not divide the tensor: against the function in float64, no further off

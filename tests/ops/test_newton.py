@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from soft_mm.ops import exact_inverse, gaussian_kernel, newton_inverse
-from soft_mm.ops.precision.error_rule import relative_error
+from soft_mm.testing import relative_error
 
 
 def separated_kernel(m: int, seed: int = 0) -> torch.Tensor:

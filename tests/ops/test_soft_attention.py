@@ -6,7 +6,7 @@ from torch.overrides import TorchFunctionMode
 
 from soft_mm.ops import gaussian_kernel, naive_soft_attention, soft_attention
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST, matmul
-from soft_mm.ops.precision.error_rule import relative_error
+from soft_mm.testing import relative_error
 
 
 def random_inputs(batch=2, heads=3, num_tokens=32, num_landmarks=6, head_dim=4, value_dim=5, spread=1.0, seed=0,

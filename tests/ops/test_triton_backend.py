@@ -9,7 +9,7 @@ import torch
 from helpers.op_checks import triton_kernels
 
 from soft_mm.ops import soft_attention
-from soft_mm.ops.precision.error_rule import RULE_FRACTION, relative_error, rule_errors, rule_inputs
+from soft_mm.testing import RULE_FRACTION, relative_error, rule_errors, rule_inputs
 
 pytestmark = triton_kernels
 

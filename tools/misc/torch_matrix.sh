@@ -13,10 +13,10 @@
 #   newest     torch 2.14.1 (the newest this index installs; the main environment of `bash tools/install.sh`)
 #
 # Each venv holds torch, torchvision, numpy, timm, pytest and pytest-xdist only (no mm* package: the op layer imports
-# with torch alone). In each, the script prints the versions and runs tests/ops, the whole-model compile test
-# (tests/models/test_compile.py), the Triton rule's test and the device check's `--smoke` (started from outside the
-# repository, as on the GPU machine), and ends with one line per entry: versions, pytest's counts, the smoke run's
-# exit status. Exit status 1 when any entry failed.
+# with torch alone). In each, the script prints the versions and runs tests/ops, tests/testing (the FlashAttention
+# rule), the whole-model compile test (tests/models/test_compile.py), the Triton rule's test and the device check's
+# `--smoke` (started from outside the repository, as on the GPU machine), and ends with one line per entry: versions,
+# pytest's counts, the smoke run's exit status. Exit status 1 when any entry failed.
 #
 # Environment: SOFT_MM_CACHE (default ~/.cache/soft_mm) holds the venvs in venvs/torch-ENTRY; PYTHON the interpreter
 # that creates them (default python3); SOFT_MM_MATRIX_WORKERS pytest workers per entry (default 2).
@@ -62,7 +62,7 @@ print(f"torch {torch.__version__}, triton {triton.__version__ if triton else Non
     echo "$versions"
     log="$CACHE/logs/torch_matrix-$entry.log"
     mkdir -p "$(dirname "$log")"
-    (cd "$ROOT" && "$venv/bin/python" -m pytest -p no:cacheprovider -n "$WORKERS" tests/ops \
+    (cd "$ROOT" && "$venv/bin/python" -m pytest -p no:cacheprovider -n "$WORKERS" tests/ops tests/testing \
         tests/models/test_compile.py tests/benchmarks/test_triton_rule.py 2>&1) | tee "$log" | tail -n 15
     counts=$(grep -E '(passed|failed|error).* in [0-9.]+s' "$log" | tail -n 1 | sed 's/=//g; s/^ *//; s/ *$//')
     case "$counts" in *failed*|*error*) FAILED=1 ;; esac

@@ -13,8 +13,8 @@ is bound by writing its wide output and the saved pass pays, while for wider inp
 than the BLAS one that ``F.linear`` calls). The tanh approximation in float32 inference (SOFT's stages 1-3) takes
 neither: its tanh is the costliest part of the layer after the GEMM, in ``F.gelu`` as in oneDNN's epilogue, so the BLAS
 GEMM (without the bias) is followed by :func:`gelu_tanh_`, the bias added and the same function written as
-``x * sigmoid(2 u)`` computed in place, chunk by chunk in cache (:data:`FLOAT32_TANH_GELU`;
-docs/benchmarks/layer_kernels.md). Every other call is
+``x * sigmoid(2 u)`` computed in place, chunk by chunk in cache (docs/benchmarks/layer_kernels.md;
+``benchmarks/linear_gelu.py`` times it against oneDNN's epilogue and ``F.gelu``). Every other call is
 ``F.gelu(F.linear(x, weight, bias), approximate)`` itself. All agree to float32 rounding; in bfloat16 the fused result
 is rounded once (from the float32 accumulator) where the unfused one is rounded twice, so they may differ by one
 bfloat16 step.
@@ -31,17 +31,13 @@ from torch import Tensor
 from ..graph_mode import eager_cpu_inference
 from ..precision.autocast import autocast_dtype
 
-__all__ = ['FLOAT32_TANH_GELU', 'FUSED_DTYPES', 'FUSED_FLOAT32_MAX_IN_FEATURES', 'fused_dtypes',
-           'fused_linear_gelu_available', 'gelu_tanh_', 'linear_gelu']
+__all__ = ['FUSED_DTYPES', 'FUSED_FLOAT32_MAX_IN_FEATURES', 'fused_dtypes', 'fused_linear_gelu_available',
+           'gelu_tanh_', 'linear_gelu']
 
 FUSED_DTYPES = (torch.float32, torch.bfloat16)
 # float32 erf-GELU layers with more inputs run unfused (BLAS GEMM, then GELU); bfloat16 ones are fused at any width
 # (oneDNN is the CPU's bfloat16 GEMM either way)
 FUSED_FLOAT32_MAX_IN_FEATURES = 128
-# float32 tanh-GELU in CPU inference: 'sigmoid' (the BLAS GEMM, then gelu_tanh_ in place), 'fused' (oneDNN's epilogue,
-# within FUSED_FLOAT32_MAX_IN_FEATURES) or 'plain' (F.gelu); benchmarks/linear_gelu.py measures the three
-FLOAT32_TANH_GELU = 'sigmoid'
-FLOAT32_TANH_GELU_CHOICES = ('sigmoid', 'fused', 'plain')
 GELU_APPROXIMATIONS = ('none', 'tanh')
 # gelu_tanh_'s elements per chunk: 4 MB of float32 scratch, held in cache across the chunk's passes (and below glibc's
 # mmap threshold, so the scratch is reused heap memory, not page-faulted in afresh)
@@ -83,12 +79,12 @@ def _compute_dtype(x: Tensor) -> torch.dtype | None:
 
 def _fusable(x: Tensor, weight: Tensor, approximate: str, inference: bool) -> torch.dtype | None:
     """The dtype of oneDNN's fused kernel for the call, or None where the rule runs it unfused (``inference``: an eager
-    CPU call without gradients, :func:`~soft_mm.ops.graph_mode.eager_cpu_inference`)."""
+    CPU call without gradients, :func:`~soft_mm.ops.graph_mode.eager_cpu_inference`; float32 tanh-GELU layers take
+    :func:`gelu_tanh_` instead)."""
     if not inference or not fused_linear_gelu_available():
         return None
     dtype = _compute_dtype(x)
-    if dtype == torch.float32 and (weight.shape[1] > FUSED_FLOAT32_MAX_IN_FEATURES
-                                   or (approximate == 'tanh' and FLOAT32_TANH_GELU != 'fused')):
+    if dtype == torch.float32 and (weight.shape[1] > FUSED_FLOAT32_MAX_IN_FEATURES or approximate == 'tanh'):
         return None
     return dtype
 
@@ -146,8 +142,7 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approxima
     inference = eager_cpu_inference(x, weight, bias)
     dtype = _fusable(x, weight, approximate, inference)
     if dtype is None:
-        if (inference and approximate == 'tanh' and FLOAT32_TANH_GELU == 'sigmoid' and x.dtype == torch.float32
-                and autocast_dtype('cpu') is None):
+        if inference and approximate == 'tanh' and x.dtype == torch.float32 and autocast_dtype('cpu') is None:
             # the GEMM without the bias (no pass that copies it into the output first); the bias joins in cache
             return gelu_tanh_(F.linear(x, weight), bias)
         return F.gelu(F.linear(x, weight, bias), approximate=approximate)

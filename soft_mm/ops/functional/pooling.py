@@ -14,8 +14,6 @@ from ..graph_mode import eager_tensors
 
 __all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens']
 
-CACHE_MATRICES = True  # eager runs build each pooling matrix once (False: every call, for A/B benchmarks)
-
 
 def _pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
     """``(out_size, in_size)`` averaging matrix of adaptive pooling: row i averages inputs
@@ -39,8 +37,7 @@ def _eager_pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
     """:func:`_pool_matrix`, built once per size, device and dtype in eager runs (a dozen small kernels fewer per call
     on a GPU, where eager time goes to launches); traced and compiled graphs, calls under a dispatch mode that traces
     (fake tensors, a tracer) and a CUDA graph's capture build it as they go."""
-    if (not CACHE_MATRICES or not eager_tensors(like)
-            or (like.is_cuda and torch.cuda.is_current_stream_capturing())):
+    if not eager_tensors(like) or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _pool_matrix(in_size, out_size, like)
     return _cached_pool_matrix(int(in_size), int(out_size), like.device, like.dtype)
 

@@ -21,11 +21,11 @@ from ..precision.autocast import no_autocast
 __all__ = ['softmax_attention']
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor, float32_core: bool = True) -> Tensor:
-    """``F.scaled_dot_product_attention(q, k, v)`` (default scale, no mask) of ``(B, h, N, d)`` operands; with
-    ``float32_core`` bfloat16 operands in eager CPU inference are attended in float32 and the result cast back to
-    bfloat16 (the module docstring gives the reason)."""
-    if float32_core and q.dtype == torch.bfloat16 and eager_cpu_inference(q, k, v):
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """``F.scaled_dot_product_attention(q, k, v)`` (default scale, no mask) of ``(B, h, N, d)`` operands; bfloat16
+    operands in eager CPU inference are attended in float32 and the result cast back to bfloat16 (the module docstring
+    gives the reason)."""
+    if q.dtype == torch.bfloat16 and eager_cpu_inference(q, k, v):
         with no_autocast(q.device):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v)

@@ -37,7 +37,7 @@ from ..precision.soft_policy import Precision
 from ..triton_route import cpu_route
 
 __all__ = ['MAX_DECISIONS', 'Backend', 'BackendFallbackWarning', 'Call', 'DispatchError', 'announce_fallback',
-           'backends', 'clear_decisions', 'decide', 'register_backend', 'select', 'select_backend']
+           'backends', 'decide', 'register_backend', 'select']
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the most call signatures whose decisions :func:`decide` keeps (and announcements it remembers); beyond, it starts
@@ -174,24 +174,6 @@ class Backend:
             reasons.append(f'is chosen automatically only above {self.min_tokens} tokens')
         return reasons
 
-    def describe(self) -> str:
-        """One line of its declared support."""
-        dtypes = ', '.join(str(d).replace('torch.', '') for d in self.dtypes)
-        products = '/'.join(str(d).replace('torch.', '') for d in self.product_dtypes)
-        flags = [f'devices {"/".join(self.devices)}', f'dtypes {dtypes}',
-                 f'{products} products' if self.mixed_precision else 'no mixed precision',
-                 'backward' if self.backward else 'no backward',
-                 'eager' + (', compile' if self.compile else '') + (', export' if self.export else '')]
-        if self.max_landmarks is not None:
-            flags.append(f'm <= {self.max_landmarks}')
-        if self.max_head_dim is not None:
-            flags.append(f'd, d_v <= {self.max_head_dim}')
-        if self.min_tokens:
-            flags.append(f'automatic above {self.min_tokens} tokens')
-        if self.middle is not None:
-            flags.append('fused m×m middle')
-        return f'{self.name} (priority {self.priority}): ' + '; '.join(flags)
-
 
 _BACKENDS: dict[str, Backend] = {}
 # the same, highest priority first: sorted once per registration, not per call (dynamo before torch 2.5 cannot trace
@@ -247,7 +229,7 @@ def _select(device_type: str, dtype: torch.dtype, precision: Precision, num_toke
             device_index: int | None) -> tuple[Backend, Precision, Call]:
     """:func:`select`, and the :class:`Call` of the policy it chose."""
     if mode not in GRAPH_MODES:
-        raise ValueError(f'select_backend: mode must be one of {GRAPH_MODES}, got {mode!r}')
+        raise ValueError(f'select: mode must be one of {GRAPH_MODES}, got {mode!r}')
     if name is not None and name not in _BACKENDS:
         raise ValueError(f'soft_attention: backend={name!r} is not one of {sorted(_BACKENDS)} (or None)')
     candidates = [_BACKENDS[name]] if name is not None else backends()
@@ -265,11 +247,6 @@ def _select(device_type: str, dtype: torch.dtype, precision: Precision, num_toke
         raise DispatchError(f'soft_attention: backend {name!r} {refusals[0]}')
     raise DispatchError(f'soft_attention: no backend fits {device_type} {dtype} inputs of {num_tokens} tokens: '
                         + '; '.join(f'{b.name} {r}' for b, r in zip(candidates, refusals)))
-
-
-def select_backend(*args, **kwargs) -> Backend:
-    """:func:`select`'s backend alone."""
-    return select(*args, **kwargs)[0]
 
 
 def decide(device_type: str, dtype: torch.dtype, precision: Precision, num_tokens: int, needs_grad: bool,
@@ -331,8 +308,3 @@ def announce_fallback(device_type: str, device_index: int | None, passed_over: s
                   'device and reason; soft_mm.ops.soft.dispatch.BackendFallbackWarning is its category)',
                   BackendFallbackWarning, stacklevel=2)
 
-
-def clear_decisions() -> None:
-    """Forget the decisions :func:`decide` keeps and the announcements made (each is made again when next due)."""
-    _DECISIONS.clear()
-    _ANNOUNCED.clear()

@@ -1,5 +1,5 @@
 """The SOFT math written plainly: the one naive reference of the op (as flash-linear-attention keeps a ``naive.py``
-beside each op). The backends are checked against it, the FlashAttention rule (:mod:`soft_mm.ops.precision.error_rule`)
+beside each op). The backends are checked against it, the FlashAttention rule (:mod:`soft_mm.testing.error_rule`)
 takes it as its baseline, and the benchmarks time it as the plain-PyTorch SOFT math."""
 from __future__ import annotations
 

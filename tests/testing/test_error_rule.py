@@ -1,4 +1,4 @@
-"""soft_mm.ops.precision.error_rule: the FlashAttention rule's two bounds, half the plain math's error or twice the
+"""soft_mm.testing.error_rule: the FlashAttention rule's two bounds, half the plain math's error or twice the
 exact result's own rounding to the low dtype, whichever is larger."""
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from soft_mm.ops import naive_soft_attention
-from soft_mm.ops.precision.error_rule import ROUNDING_MULTIPLE, RULE_FRACTION, RuleErrors, rule_errors, rule_inputs
+from soft_mm.testing import ROUNDING_MULTIPLE, RULE_FRACTION, RuleErrors, rule_errors, rule_inputs
 
 SETTINGS = dict(soft_norm=True, ridge=0.01)
 

@@ -7,8 +7,8 @@ must be at most :data:`RULE_FRACTION` of the plain math's, both measured against
 (as FlashAttention is held to a multiple of the error of standard attention in the same precision), or at most
 :data:`ROUNDING_MULTIPLE` times the error of the exact result rounded once to the low dtype, the least error any
 result stored in it can have (the bound that applies where the plain math is itself within a few roundings of
-exact, as at one landmark of 16 channels). The op's tests apply it to every backend (``tests/ops``), and
-``benchmarks/device_check.py`` on a GPU.
+exact, as at one landmark of 16 channels). The op's tests apply it to every backend (``tests/ops``),
+``benchmarks/device_check.py`` on a GPU, and a user to a low-precision run of their own.
 """
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from ..soft.naive import naive_soft_attention
+from ..ops import naive_soft_attention
 
 __all__ = ['ROUNDING_MULTIPLE', 'RULE_FRACTION', 'RuleErrors', 'outputs_and_grads', 'relative_error', 'rule_errors',
            'rule_inputs']
