@@ -1,7 +1,7 @@
 """Shared test fixtures: tools and benchmarks loaded by path, and random checkpoints in the authors' (fudan-zvg/SOFT)
 layout, generated from their key/shape lists.
 
-``converters/official_keys/soft_<size>.txt`` list every key and shape of the authors' five model definitions (the
+``models/official/official_keys/soft_<size>.txt`` list every key and shape of the authors' five model definitions (the
 second header line gives their parameter count); the tensors are random with the magnitudes of a trained network.
 """
 from __future__ import annotations
@@ -83,7 +83,7 @@ def pytest_collection_modifyitems(config, items):
 
     Tests of what the installed stack does not have (:data:`ABSENT`: the Triton kernels under a triton older than
     they need, float16 on CPU before torch 2.3, a CUDA device) do not apply: deselected and counted in the summary,
-    not skipped (tests/ops/test_dispatch.py holds the Triton backend's refusal with its reason there)."""
+    not skipped (tests/ops/soft/test_dispatch.py holds the Triton backend's refusal with its reason there)."""
     if os.environ.get('PYTEST_XDIST_WORKER'):
         items.sort(key=lambda item: (item.get_closest_marker('xdist_group') is None,
                                      item.get_closest_marker('slow') is None))
@@ -152,7 +152,7 @@ def load_benchmark() -> Callable[[str], ModuleType]:
     ``harness``: pyproject's pythonpath puts benchmarks/ on ``sys.path``)."""
     return lambda name: _load_script(ROOT / 'benchmarks' / f'{name}.py')
 
-KEYS_DIR = Path(__file__).parent / 'converters' / 'official_keys'
+KEYS_DIR = Path(__file__).parent / 'models' / 'official' / 'official_keys'
 OFFICIAL_VARIANTS = ('tiny', 'small', 'medium', 'large', 'huge')
 # Scale of the landmark LayerNorm: landmarks ~0.3 per coordinate keep the Gaussian kernels K1 and A in (0.01, 1)
 # (a unit scale gives A ~ identity and K1 ~ 1e-3, where the Nystrom term hardly matters and a test sees little).

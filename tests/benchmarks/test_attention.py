@@ -1,5 +1,5 @@
 """Tests of benchmarks/attention.py: its baselines compute what they claim (the plain math is the library's naive
-reference, tested in tests/ops/test_soft_attention.py), and a tiny run writes its outputs."""
+reference, tested in tests/ops/soft/test_attention.py), and a tiny run writes its outputs."""
 import json
 
 import pytest

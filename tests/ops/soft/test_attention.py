@@ -143,7 +143,7 @@ def low_precision_check(q, landmarks, v, dtype, autocast: bool, grad_scale: floa
     out.backward(grad_out.to(dtype))
     # float16: everything inside ran in float32, only the rounding of inputs, output and gradients is left (observed
     # 0.0002, <= 0.0003). bfloat16: the two products with v ran in bfloat16, the exponent and inverse in float32
-    # (observed well below bfloat16's eps; tests/ops/test_dispatch.py holds it to the FlashAttention rule).
+    # (observed well below bfloat16's eps; tests/ops/soft/test_dispatch.py holds it to the FlashAttention rule).
     ref_leaves = tuple(t.detach().double().requires_grad_() for t in (q, landmarks, v))
     reference = soft_attention(*ref_leaves, soft_norm=True)
     reference.backward(grad_out)
