@@ -10,8 +10,8 @@ against and which a backward falls back to where its kernel cannot launch (trito
   (:func:`~soft_mm.ops.soft.backends.tiled.tiled_products_backward`), float32 products.
 
 The products' forward is the ``'reference'`` backend's
-(:func:`~soft_mm.ops.soft.backends.reference.reference_products`), against which ``tests/ops/soft/backends/triton/test_backend.py``
-checks the whole op.
+(:func:`~soft_mm.ops.soft.backends.reference.reference_products`), against which
+``tests/ops/soft/backends/triton/test_backend.py`` checks the whole op.
 """
 from __future__ import annotations
 
