@@ -38,10 +38,16 @@ class ConvBNAct(nn.Sequential):
         self.bn = norm_layer(out_channels)
         self.act = nn.ReLU(inplace=True)
 
+    def folds(self) -> bool:
+        """Whether the forward folds the norm into the conv: a BatchNorm normalising with its running statistics
+        after a plain conv."""
+        bn = self.bn
+        return (isinstance(bn, nn.modules.batchnorm._BatchNorm) and not bn.training and bn.running_var is not None
+                and type(self.conv) is nn.Conv2d)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         conv, bn = self.conv, self.bn
-        if (not isinstance(bn, nn.modules.batchnorm._BatchNorm) or bn.training or bn.running_var is None
-                or type(conv) is not nn.Conv2d):
+        if not self.folds():
             if type(conv) is nn.Conv2d:
                 return self.act(bn(conv._conv_forward(x, like_input(conv.weight, x), conv.bias)))
             return self.act(bn(conv(x)))

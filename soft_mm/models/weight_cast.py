@@ -25,7 +25,7 @@ What training needs of it, and how it is met:
   recompute the forward, or activation offloading), and where a weight is not a plain tensor or parameter (FSDP2's
   ``DTensor``, which casts its own).
 
-Left to autocast: the downsampling convs in eval mode (their BatchNorm folds into the weight there) and the value convs
+Left to autocast: the downsampling convs whose BatchNorm folds into their weight (in eval mode) and the value convs
 (autocast casts each head's filter after repeating it over the head's channels, so the filter's gradient sums those
 channels in float32; cast before the repeat, the sum would run in the low dtype).
 """
@@ -141,7 +141,7 @@ def _casts(stage: nn.Module) -> tuple[list[_Cast], list[ConvBNAct]]:
                 done.update((module.q, module.kv))
         elif isinstance(module, ConvBNAct):
             convs.append(module)
-            if module.bn.training:  # (in eval mode its BatchNorm folds into it)
+            if not module.folds():  # (a BatchNorm in eval mode folds into the conv's weight, cast by autocast)
                 casts += _parameters(module.conv)
         elif isinstance(module, nn.Linear) and module not in done:
             casts += _parameters(module, kept)
@@ -150,13 +150,13 @@ def _casts(stage: nn.Module) -> tuple[list[_Cast], list[ConvBNAct]]:
 
 class _StagePlan:
     """A stage's casts worked out once (one walk of its modules, the flat casts' layouts) and reused while the stage's
-    parameters, their ``requires_grad`` and its BatchNorms' modes are those it was worked out for; a parameter
-    replaced, frozen or unfrozen, or a mode changed makes a new plan. (A layer replaced by another is not seen: the
-    new layer computes under autocast's own casts, the old one's weights are cast for nothing.)"""
+    parameters, their ``requires_grad`` and whether its convs fold their BatchNorms are those it was worked out for;
+    a parameter replaced, frozen or unfrozen, or a mode changed makes a new plan. (A layer replaced by another is not
+    seen: the new layer computes under autocast's own casts, the old one's weights are cast for nothing.)"""
 
     def __init__(self, stage: nn.Module) -> None:
         casts, self.convs = _casts(stage)
-        self.modes = [conv.bn.training for conv in self.convs]
+        self.modes = [conv.folds() for conv in self.convs]
         self.sources = [(layer, name, layer._parameters[name]) for cast in casts for layer, name in cast.sources]
         self.flags = [tensor.requires_grad for _, _, tensor in self.sources]
         self.plain = all(type(tensor) in _PLAIN for _, _, tensor in self.sources)
@@ -172,7 +172,7 @@ class _StagePlan:
         """Whether the stage is still as the plan found it."""
         return (all(layer._parameters.get(name) is tensor and tensor.requires_grad == flag
                     for (layer, name, tensor), flag in zip(self.sources, self.flags))
-                and all(conv.bn.training == mode for conv, mode in zip(self.convs, self.modes)))
+                and all(conv.folds() == mode for conv, mode in zip(self.convs, self.modes)))
 
 
 # each stage's plan, by the stage object (a copy of the model, e.g. mmengine's EMA model, makes its own)

@@ -271,3 +271,32 @@ def test_the_plan_is_remade_when_a_weight_is_frozen_or_replaced(gpu_route, monke
     assert remade == [False, True, True, True]
     assert len(casts) == 5  # stage 2: its frozen weight in a cast of its own
     assert 'stages.1.blocks.0.mlp.fc1.weight' not in grads and 'stages.2.blocks.0.mlp.fc1.bias' in grads
+
+
+def test_a_conv_whose_norm_does_not_fold_is_cast_in_eval_mode_too(gpu_route, monkeypatch):
+    """A downsampling conv is left to autocast only where its BatchNorm folds into its weight (eval mode); with a norm
+    that does not fold (GroupNorm, from norm_cfg) it is cast with the stage's other weights in either mode, with
+    autocast's results."""
+    torch.manual_seed(0)
+    model = SoftPyramid(ARCH, soft_norm=True, drop_path_rate=0.0,
+                        conv_norm_layer=lambda channels: torch.nn.GroupNorm(4, channels))
+    model.init_pyramid_weights()
+    x = torch.randn(1, 3, 64, 64, generator=torch.Generator().manual_seed(1))
+    sizes = []
+    for train in (True, False):
+        model.train(train)
+        casts = count_casts(monkeypatch)
+        result = step(model, x)
+        sizes.append(casts[:])
+        monkeypatch.undo()
+        monkeypatch.setenv('TRITON_INTERPRET', '1')
+        without_cast(monkeypatch)
+        assert_same(result, step(model, x))
+        monkeypatch.undo()
+        monkeypatch.setenv('TRITON_INTERPRET', '1')
+    assert sizes[0] == sizes[1]  # the same tensors cast in training and in eval mode
+    # while BatchNorm convs in eval mode are left out: stage 4's conv weight and bias fewer
+    model = pyramid_model(arch=ARCH).eval()
+    casts = count_casts(monkeypatch)
+    step(model, x)
+    assert [a - b for a, b in zip(sizes[1], casts)] == [6, 2, 2, 2]  # the stem's three convs in stage 1
