@@ -91,12 +91,12 @@ class SOFT(SoftPyramid, BaseModule):
         init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
             checkpoint of a classifier or a detector (add ``prefix='backbone.'``), or the authors' release file as
             it is (its ``state_dict``, renamed on load for this arch by ``SoftPyramid._load_from_state_dict``) —
-            missing and unexpected keys are logged. Applied by :meth:`init_weights`, after the default
+            missing and unexpected keys are logged. Applied by :meth:`init_weights`, over the default
             initialisation.
 
-    As mmdet's backbones, the model is initialised by :meth:`init_weights`, not when it is built: mmengine's runner
-    calls it before training (a model built only to load a checkpoint, for testing or inference, skips it). Until then
-    its parameters are those PyTorch's modules are created with (position embeddings zero), and its outputs finite.
+    The default initialisation runs when the model is built (as the timm classifier's; so a seed draws the same
+    weights as every earlier release, and the demos' learning curves hold); ``init_cfg`` goes through
+    :meth:`init_weights`, which mmengine's runner calls before training, as for mmdet's backbones.
     """
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,
@@ -120,16 +120,15 @@ class SOFT(SoftPyramid, BaseModule):
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        self.init_pyramid_weights()
         self._freeze_stages()
 
     def init_weights(self) -> None:
-        """The default initialisation (:meth:`~soft_mm.models.pyramid.SoftPyramid.init_pyramid_weights`: timm's
-        truncated-normal linears and position embeddings, Kaiming convs), then mmengine's ``BaseModule.init_weights``:
-        ``init_cfg`` applied over it (a ``Pretrained`` checkpoint loaded non-strictly, so what it lacks keeps the
-        default; other initialisers after the default). Once: a second call only warns, as mmengine's does, and
-        leaves the weights as they are."""
-        if not self._is_init:
-            self.init_pyramid_weights()
+        """mmengine's ``BaseModule.init_weights``: ``init_cfg`` applied over the default initialisation the model
+        was built with (:meth:`~soft_mm.models.pyramid.SoftPyramid.init_pyramid_weights`: timm's truncated-normal
+        linears and position embeddings, Kaiming convs): a ``Pretrained`` checkpoint loaded non-strictly, so what it
+        lacks keeps the default; other initialisers after the default; without ``init_cfg`` the weights stay as built.
+        Once: a second call only warns, as mmengine's does, and leaves the weights as they are."""
         super().init_weights()
 
     @property
