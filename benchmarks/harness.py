@@ -141,7 +141,9 @@ class PeakMemory:
         if self.device.type == 'cuda':
             torch.cuda.synchronize(self.device)
             return (torch.cuda.max_memory_allocated(self.device) - self.base) / 2 ** 20
-        return (_rss_kib('VmHWM') * 1024 - self.base) / 2 ** 20
+        # (a rise, never below 0: the kernel syncs each thread's RSS count lazily, so a peak read after a run that
+        # grew nothing can come out a few pages under the RSS read at the start)
+        return max(0.0, (_rss_kib('VmHWM') * 1024 - self.base) / 2 ** 20)
 
 
 def autocast_to(device_type: str, dtype: torch.dtype) -> contextlib.AbstractContextManager:

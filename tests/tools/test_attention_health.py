@@ -67,7 +67,7 @@ def test_a_checkpoint_is_measured_not_the_initialisation(image, tmp_path, load_t
         assert after.condition_max < before.condition_max
         assert after.effective_rank_median > before.effective_rank_median
     assert at_init[0].uniformity > 0.99
-    assert trained[0].uniformity < 0.9
+    assert trained[0].uniformity < at_init[0].uniformity - 0.05  # the landmarks no longer alike: measured, not init
 
 
 def test_bad_inputs_stop_with_one_sentence(image, tmp_path, load_tool):
