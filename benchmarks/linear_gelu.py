@@ -144,7 +144,6 @@ def rule_for(d_in: int, approximate: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     model = SOFT(arch=args.arch, soft_norm=True)
-    model.init_pyramid_weights()  # the default initialisation (init_weights without mmengine's log of it)
     model.eval()
     allocator = 'tuned' if os.environ.get('MALLOC_MMAP_THRESHOLD_') else 'default'
     header = (f'CPU float32 inference, {torch.get_num_threads()} threads, {cpu_model()}, '

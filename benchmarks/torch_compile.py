@@ -138,7 +138,6 @@ def main(argv: list[str] | None = None) -> list[dict]:
         torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     model = SOFT(args.arch, soft_norm=args.soft_norm)
-    model.init_pyramid_weights()  # the default initialisation (init_weights without mmengine's log of it)
     model.eval()
     rows = compare(model, args.sizes, args.backend, args.repeats, args.batch, args.dynamic or None,
                    dtype=getattr(torch, args.dtype), freezing=args.freezing, float64_errors=True)

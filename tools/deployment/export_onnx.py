@@ -86,7 +86,6 @@ def build_backbone(arch: str = 'tiny', soft_norm: bool = False, config: str | No
         model = SOFT(**backbone_cfg)
     else:
         model = SOFT(arch, soft_norm=soft_norm)
-    model.init_pyramid_weights()  # the default initialisation, which a checkpoint then replaces
     if checkpoint is not None:
         _load_weights(model, checkpoint, prefix='backbone.')
     return model.eval()
