@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from helpers.op_checks import triton_kernels
+from helpers.op_checks import see_the_installed_triton, triton_kernels
 from helpers.repo import ROOT
 
 import soft_mm.ops.soft.backends.triton.backend as triton_backend
@@ -50,9 +50,7 @@ BUILT = 'sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121'
 
 @pytest.fixture(autouse=True)
 def installed_triton(monkeypatch):
-    """The decisions of the triton the installer installs (3.8, what the docs' table states; an older one declines
-    Blackwell, a test of its own), whatever triton runs the tests (the torch matrix's GPU-image venv has 3.6)."""
-    monkeypatch.setattr(triton_route, 'TRITON_VERSION', max(triton_route.TRITON_VERSION or (0,), (3, 8)))
+    see_the_installed_triton(monkeypatch)
 
 
 @pytest.fixture
@@ -172,7 +170,6 @@ def test_an_amd_gpu_is_never_taken_for_the_nvidia_gpu_of_its_capability(on_devic
 
 def test_a_rocm_device_is_read_as_one(monkeypatch):
     # torch's ROCm build: torch.version.hip is a string and torch.cuda the HIP device API, its properties an AMD GPU's
-    from soft_mm.ops import triton_route
     props = SimpleNamespace(name='AMD Instinct MI250X', major=9, minor=0, shared_memory_per_block_optin=65_536,
                             gcnArchName='gfx90a:sramecc+:xnack-')
     monkeypatch.setattr(torch.cuda, 'get_device_properties', lambda index: props)
@@ -188,7 +185,6 @@ def test_a_rocm_device_is_read_as_one(monkeypatch):
 def test_blackwell_is_declined_under_a_triton_it_is_not_checked_with(on_device, monkeypatch, limits):
     # the Blackwell targets were compiled and checked with triton 3.8 (ptxas 12.9: the first that knows sm_103 and
     # sm_121); under an older one (the GPU image's 3.6) such a GPU runs the reference math
-    from soft_mm.ops import triton_route
     on_device(limits)
     monkeypatch.setattr(triton_route, 'TRITON_VERSION', (3, 6))
     assert choose(torch.float32) == ('reference', 'float32')
@@ -235,7 +231,6 @@ def test_the_blocks_and_stages_of_each_target():
 
 
 def test_the_device_is_read_once_for_every_kernel(monkeypatch):
-    from soft_mm.ops import triton_route
     reads = []
 
     def read(index):
@@ -257,7 +252,6 @@ def test_the_device_is_read_once_for_every_kernel(monkeypatch):
 def test_the_layers_fused_kernels_run_on_the_same_targets(monkeypatch, capability, takes_float32, takes_bfloat16):
     # the blocks' fused kernels (add + LayerNorm) check the device as the SOFT op's backend does: its targets, no
     # bfloat16 below sm_80 (tests/ops/test_triton_cubins.py compiles them for every target without spills)
-    from soft_mm.ops import triton_route
 
     monkeypatch.setattr(triton_route, '_DEVICES', {})
     monkeypatch.setattr(triton_route, '_read_limits',

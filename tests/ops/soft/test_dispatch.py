@@ -7,6 +7,7 @@ import warnings
 
 import pytest
 import torch
+from helpers.op_checks import see_the_installed_triton
 
 from soft_mm.ops import soft_attention
 from soft_mm.ops.compat import CPU_FLOAT16_AUTOCAST
@@ -172,10 +173,7 @@ def fresh_decisions(monkeypatch):
 
 @pytest.fixture
 def a_triton_the_kernels_take(monkeypatch):
-    """The decisions of the triton the installer installs (3.8), whatever triton runs the test: a decision only reads
-    the version, so the dispatcher's rules are checked on the torch matrix's floor too (triton 2.1, no kernels)."""
-    from soft_mm.ops import triton_route
-    monkeypatch.setattr(triton_route, 'TRITON_VERSION', max(triton_route.TRITON_VERSION or (0,), (3, 8)))
+    see_the_installed_triton(monkeypatch)
 
 
 def outcome(choose, *args, **kwargs):
