@@ -1,6 +1,6 @@
-"""The host time of the SOFT op's Python per call: the backend decision kept per call signature
-(:func:`soft_mm.ops.soft.dispatch.decide`, what an eager call takes) against the decision made afresh on every call
-(:func:`~soft_mm.ops.soft.dispatch.select`, what it took before), on a tiny CPU input where the Python is nearly all
+"""The host time of the SOFT op's Python per call: the checks and the backend decision kept per call signature (an
+eager call's, and :func:`soft_mm.ops.soft.dispatch.decide`) against the decision made afresh on every call
+(:func:`~soft_mm.ops.soft.dispatch.select`, nothing kept), on a tiny CPU input where the Python is nearly all
 of the time, as it is on an eager GPU step; and the decision alone for a CUDA call (bfloat16 autocast, training, the
 published sizes) on a stand-in H100, where the Triton backend's check reads the device's table (no GPU needed).
 
@@ -8,9 +8,9 @@ published sizes) on a stand-in H100, where the Triton backend's check reads the 
 
 Both ways run in one process, their rounds interleaved (:func:`harness.interleaved_medians`), so that drifts of the
 machine fall on both; each timed call of a case is ``--calls`` calls of the op, and the medians per call are printed
-with their ratio, for ``soft_attention`` whole, for its routing step (``_route``) alone and for the CUDA call's
+with their ratio, for ``soft_attention`` whole, for its decision step (``_decide``) alone and for the CUDA call's
 decision. The outputs of the two ways are checked equal first. The switch is this script's (:func:`harness.patched` of
-the one name ``_route`` calls), not the library's.
+the names ``_decide`` calls and of the eager calls' kept decisions), not the library's.
 """
 from __future__ import annotations
 
@@ -32,18 +32,32 @@ __all__ = ['H100', 'main', 'per_call_times']
 H100 = DeviceLimits('NVIDIA H100 80GB HBM3', (9, 0), 232_448)  # the stand-in GPU of the CUDA call's decision
 
 
+class _Forgetting(dict):
+    """A dict that keeps nothing: in place of the eager calls' kept decisions, every call checks and decides afresh."""
+
+    def __setitem__(self, key: object, value: object) -> None:
+        pass
+
+
+def _afresh(afresh: bool):
+    """The switch: the decision made afresh on each call (``_decide`` taking ``select`` for ``decide``, nothing kept
+    per eager call) or kept."""
+    if afresh:
+        return patched(attention, decide=dispatch.select, _EAGER_CALLS=_Forgetting())
+    return patched(attention, decide=dispatch.decide)
+
+
 def _calls(fn: Callable[[], object], calls: int, afresh: bool) -> Callable[[], None]:
-    """``calls`` calls of ``fn``, with the decision made afresh on each (``_route`` taking ``select`` for ``decide``)
-    or kept."""
+    """``calls`` calls of ``fn``, with the decision made afresh on each or kept (:func:`_afresh`)."""
     def run() -> None:
-        with patched(attention, decide=dispatch.select if afresh else dispatch.decide):
+        with _afresh(afresh):
             for _ in range(calls):
                 fn()
     return run
 
 
 def per_call_times(calls: int, rounds: int, repeats: int, tokens: int, landmarks: int) -> dict[str, dict[str, float]]:
-    """``{'soft_attention': {'kept': s, 'afresh': s}, '_route': {...}, 'CUDA decision': {...}}``: median seconds per
+    """``{'soft_attention': {'kept': s, 'afresh': s}, '_decide': {...}, 'CUDA decision': {...}}``: median seconds per
     call of each way."""
     gen = torch.Generator().manual_seed(0)
     q, v = (torch.randn(1, 2, tokens, 8, generator=gen) for _ in range(2))
@@ -51,9 +65,9 @@ def per_call_times(calls: int, rounds: int, repeats: int, tokens: int, landmarks
     cuda_call = ('cuda', torch.float32, precision_policy('cuda', torch.bfloat16), 66816, True, 'eager')
     sizes = dict(num_landmarks=49, head_dim=32, value_dim=32, device_index=0)
     steps = {'soft_attention': lambda: soft_attention(q, lm, v, soft_norm=True, ridge=0.01),
-             '_route': lambda: attention._route(q, lm, v, None, None),
+             '_decide': lambda: attention._decide(q, lm, v, None, None),
              'CUDA decision': lambda: attention.decide(*cuda_call, **sizes)}
-    with patched(attention, decide=dispatch.select):
+    with _afresh(True):
         afresh = steps['soft_attention']()
     if not torch.equal(afresh, steps['soft_attention']()):
         raise RuntimeError('dispatch_overhead: the two ways gave different outputs')

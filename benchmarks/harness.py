@@ -309,8 +309,10 @@ def patched(owner: Any, **values: Any) -> Iterator[None]:
         yield
 
 
-def _plain_mlp_forward(mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-    """timm's ``Mlp.forward`` (no fused GEMM epilogue), plus ``residual`` added as a separate sum."""
+def _plain_mlp_forward(mlp: nn.Module, x: torch.Tensor, residual: torch.Tensor | None = None, route: Any = None,
+                       ) -> torch.Tensor:
+    """timm's ``Mlp.forward`` (no fused GEMM epilogue), plus ``residual`` added as a separate sum (the forward's route
+    taken and not needed)."""
     from timm.layers import Mlp
 
     out = Mlp.forward(mlp, x)
@@ -325,7 +327,7 @@ def _without_float32_core(forward: Callable[..., torch.Tensor]) -> Callable[...,
     from soft_mm.models import attention
 
     def run(*args: Any, **kwargs: Any) -> torch.Tensor:
-        with patched(attention, softmax_attention=F.scaled_dot_product_attention):
+        with patched(attention, softmax_attention=lambda q, k, v, route=None: F.scaled_dot_product_attention(q, k, v)):
             return forward(*args, **kwargs)
     return run
 

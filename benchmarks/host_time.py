@@ -49,8 +49,11 @@ import logging
 import os
 import sys
 
-if __name__ == '__main__':  # the interpreter must be chosen before triton's import (the route needs it)
-    os.environ['TRITON_INTERPRET'] = '1'
+if __name__ == '__main__':  # the interpreter, or none, chosen before triton's import (the route needs it)
+    if 'empty' in sys.argv[sys.argv.index('--launchers') + 1:] if '--launchers' in sys.argv else False:
+        os.environ['TRITON_INTERPRET'] = '1'
+    else:
+        os.environ.pop('TRITON_INTERPRET', None)
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -72,11 +75,17 @@ from harness import (
     write_results,
 )
 
-__all__ = ['BACKBONE_MODELS', 'DETECTORS', 'WIDTH_DIVISORS', 'Case', 'EmptyKernel', 'EmptyKernels', 'backbone_step',
-           'build_narrow_backbone', 'build_retinanet', 'detection_batch', 'detector_step', 'empty_triton_launches',
-           'gpu_route', 'main', 'mmdet_available', 'narrow', 'parse_args', 'step_launches']
+__all__ = ['BACKBONE_MODELS', 'DETECTORS', 'LAUNCHERS', 'WIDTH_DIVISORS', 'Case', 'CountedLauncher', 'EmptyLauncher',
+           'aten_ms', 'backbone_step', 'build_narrow_backbone', 'build_retinanet', 'detection_batch', 'detector_step',
+           'empty_triton_launches', 'gpu_route', 'launcher_of', 'main', 'mmdet_available', 'narrow', 'parse_args',
+           'step_launches']
 
 BACKBONE_MODELS = ('soft_norm_small', 'swin_t', 'convnext_t')
+# how the Triton kernels are launched (gpu_route); the first of the defaults is each part's reference row
+LAUNCHERS = ('plan', 'kernel[grid]', 'empty')
+DEFAULT_LAUNCHERS = ('plan', 'kernel[grid]')
+# the NVIDIA GPU the stand-in driver is (sm_90: H100 / H200, the project's GPU machines)
+STUB_TARGET = 90
 SOFT = BACKBONE_MODELS[0]
 PARTS = ('backbones', 'retinanet')
 CPU_ROUTE = ', CPU route'
@@ -94,84 +103,111 @@ SWIN_T = dict(type='SwinTransformer', embed_dims=96, depths=[2, 2, 6, 2], num_he
 BOXES_PER_IMAGE = 3
 
 
-# --- empty Triton launches
+# --- the launchers
 
-class EmptyKernel:
-    """A Triton kernel whose launch runs nothing: ``kernel[grid](*args, **kwargs)`` evaluates a callable ``grid`` on
-    the keyword arguments (as triton does) and returns; every tensor passed keeps its contents. ``launched[name]``
-    counts the launches."""
+class EmptyLauncher:
+    """A route's launcher that launches nothing: ``launched[name]`` counts each kernel's launches; every tensor passed
+    keeps its contents, and the interpreter's route writes bfloat16 results directly, as on a GPU
+    (``exact_values``: no float32 buffer cast back)."""
 
-    def __init__(self, name: str, launched: Counter) -> None:
-        self.name, self.launched = name, launched
+    name = 'empty'
+    exact_values = False
 
-    def __getitem__(self, grid: Any) -> Callable[..., None]:
-        def launch(*args: Any, **kwargs: Any) -> None:
-            if callable(grid):
-                grid(kwargs)
-            self.launched[self.name] += 1
-        return launch
+    def __init__(self, launched: Counter) -> None:
+        self.launched = launched
 
-
-class EmptyKernels:
-    """A kernel module (what ``triton_route.load_kernels`` returns) whose Triton kernels are :class:`EmptyKernel`;
-    its other attributes are the module's own."""
-
-    def __init__(self, module: Any, launched: Counter) -> None:
-        self.module, self.launched = module, launched
-
-    def __getattr__(self, name: str) -> Any:
-        from triton.runtime import KernelInterface
-
-        kernel = getattr(self.module, name)
-        return EmptyKernel(name, self.launched) if isinstance(kernel, KernelInterface) else kernel
+    def __call__(self, kernel: Any, grid: tuple[int, ...], args: Any, meta: Any) -> None:
+        self.launched[kernel.fn.__name__] += 1
 
 
 @contextlib.contextmanager
 def empty_triton_launches() -> Iterator[Counter]:
-    """Inside, every Triton launch of the package is empty (:class:`EmptyKernel`) and the kernels write their result
-    dtype as on a GPU (no float32 buffer cast back, which the interpreter's bfloat16 stores need); yields the
-    ``Counter`` of launches per kernel name. Patched by this benchmark and restored after the block."""
-    from soft_mm.ops import triton_route
+    """Inside, every Triton launch of the package is empty (:class:`EmptyLauncher` in place of each route's launcher,
+    through :func:`soft_mm.ops.triton_route.watching_launches`); yields the ``Counter`` of launches per kernel name."""
+    from soft_mm.ops.triton_route import watching_launches
 
     launched: Counter = Counter()
-    load_kernels, store_dtype = triton_route.load_kernels, triton_route.store_dtype
-    triton_route.load_kernels = lambda module: EmptyKernels(load_kernels(module), launched)
-    triton_route.store_dtype = lambda dtype: dtype
-    try:
+    with watching_launches(lambda inner: EmptyLauncher(launched)):
         yield launched
-    finally:
-        triton_route.load_kernels, triton_route.store_dtype = load_kernels, store_dtype
+
+
+class CountedLauncher:
+    """A route's launcher that counts each kernel's launches in ``launched`` and launches it with ``inner``."""
+
+    def __init__(self, inner: Any, launched: Counter) -> None:
+        self.inner, self.launched = inner, launched
+        self.name, self.exact_values = inner.name, inner.exact_values
+
+    def __call__(self, kernel: Any, grid: tuple[int, ...], args: Any, meta: Any) -> None:
+        self.launched[kernel.fn.__name__] += 1
+        self.inner(kernel, grid, args, meta)
+
+
+def launcher_of(name: str) -> Any:
+    """A new launcher of :data:`LAUNCHERS`' ``name`` (``'plan'`` or ``'kernel[grid]'``)."""
+    from soft_mm.ops.triton_launch import KernelLauncher, PlannedLauncher
+
+    return PlannedLauncher() if name == 'plan' else KernelLauncher()
 
 
 @contextlib.contextmanager
-def gpu_route() -> Iterator[Counter]:
-    """The GPU route on CPU tensors with empty Triton launches (:func:`empty_triton_launches` inside
-    :func:`~soft_mm.ops.triton_route.interpreted_triton_route`); yields the launches' ``Counter``."""
-    from soft_mm.ops.triton_route import interpreted_triton_route
+def gpu_route(launcher: str | Any = 'empty', target: int = STUB_TARGET, count: bool = True) -> Iterator[Counter]:
+    """The GPU route on CPU tensors; yields the ``Counter`` of Triton launches per kernel name. ``launcher``:
+    ``'empty'`` (the interpreter's route, every launch empty: needs ``TRITON_INTERPRET=1``), or a launcher (or
+    its name, ``'plan'`` / ``'kernel[grid]'``) that takes triton's real launch path to a stand-in driver of
+    sm_``target`` (:func:`soft_mm.ops.triton_route.stubbed_triton_route`: the binder, the specialisation, the cache
+    lookup and the launcher run; no kernel does; needs ``TRITON_INTERPRET`` unset). ``count``: whether the launches
+    are counted (the timed steps are not: a counter's work is no GPU host's)."""
+    from soft_mm.ops.triton_route import interpreted_triton_route, stubbed_triton_route, watching_launches
+    from soft_mm.testing.stub_driver import stub_triton_driver
 
-    with interpreted_triton_route(), empty_triton_launches() as launched:
+    if launcher == 'empty':
+        with interpreted_triton_route(), empty_triton_launches() as launched:
+            yield launched
+        return
+    launched: Counter = Counter()
+    inner = launcher_of(launcher) if isinstance(launcher, str) else launcher
+    counting = watching_launches(lambda route_launcher: CountedLauncher(route_launcher, launched)) if count \
+        else contextlib.nullcontext()
+    with stub_triton_driver(target), stubbed_triton_route(target, inner), counting:
         yield launched
 
 
-def on_route(fn: Callable[[], object], cpu_route: bool) -> Callable[[], object]:
-    """``fn`` run on the GPU route with empty Triton launches (:func:`gpu_route`), or on the CPU's own route."""
-    if cpu_route:
+def on_route(fn: Callable[[], object], route: str | Any) -> Callable[[], object]:
+    """``fn`` run on the GPU route with ``route``'s launcher (:func:`gpu_route`: a launcher, or ``'empty'``), or on
+    the CPU's own route (``route='cpu'``)."""
+    if route == 'cpu':
         return fn
 
     def run() -> object:
-        with gpu_route():
+        with gpu_route(route, count=False):
             return fn()
     return run
 
 
-def step_launches(step: Callable[[], object], model: torch.nn.Module, cpu_route: bool) -> dict[str, int]:
+def step_launches(step: Callable[[], object], model: torch.nn.Module, route: str | Any) -> dict[str, int]:
     """``{'launches': n, 'triton': k}``: what one ``step`` of ``model`` launches on its route (``launch_counts``'
-    counter: ATen operators that compute and Triton launches, these empty)."""
+    counter: ATen operators that compute and Triton launches)."""
     from launch_counts import count
 
-    with contextlib.nullcontext() if cpu_route else gpu_route():
+    with contextlib.nullcontext() if route == 'cpu' else gpu_route(route):
         launches = count(step, model)
     return dict(launches=len(launches), triton=sum(launch.name.startswith('triton.') for launch in launches))
+
+
+def aten_ms(step: Callable[[], object], route: str | Any, steps: int = 3) -> float:
+    """Milliseconds of ATen operators' own host time in one ``step`` on its route (the profiler's self time of the
+    ``aten::`` events, a mean over ``steps`` steps after one unprofiled): what the rest of a step's host time is not
+    (the package's Python, autograd's Functions and engine, the launcher)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    run = on_route(step, route)
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(steps):
+            run()
+    total = sum(event.self_cpu_time_total for event in prof.key_averages() if event.key.startswith('aten::'))
+    return total / 1e3 / steps
 
 
 # --- the models, narrowed
@@ -330,43 +366,63 @@ def detector_step(model: torch.nn.Module, optim_wrapper: Any, data: dict[str, li
 # --- the parts
 
 class Case(NamedTuple):
-    """One timed row: ``step`` of ``model`` on its route, and the launches of the same step at full width."""
+    """One timed row: ``step`` of ``model`` on its ``route`` (``'cpu'``, ``'empty'`` or a launcher's name), with the
+    launcher object the route keeps (one per case: its plans stay warm), and the launches of the same step at full
+    width."""
 
     step: Callable[[], object]
     model: torch.nn.Module
-    cpu_route: bool
+    route: Any
+    launcher: str
     full_width_launches: int
 
 
-def _case(build: Callable[[int], tuple[torch.nn.Module, Callable[[], object]]], divisor: int,
-          cpu_route: bool) -> Case:
-    """The :class:`Case` of ``build(divisor) -> (model, step)``, its launches at full width counted on the way (that
-    model freed after)."""
+def _route_of(launcher: str) -> Any:
+    """What :func:`gpu_route` takes for a launcher name of :data:`LAUNCHERS` (a launcher object, made once per case),
+    or ``'cpu'`` / ``'empty'`` as they are."""
+    return launcher if launcher in ('cpu', 'empty') else launcher_of(launcher)
+
+
+def _case(build: Callable[[int], tuple[torch.nn.Module, Callable[[], object]]], divisor: int, launcher: str) -> Case:
+    """The :class:`Case` of ``build(divisor) -> (model, step)`` on ``launcher``'s route, its launches at full width
+    counted on the way (that model freed after)."""
     model, step = build(divisor)
+    route = _route_of(launcher)
     full = (model, step) if divisor == 1 else build(1)
-    full_launches = step_launches(full[1], full[0], cpu_route)['launches']
+    full_launches = step_launches(full[1], full[0], route)['launches']
     del full
-    return Case(step, model, cpu_route, full_launches)
+    return Case(step, model, route, launcher, full_launches)
 
 
 def _timed_rows(part: str, hw: tuple[int, int], cases: dict[str, Case], args: argparse.Namespace,
                 reference: str) -> list[dict]:
-    """Time ``cases`` interleaved and count each one's launches."""
-    runs = {name: on_route(case.step, case.cpu_route) for name, case in cases.items()}
+    """Time ``cases`` interleaved, count each one's launches and read its ATen share from the profiler."""
+    runs = {name: on_route(case.step, case.route) for name, case in cases.items()}
     times = interleaved_medians(runs, args.rounds, args.repeats, torch.device('cpu'),
                                 setups={name: gc.collect for name in runs})
     rows = []
     for name, case in cases.items():
-        counts = step_launches(case.step, case.model, case.cpu_route)
+        counts = step_launches(case.step, case.model, case.route)
         ms = 1e3 * times[name]
-        rows.append(dict(part=part, hw=list(hw), model=name, route='cpu' if case.cpu_route else 'gpu', ms=ms,
-                         ratio=times[name] / times[reference], us_per_launch=1e6 * times[name] / counts['launches'],
+        aten = aten_ms(case.step, case.route)
+        rows.append(dict(part=part, hw=list(hw), model=name.split(' ')[0], case=name,
+                         route='cpu' if case.route == 'cpu' else 'gpu', launcher=case.launcher, ms=ms,
+                         ratio=times[name] / times[reference], aten_ms=aten, non_aten_ms=ms - aten,
+                         us_per_launch=1e6 * times[name] / counts['launches'],
                          full_width_launches=case.full_width_launches, **counts))
     return rows
 
 
+def _case_names(base: str, launchers: Sequence[str], triton: bool) -> dict[str, str]:
+    """``{case name: launcher}``: one case per launcher for a model with Triton launches (``triton``), named
+    ``'<base> (<launcher>)'`` after the first; the first launcher alone for the others."""
+    chosen = launchers if triton else launchers[:1]
+    return {(base if i == 0 else f'{base} ({launcher})'): launcher for i, launcher in enumerate(chosen)}
+
+
 def backbone_rows(args: argparse.Namespace, hw: tuple[int, int]) -> list[dict]:
-    """Part 1 at one input size: each backbone's training step (and SOFT's on the CPU route with ``--cpu-route``)."""
+    """Part 1 at one input size: each backbone's training step (SOFT's once per launcher, and on the CPU route with
+    ``--cpu-route``)."""
     x = torch.randn(args.batch, 3, *hw, generator=torch.Generator().manual_seed(0))
 
     def builder(name: str) -> Callable[[int], tuple[torch.nn.Module, Callable[[], object]]]:
@@ -375,15 +431,18 @@ def backbone_rows(args: argparse.Namespace, hw: tuple[int, int]) -> list[dict]:
             return model, backbone_step(model, x)
         return build
 
-    cases = {name: _case(builder(name), args.width_divisor, False) for name in BACKBONE_MODELS}
+    cases = {}
+    for name in BACKBONE_MODELS:
+        for case, launcher in _case_names(name, args.launchers, name == SOFT).items():
+            cases[case] = _case(builder(name), args.width_divisor, launcher)
     if args.cpu_route:
-        cases[SOFT + CPU_ROUTE] = _case(builder(SOFT), args.width_divisor, True)
+        cases[SOFT + CPU_ROUTE] = _case(builder(SOFT), args.width_divisor, 'cpu')
     return _timed_rows('backbones', hw, cases, args, SOFT)
 
 
 def retinanet_rows(args: argparse.Namespace, hw: tuple[int, int], described: dict[str, Any]) -> list[dict]:
-    """Part 2 at one input size: each detector's ``train_step`` on the synthetic batch (and SOFT's on the CPU route
-    with ``--cpu-route``); ``described`` gets each detector's description."""
+    """Part 2 at one input size: each detector's ``train_step`` on the synthetic batch (SOFT's once per launcher, and
+    on the CPU route with ``--cpu-route``); ``described`` gets each detector's description."""
     data = detection_batch(args.batch, hw)
 
     def builder(name: str) -> Callable[[int], tuple[torch.nn.Module, Callable[[], object]]]:
@@ -394,13 +453,22 @@ def retinanet_rows(args: argparse.Namespace, hw: tuple[int, int], described: dic
             return model, detector_step(model, optim_wrapper, data)
         return build
 
-    cases = {name: _case(builder(name), args.width_divisor, False) for name in DETECTORS}
+    cases = {}
+    for name in DETECTORS:
+        for case, launcher in _case_names(name, args.launchers, name == DETECTORS[0]).items():
+            cases[case] = _case(builder(name), args.width_divisor, launcher)
     if args.cpu_route:
-        cases[DETECTORS[0] + CPU_ROUTE] = _case(builder(DETECTORS[0]), args.width_divisor, True)
+        cases[DETECTORS[0] + CPU_ROUTE] = _case(builder(DETECTORS[0]), args.width_divisor, 'cpu')
     return _timed_rows('retinanet', hw, cases, args, DETECTORS[0])
 
 
 # --- the command line
+
+def _launchers(value: str) -> str:
+    if value not in LAUNCHERS:
+        raise argparse.ArgumentTypeError(f'invalid choice: {value!r} (choose from {", ".join(LAUNCHERS)})')
+    return value
+
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split('\n\n')[0])
@@ -411,12 +479,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--width-divisor', type=int, choices=WIDTH_DIVISORS, default=DEFAULT_WIDTH_DIVISOR,
                         help='every layer\'s channels divided by this (the same operators and launches, little '
                              f'arithmetic; 1: the models\' own widths; default: {DEFAULT_WIDTH_DIVISOR})')
+    parser.add_argument('--launchers', nargs='+', type=_launchers, default=list(DEFAULT_LAUNCHERS),
+                        help='how the Triton kernels are launched, a row of SOFT each: \'plan\' (the package\'s '
+                             'launch plans) and \'kernel[grid]\' (triton\'s JITFunction.run), both through triton\'s '
+                             'real launch path to a stand-in driver; or \'empty\' alone (the interpreter\'s route, '
+                             f'every launch empty, the meter before launchers were counted) (default: '
+                             f'{" ".join(DEFAULT_LAUNCHERS)})')
     parser.add_argument('--cpu-route', action='store_true',
                         help='also time SOFT\'s step on the CPU route (its own CPU kernels), for contrast')
     parser.add_argument('--threads', type=int, default=1, help='torch threads (default: 1, as a GPU step\'s host)')
     add_rounds_arguments(parser, 'work_dirs/host_time')
     args = parser.parse_args(argv)
     check_positive(parser, args, 'batch', 'threads')
+    if 'empty' in args.launchers and len(args.launchers) > 1:
+        parser.error('--launchers: \'empty\' runs alone (the interpreter\'s route; the others need it off)')
     if args.parts is None:
         args.parts = list(PARTS) if mmdet_available() is None else ['backbones']
     elif 'retinanet' in args.parts:
@@ -435,14 +511,16 @@ def tables(rows: list[dict], described: dict[str, Any]) -> str:
         part_rows = [r for r in rows if r['part'] == part]
         if not part_rows:
             continue
-        lines += ['', f'## {title}', '', f'| input | {what} | route | ms a step | ÷ SOFT\'s | launches a step (Triton) '
-                  '| µs a launch |', '|---|---|---|---|---|---|---|']
+        lines += ['', f'## {title}', '', f'| input | {what} | route | launcher | ms a step | ÷ SOFT\'s | ATen ms | '
+                  'other ms | launches a step (Triton) | µs a launch |', '|---|---|---|---|---|---|---|---|---|---|']
         for r in part_rows:
             differs = r['launches'] != r['full_width_launches']
             launches = f"{r['launches']:,} ({r['triton']:,})" + (
                 f" **≠ {r['full_width_launches']:,} at full width**" if differs else '')
-            lines.append(f"| {r['hw'][0]}x{r['hw'][1]} | {r['model']} | {r['route'].upper()} | {r['ms']:.2f} | "
-                         f"{r['ratio']:.2f} | {launches} | {r['us_per_launch']:.1f} |")
+            launcher = r['launcher'] if r['triton'] else '—'
+            lines.append(f"| {r['hw'][0]}x{r['hw'][1]} | {r['model']} | {r['route'].upper()} | {launcher} | "
+                         f"{r['ms']:.2f} | {r['ratio']:.2f} | {r['aten_ms']:.2f} | {r['non_aten_ms']:.2f} | "
+                         f"{launches} | {r['us_per_launch']:.1f} |")
     for name, description in described.items():
         lines.append(f'\n{name}: ' + ', '.join(f'{key} {value}' for key, value in description.items()))
     return '\n'.join(lines).lstrip('\n') + '\n'
@@ -452,9 +530,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from soft_mm.ops import triton_route
 
-    if not (triton_route.interpreting() and triton_route.triton_available()):
-        raise SystemExit('host_time: the GPU route on CPU tensors needs TRITON_INTERPRET=1 set before triton is '
-                         f'imported and triton >= {".".join(map(str, triton_route.MIN_TRITON))}')
+    interpret = 'empty' in args.launchers
+    if triton_route.interpreting() != interpret or not triton_route.triton_available():
+        need = 'TRITON_INTERPRET=1' if interpret else 'TRITON_INTERPRET unset'
+        raise SystemExit(f'host_time: --launchers {" ".join(args.launchers)} needs {need} before triton is imported '
+                         f'(run the script as a command: it sets it) and triton >= '
+                         f'{".".join(map(str, triton_route.MIN_TRITON))}')
     threads = torch.get_num_threads()
     torch.set_num_threads(args.threads)
     torch.set_flush_denormal(True)
@@ -471,13 +552,19 @@ def main(argv: list[str] | None = None) -> int:
         torch.set_flush_denormal(False)
     width = ('the models\' own widths' if args.width_divisor == 1 else
              f'every layer\'s channels / {args.width_divisor} (launches counted at both widths)')
+    how = ('every Triton launch empty (the interpreter\'s route: not included, Triton\'s own launcher and the '
+           'driver)' if interpret else
+           f'every Triton launch through triton\'s real launch path (the launcher of each row: \'plan\', the '
+           f'package\'s launch plans; \'kernel[grid]\', triton\'s JITFunction.run with its binder and cache lookup) '
+           f'to a stand-in driver of sm_{STUB_TARGET} that runs no kernel')
     header = (f'host time per training step, batch {args.batch}, {width}, bfloat16 autocast, CPU tensors on the GPU '
-              'route with every Triton launch empty (route CPU: SOFT\'s own CPU kernels), median of '
-              f'{args.rounds} interleaved rounds x {args.repeats} calls; {args.threads} thread(s), denormals flushed; '
-              f'torch {torch.__version__}, on {cpu_model()}. Included: Python, autograd, autocast, the dispatcher, '
-              'the CPU\'s arithmetic on the small tensors. Not included: Triton\'s own launcher and the driver (per '
-              'Triton launch on a GPU), CUDA\'s launch and allocator costs, CUDA autocast\'s float32 norms and '
-              'losses, the GPU\'s work.')
+              f'route with {how} (route CPU: SOFT\'s own CPU kernels), median of {args.rounds} interleaved rounds x '
+              f'{args.repeats} calls; {args.threads} thread(s), denormals flushed; torch {torch.__version__}, on '
+              f'{cpu_model()}. ATen ms: the ATen operators\' own host time (the profiler\'s self time of aten:: '
+              'events, a mean of 3 profiled steps); other ms: the rest of the step (the package\'s Python, '
+              'autograd\'s Functions and engine, the launcher). Included: Python, autograd, autocast, the '
+              'dispatcher, the CPU\'s arithmetic on the small tensors. Not included: the CUDA driver\'s launch and the '
+              'caching allocator, CUDA autocast\'s float32 norms and losses, the GPU\'s work.')
     write_results(args.out, 'host_time', header + '\n\n' + tables(rows, described), args, header=header, rows=rows,
                   detectors=described)
     return 0

@@ -41,8 +41,22 @@ import torch
 from harness import add_sizes_argument, autocast_to, build_backbone, cpu_model, write_results
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 
-__all__ = ['BUDGET_SIZE', 'CATEGORIES', 'MODELS', 'NO_KERNEL', 'STEP_BUDGET', 'Launch', 'LaunchCounter', 'count',
-           'count_model', 'counting_launches', 'main', 'regions', 'tally']
+__all__ = [
+    'BUDGET_SIZE',
+    'CATEGORIES',
+    'MODELS',
+    'NO_KERNEL',
+    'STEP_BUDGET',
+    'CountingLauncher',
+    'Launch',
+    'LaunchCounter',
+    'count',
+    'count_model',
+    'counting_launches',
+    'main',
+    'regions',
+    'tally',
+]
 
 MODELS = ('soft_norm_small', 'swin_t', 'convnext_t')
 DTYPES = {'bfloat16': torch.bfloat16, 'float16': torch.float16, 'float32': torch.float32}
@@ -193,25 +207,24 @@ class LaunchCounter(TorchDispatchMode):
         return func(*args, **kwargs)
 
 
-class _CountingKernel:
-    def __init__(self, kernel, name: str, counter: LaunchCounter) -> None:
-        self.kernel, self.name, self.counter = kernel, name, counter
+class CountingLauncher:
+    """A route's launcher that records each Triton launch in ``counter`` (``'triton.<kernel>'``) and launches it with
+    ``inner`` (what the route would have used), outside the counter's dispatch mode: the interpreter's copies between
+    torch and numpy are no GPU kernels. The kernels write bfloat16 results directly, as on a GPU (the interpreter's
+    own bfloat16 stores truncate, which a count does not mind)."""
 
-    def __getitem__(self, grid):
-        def launch(*args, **kwargs):
-            self.counter.record(f'triton.{self.name}')
-            with _disable_current_modes():  # the interpreter's copies between torch and numpy are no GPU kernels
-                return self.kernel[grid](*args, **kwargs)
-        return launch
+    exact_values = False
 
+    def __init__(self, inner, counter: LaunchCounter) -> None:
+        self.inner, self.counter = inner, counter
+        self.name = inner.name
 
-class _CountingKernels:
-    def __init__(self, module, counter: LaunchCounter) -> None:
-        self.module, self.counter = module, counter
+    def __call__(self, kernel, grid, args, meta) -> None:
+        from soft_mm.ops.triton_launch import kernel_name
 
-    def __getattr__(self, name: str):
-        kernel = getattr(self.module, name)
-        return _CountingKernel(kernel, name, self.counter) if hasattr(kernel, '__getitem__') else kernel
+        self.counter.record(f'triton.{kernel_name(kernel)}')
+        with _disable_current_modes():
+            self.inner(kernel, grid, args, meta)
 
 
 def _watch(regions: _Regions, fn: Callable, label: str) -> Callable:
@@ -228,10 +241,11 @@ def _watch(regions: _Regions, fn: Callable, label: str) -> Callable:
 def regions(counter: LaunchCounter, model: torch.nn.Module | None = None) -> Iterator[None]:
     """Label the counter's launches: each module's class (its instance's ``forward`` wrapped: hooks would change
     the path the package takes, which keeps hooked branches apart), the functions of :data:`FUNCTIONS`, and each
-    Triton launch of the package's kernel modules counted."""
+    Triton launch of the package counted (:class:`CountingLauncher` around every route's launcher, through
+    :func:`soft_mm.ops.triton_route.watching_launches`)."""
     import importlib
 
-    from soft_mm.ops import triton_route
+    from soft_mm.ops.triton_route import watching_launches
 
     stack = counter.regions
     patches = []
@@ -243,20 +257,15 @@ def regions(counter: LaunchCounter, model: torch.nn.Module | None = None) -> Ite
             owner = getattr(owner, parent)
         patches.append((owner, name, getattr(owner, name)))
         setattr(owner, name, _watch(stack, getattr(owner, name), label))
-    load_kernels, store_dtype = triton_route.load_kernels, triton_route.store_dtype
-    triton_route.load_kernels = lambda module: _CountingKernels(load_kernels(module), counter)
-    # the kernels write their own dtype, as on a GPU: no float32 buffer and cast back for the interpreter's bfloat16
-    # stores (which truncate instead of rounding; the count needs no exact values)
-    triton_route.store_dtype = lambda dtype: dtype
     modules = [] if model is None else list(model.modules())
     for module in modules:
         module.forward = _watch(stack, module.forward, type(module).__name__)
     try:
-        yield
+        with watching_launches(lambda inner: CountingLauncher(inner, counter)):
+            yield
     finally:
         for module in modules:
             del module.forward
-        triton_route.load_kernels, triton_route.store_dtype = load_kernels, store_dtype
         for owner, name, original in patches:
             setattr(owner, name, original)
 

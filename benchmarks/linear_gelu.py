@@ -44,19 +44,20 @@ CPU = torch.device('cpu')
 
 
 def fused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = 'none',
-          ) -> torch.Tensor:
-    """``GELU(linear(x))`` as oneDNN's GEMM with the GELU in its epilogue, at any width and either GELU."""
+          route: object = None) -> torch.Tensor:
+    """``GELU(linear(x))`` as oneDNN's GEMM with the GELU in its epilogue, at any width and either GELU (the forward's
+    route, which the library's rule reads, taken and not needed)."""
     return torch.ops.mkldnn._linear_pointwise(x, weight, bias, 'gelu', [], approximate)
 
 
 def unfused(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = 'none',
-            ) -> torch.Tensor:
+            route: object = None) -> torch.Tensor:
     """``F.gelu(F.linear(x, weight, bias))``: the GEMM, then a pass of the GELU."""
     return F.gelu(F.linear(x, weight, bias), approximate=approximate)
 
 
 def fused_within_bound(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
-                       approximate: str = 'none') -> torch.Tensor:
+                       approximate: str = 'none', route: object = None) -> torch.Tensor:
     """:func:`fused` for layers of at most ``FUSED_FLOAT32_MAX_IN_FEATURES`` inputs, tanh ones included (the rule
     before the sigmoid form), :func:`unfused` above."""
     if weight.shape[1] <= gelu.FUSED_FLOAT32_MAX_IN_FEATURES:

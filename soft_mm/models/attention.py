@@ -12,10 +12,9 @@ from ..ops import soft_attention
 from ..ops.functional.add_norm import fuses_add_norm, layer_norm_gelu
 from ..ops.functional.head_conv import head_depthwise_conv
 from ..ops.functional.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
-from ..ops.functional.residual import hooked, linear_residual
+from ..ops.functional.residual import hooked, linear_residual, plain_linear
 from ..ops.functional.sdpa import softmax_attention
-from ..ops.graph_mode import eager_tensors, exporting
-from ..ops.triton_route import gpu_route
+from ..ops.route import Route, decided
 from .settings import AttentionSettings, attention_settings, is_int
 
 # torch.fx (timm's feature_cls='fx', torchvision's create_feature_extractor, FX quantization): the SOFT op, the
@@ -64,11 +63,11 @@ def _size_min(bound: int, size):
 
 @torch.fx.wrap
 @register_notrace_function  # reason: skips the pooling when the map already has the pooled size
-def _pool_token_map(tokens: torch.Tensor, pooled_size: tuple[int, int]) -> torch.Tensor:
+def _pool_token_map(tokens: torch.Tensor, pooled_size: tuple[int, int], route: Route | None = None) -> torch.Tensor:
     """``(B, H, W, C) -> (B, H', W', C)`` adaptive average pooling to ``pooled_size`` (none when it is ``(H, W)``)."""
     if tuple(pooled_size) == tuple(tokens.shape[1:3]):
         return tokens
-    return adaptive_avg_pool_tokens(tokens, pooled_size)
+    return adaptive_avg_pool_tokens(tokens, pooled_size, route)
 
 
 def _token_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
@@ -85,23 +84,24 @@ def _channels_last_map(t: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tens
     return _token_map(t, hw_shape).permute(0, 3, 1, 2)
 
 
-def _project(proj: nn.Linear, out: torch.Tensor, residual: torch.Tensor | None, output_bias: bool = True,
-             ) -> torch.Tensor:
-    """``proj(out)``, or ``residual + proj(out)`` with the sum started in the GEMM where it can be (not where a hook
-    watches ``proj``); ``proj(out)`` without its bias where ``output_bias`` is False (the caller adds it)."""
+def _project(proj: nn.Module, out: torch.Tensor, residual: torch.Tensor | None, output_bias: bool = True,
+             route: Route | None = None) -> torch.Tensor:
+    """``proj(out)``, or ``residual + proj(out)`` with the sum started in the GEMM where it can be (a plain linear
+    layer, :func:`plain_linear`); ``proj(out)`` without its bias where ``output_bias`` is False (the caller adds it,
+    and the caller asks so of plain linear layers only)."""
     if not output_bias:
         return F.linear(out, proj.weight)
-    if residual is None or hooked(proj):
+    if residual is None or not plain_linear(proj):
         return proj(out) if residual is None else residual + proj(out)
-    return linear_residual(out, proj.weight, proj.bias, residual)
+    return linear_residual(out, proj.weight, proj.bias, residual, route)
 
 
-def fuses_projections(x: torch.Tensor, *projections: nn.Module) -> bool:
-    """Whether an attention layer runs its projections that read ``x`` as one GEMM: an eager call on the GPU route
-    (:func:`~soft_mm.ops.triton_route.gpu_route`, where a launch saved is time saved), none of them hooked. The same
-    operations whether or not :mod:`soft_mm.models.weight_cast` cast the weights (a checkpoint's recomputation, which
-    runs outside the cast, must find the operations of the forward it repeats)."""
-    return eager_tensors(x) and gpu_route(x) and not hooked(*projections)
+def fuses_projections(route: Route, *projections: nn.Module) -> bool:
+    """Whether an attention layer runs its projections that read the same input as one GEMM: an eager call on the GPU
+    route (``route.gpu``, where a launch saved is time saved), all of them plain linear layers (:func:`plain_linear`).
+    The same operations whether or not :mod:`soft_mm.models.weight_cast` cast the weights (a checkpoint's
+    recomputation, which runs outside the cast, must find the operations of the forward it repeats)."""
+    return route.gpu and plain_linear(*projections)
 
 
 def _setting(name: str) -> property:
@@ -168,13 +168,20 @@ class SoftAttention(nn.Module):
         # 'query_weight' and 'query_bias' alone; empty otherwise
         self.cast_weights: dict[str, torch.Tensor] = {}
 
-    # forward takes ``residual`` (the blocks hand it their sum; False on an instance: they add it themselves)
+    # forward takes ``residual`` (the blocks hand it their sum; False on an instance: they add it themselves) and
+    # ``route`` (the blocks hand it the forward's)
     adds_residual = True
+    takes_route = True
 
     @property
     def output_bias(self) -> torch.Tensor | None:
         """The bias of the output projection, which ``forward(..., output_bias=False)`` leaves to the caller."""
         return self.proj.bias
+
+    def leaves_output_bias(self) -> bool:
+        """Whether ``forward(..., output_bias=False)`` may leave :attr:`output_bias` to the caller: a plain linear
+        output projection (:func:`~soft_mm.ops.functional.residual.plain_linear`)."""
+        return plain_linear(self.proj)
 
     landmark_mode = _setting('landmark_mode')
     landmark_grid = _setting('landmark_grid')
@@ -195,13 +202,16 @@ class SoftAttention(nn.Module):
         return (_size_min(self.settings.landmark_grid, (height + stride - 1) // stride),
                 _size_min(self.settings.landmark_grid, (width + stride - 1) // stride))
 
-    def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int]) -> torch.Tensor:
-        """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`)."""
+    def sample_landmarks(self, q: torch.Tensor, hw_shape: tuple[int, int], route: Route | None = None,
+                         ) -> torch.Tensor:
+        """``q (B, h, N, d) -> landmarks (B, h, m, d)`` with m = prod(:meth:`landmark_shape`); ``route``: the
+        forward's (None: the route of ``q``)."""
         b, h, _, d = q.shape
+        route = decided(route, q)
         grid = self.landmark_shape(hw_shape)
         pooled_size = grid if self.settings.landmark_mode == 'avg' else (grid[0] * self.landmark_stride,
                                                                 grid[1] * self.landmark_stride)
-        if exporting():
+        if route.exporting:
             # exporting a graph (ONNX / torch.export / jit trace): the pooling always runs (an identity at 224 in
             # conv mode), as two matmuls that keep the input size symbolic, so no size is frozen into the graph
             q_map = adaptive_avg_pool2d_matmul(q.reshape(b * h, *hw_shape, d).permute(0, 3, 1, 2), pooled_size)
@@ -209,18 +219,18 @@ class SoftAttention(nn.Module):
                 return q_map.flatten(2).transpose(1, 2).reshape(b, h, -1, d)
         else:
             # eager: all heads pooled at once on the token-major (B, H, W, h*d) map, a view of forward()'s q
-            tokens = _pool_token_map(_token_map(q, hw_shape), pooled_size)
+            tokens = _pool_token_map(_token_map(q, hw_shape), pooled_size, route)
             if self.settings.landmark_mode == 'avg':
                 return tokens.reshape(b, -1, h, d).transpose(1, 2)
-            if not hooked(self.landmark_conv):
-                return self._landmarks_from_patches(tokens, grid)
+            if type(self.landmark_conv) is nn.Conv2d and not hooked(self.landmark_conv):
+                return self._landmarks_from_patches(tokens, grid, route)
             # (B*h, d, H', W') in NCHW memory: the conv is shared by the heads
             q_map = tokens.reshape(b, *pooled_size, h, d).permute(0, 3, 4, 1, 2).reshape(b * h, d, *pooled_size)
         landmarks = self.landmark_conv(q_map).flatten(2).transpose(1, 2)
         landmarks = F.gelu(self.landmark_norm(landmarks))
         return landmarks.reshape(b, h, -1, d)
 
-    def _landmarks_from_patches(self, tokens: torch.Tensor, grid: tuple[int, int]) -> torch.Tensor:
+    def _landmarks_from_patches(self, tokens: torch.Tensor, grid: tuple[int, int], route: Route) -> torch.Tensor:
         """Conv-mode landmarks from the pooled ``(B, g_h r, g_w r, h*d)`` token map: the stride-``r`` conv with an
         ``r x r`` kernel is one matmul of the ``r x r`` patches, each flattened in the conv weight's ``(d, r, r)``
         order, with the weight as a ``(d, d r r)`` matrix (one small copy of the patches instead of a copy to NCHW and
@@ -231,10 +241,10 @@ class SoftAttention(nn.Module):
         patches = tokens.reshape(b, grid_h, r, grid_w, r, h, d).permute(0, 5, 1, 3, 6, 2, 4).reshape(-1, d * r * r)
         landmarks = F.linear(patches, self.landmark_conv.weight.reshape(d, d * r * r))
         norm = self.landmark_norm
-        if fuses_add_norm(landmarks, None, norm.weight) and type(norm) is nn.LayerNorm and not hooked(norm):
+        if type(norm) is nn.LayerNorm and not hooked(norm) and fuses_add_norm(landmarks, None, norm.weight, route):
             # the GPU route: LayerNorm and GELU in one kernel, float32 out (what the op computes its kernel in, and
             # what CUDA autocast's float32 LayerNorm would give)
-            landmarks = layer_norm_gelu(landmarks, norm.weight, norm.bias, norm.eps, torch.float32)
+            landmarks = layer_norm_gelu(landmarks, norm.weight, norm.bias, norm.eps, torch.float32, route)
         else:
             landmarks = F.gelu(norm(landmarks))
         return landmarks.reshape(b, h, grid_h * grid_w, d)
@@ -245,8 +255,9 @@ class SoftAttention(nn.Module):
         return tokens.reshape(b, n, self.num_heads, self.head_dim).transpose(1, 2)
 
     def _query_weights(self) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """The query/key projection's weight and bias times ``d^-1/4``: cast once with the model's other weights where
-        :mod:`soft_mm.models.weight_cast` holds them, else scaled here (the C x C weight, not the N x C queries)."""
+        """The query/key projection's weight and bias times ``d^-1/4`` (a plain linear layer's): cast once with the
+        model's other weights where :mod:`soft_mm.models.weight_cast` holds them, else scaled here (the C x C weight,
+        not the N x C queries)."""
         weight = self.cast_weights.get('query_weight')
         if weight is not None:
             return weight, self.cast_weights.get('query_bias')
@@ -255,14 +266,17 @@ class SoftAttention(nn.Module):
 
     def queries(self, x: torch.Tensor) -> torch.Tensor:
         """``x (B, N, C) -> q (B, h, N, d)``, the shared query/key projection scaled by ``d^-1/4``: a head-split view
-        of the token-major projection."""
+        of the token-major projection (the scale folded into a plain linear layer's weight; another module's output
+        scaled)."""
+        if type(self.qk) is not nn.Linear:
+            return self._heads(self.qk(x) * self.head_dim ** -0.25)
         return self._heads(F.linear(x, *self._query_weights()))
 
-    def _queries_and_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def _queries_and_values(self, x: torch.Tensor, route: Route) -> tuple[torch.Tensor, torch.Tensor]:
         """``(q (B, h, N, d), v tokens (B, N, C))``: the scaled query/key projection and the value projection, one
         GEMM on the GPU route (:func:`fuses_projections`) with the two weights as one ``(2C, C)`` matrix (cast once
         that way where the cast holds them, else concatenated for the call), two GEMMs elsewhere."""
-        if not fuses_projections(x, self.qk, self.v):
+        if not fuses_projections(route, self.qk, self.v):
             return self.queries(x), self.v(x)
         weight, bias = self.cast_weights.get('qkv_weight'), self.cast_weights.get('qkv_bias')
         if weight is None:
@@ -273,28 +287,29 @@ class SoftAttention(nn.Module):
         return self._heads(q_tokens), v_tokens
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor | None = None,
-                output_bias: bool = True) -> torch.Tensor:
+                output_bias: bool = True, route: Route | None = None) -> torch.Tensor:
         """``x (B, N, C)`` with N = H * W tokens in row-major order -> ``(B, N, C)``; ``residual + `` that where a
         residual ``(B, N, C)`` is given (the block's sum, started in the output projection's GEMM in CPU inference:
         :func:`~soft_mm.ops.functional.residual.linear_residual`); without the output projection's bias
-        (:attr:`output_bias`) where ``output_bias`` is False."""
+        (:attr:`output_bias`) where ``output_bias`` is False; ``route``: the forward's (None: the route of ``x``)."""
         h, w = _check_hw(x, hw_shape)  # (unpacked: a traced call's result is one node, its items two more)
         hw_shape = (h, w)
         b, n, c = x.shape
+        route = decided(route, x)
         # q = k, scaled by d^-1/4 so that exp(-|q_i - k_j|^2 / 2) = exp(-|x_i - x_j|^2 / (2 sqrt(d))). q and v are
         # head-split views of the token-major projections (no copy); the tiled attention keeps that layout, so its
         # output, the value conv (a channels-last map) and the output projection all read each other in place.
-        q, v_tokens = self._queries_and_values(x)
+        q, v_tokens = self._queries_and_values(x, route)
         v = self._heads(v_tokens)
-        landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape))
+        landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape, route))
         out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, soft_norm=self.soft_norm,
-                             ridge=self.settings.newton_ridge, backward=self.settings.newton_backward)
+                             ridge=self.settings.newton_ridge, backward=self.settings.newton_backward, route=route)
         out = out.transpose(1, 2).reshape(b, n, c)  # token-major (a view where the backend kept v's layout)
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of
             # v, whose (B, N, h, d) memory is already a channels-last (B, h*d, H, W) map (no copy); the result is
             # token-major like the attention output, so the sum and the output projection copy nothing
-            if exporting():
+            if route.exporting:
                 # an exported graph copies every layout change: the token matrix as an NHWC -> NCHW permute and
                 # back (4-d permutes, which onnxruntime folds into the NCHWc reorders around its conv, where it
                 # kept the (N, C) <-> (C, N) transposes), and the filters repeated over their heads' channels
@@ -304,10 +319,11 @@ class SoftAttention(nn.Module):
                 local = F.conv2d(v_map, weight, padding=self.v_conv.padding, groups=c).permute(0, 2, 3, 1)
                 local = local.reshape(b, n, c)
             else:
-                local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim)
+                local = head_depthwise_conv(_channels_last_map(v, hw_shape), self.v_conv.weight, self.head_dim,
+                                            route)
                 local = local.permute(0, 2, 3, 1).reshape(b, n, c)
             out = out + local
-        return _project(self.proj, out, residual, output_bias)
+        return _project(self.proj, out, residual, output_bias, route)
 
     def extra_repr(self) -> str:
         return (f'heads={self.num_heads}, landmarks={self.landmark_mode}(grid={self.landmark_grid}, '
@@ -331,17 +347,19 @@ class SoftmaxAttention(nn.Module):
         # 'qkv_bias', while soft_mm.models.weight_cast holds them; empty otherwise
         self.cast_weights: dict[str, torch.Tensor] = {}
 
-    adds_residual = True  # as SoftAttention's
+    adds_residual = takes_route = True  # as SoftAttention's
 
     @property
     def output_bias(self) -> torch.Tensor | None:
         """The bias of the output projection (as :attr:`SoftAttention.output_bias`)."""
         return self.proj.bias
 
-    def _queries_keys_values(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    leaves_output_bias = SoftAttention.leaves_output_bias
+
+    def _queries_keys_values(self, x: torch.Tensor, route: Route) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """``q, k, v (B, h, N, d)``: one GEMM on the GPU route (:func:`fuses_projections`), two elsewhere."""
         b, n, _ = x.shape
-        if not fuses_projections(x, self.q, self.kv):
+        if not fuses_projections(route, self.q, self.kv):
             q = self.q(x).reshape(b, n, self.num_heads, -1).transpose(1, 2)
             k, v = self.kv(x).reshape(b, n, 2, self.num_heads, -1).permute(2, 0, 3, 1, 4)
             return q, k, v
@@ -352,13 +370,15 @@ class SoftmaxAttention(nn.Module):
         return F.linear(x, weight, bias).reshape(b, n, 3, self.num_heads, -1).permute(2, 0, 3, 1, 4).unbind(0)
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int] | None = None,
-                residual: torch.Tensor | None = None, output_bias: bool = True) -> torch.Tensor:
+                residual: torch.Tensor | None = None, output_bias: bool = True, route: Route | None = None,
+                ) -> torch.Tensor:
         """``x (B, N, C) -> (B, N, C)``, plus ``residual`` where one is given (as :meth:`SoftAttention.forward`)."""
         b, n, c = x.shape
-        q, k, v = self._queries_keys_values(x)
+        route = decided(route, x)
+        q, k, v = self._queries_keys_values(x, route)
         # the default scale, 1 / sqrt(head_dim), left implicit: mmdeploy 1.3.1's ONNX rewrite of
         # F.scaled_dot_product_attention (what an export calls) divides by a given `scale` where PyTorch multiplies
         # by it (a head_dim-times sharper softmax in the exported graph)
         # (bfloat16 operands attended in float32 in eager CPU inference: soft_mm.ops.functional.sdpa)
-        out = softmax_attention(q, k, v)
-        return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual, output_bias)
+        out = softmax_attention(q, k, v, route)
+        return _project(self.proj, out.transpose(1, 2).reshape(b, n, c), residual, output_bias, route)

@@ -8,8 +8,8 @@ from torch import nn
 
 from ..ops.functional.add_norm import add_layer_norm, fuses_add_norm
 from ..ops.functional.gelu import linear_gelu
-from ..ops.functional.residual import hooked, linear_residual
-from ..ops.graph_mode import eager_tensors
+from ..ops.functional.residual import hooked, linear_residual, plain_linear
+from ..ops.route import Route, decided
 
 # torch.fx: linear_gelu picks the fused kernel from the device, dtype and grad mode in Python, so a symbolic trace
 # keeps the call as one node that runs eagerly (see soft_mm.models.attention)
@@ -35,23 +35,30 @@ class GeluMlp(Mlp):
     (The benchmarks' A/B variants without either patch the instance's forward in the benchmark code:
     ``benchmarks/harness.py``.)"""
 
+    takes_route = True  # forward takes the forward's route (the blocks hand it theirs)
+
     @property
     def output_bias(self) -> torch.Tensor | None:
         """The bias of the branch's last linear layer (``fc2``)."""
         return self.fc2.bias
 
+    def leaves_output_bias(self) -> bool:
+        """Whether ``forward(..., output_bias=False)`` may leave :attr:`output_bias` to the caller: a GELU between
+        plain linear layers (:func:`~soft_mm.ops.functional.residual.plain_linear`)."""
+        return isinstance(self.act, nn.GELU) and plain_linear(self.fc1, self.fc2)
+
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None, output_bias: bool = True,
-                ) -> torch.Tensor:
-        if not isinstance(self.act, nn.GELU):
+                route: Route | None = None) -> torch.Tensor:
+        if not (isinstance(self.act, nn.GELU) and plain_linear(self.fc1)):
             out = super().forward(x)
             return out if residual is None else residual + out
-        x = self.norm(self.drop1(linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate)))
+        x = self.norm(self.drop1(linear_gelu(x, self.fc1.weight, self.fc1.bias, self.act.approximate, route)))
         if not output_bias:
             return self.drop2(F.linear(x, self.fc2.weight))
-        if residual is None or (self.training and self.drop2.p > 0) or hooked(self.fc2):
+        if residual is None or (self.training and self.drop2.p > 0) or not plain_linear(self.fc2):
             out = self.drop2(self.fc2(x))
             return out if residual is None else residual + out
-        return linear_residual(x, self.fc2.weight, self.fc2.bias, residual)
+        return linear_residual(x, self.fc2.weight, self.fc2.bias, residual, route)
 
 
 def drop_path_scales(keep: torch.Tensor, batch: int, dtype: torch.dtype) -> torch.Tensor:
@@ -77,15 +84,30 @@ class _ScaledSum(torch.autograd.Function):
         return grad, grad * scale, None
 
 
-def _residual_sum(residual: torch.Tensor, branch: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+def _residual_sum(residual: torch.Tensor, branch: torch.Tensor, scale: torch.Tensor | None, route: Route,
+                  ) -> torch.Tensor:
     """``residual + scale * branch`` for tokens ``(B, N, C)`` with ``scale (B,)`` per sample (in the branch's dtype, as
     timm's ``DropPath`` scales it), one operator; ``residual + branch`` without one."""
     if scale is None:
         return residual + branch
     scale = scale.to(branch.dtype)[:, None, None]
-    if eager_tensors(residual, branch) and residual.dtype == branch.dtype:
+    if route.plain and type(branch) in _PLAIN and residual.dtype == branch.dtype:
         return _ScaledSum.apply(residual, branch, scale)
     return torch.addcmul(residual, branch, scale)
+
+
+_PLAIN = (torch.Tensor, nn.Parameter)
+
+
+def _takes_route(branch: nn.Module) -> bool:
+    """Whether ``branch``'s forward takes the forward's route (its class says so, ``takes_route``; a forward put on an
+    instance in place of its class's must take ``route=`` too)."""
+    return getattr(type(branch), 'takes_route', False)
+
+
+def _route_keywords(branch: nn.Module, route: Route) -> dict:
+    """``route=`` for a branch whose forward takes the forward's route (:func:`_takes_route`), nothing for another."""
+    return {'route': route} if _takes_route(branch) else {}
 
 
 class Block(nn.Module):
@@ -118,28 +140,35 @@ class Block(nn.Module):
         self.drop_path = DropPath(drop_path) if drop_path > 0 else nn.Identity()
 
     def _attend(self, y: torch.Tensor, hw_shape: tuple[int, int], residual: torch.Tensor,
-                scale: torch.Tensor | None) -> torch.Tensor:
+                scale: torch.Tensor | None, route: Route) -> torch.Tensor:
         """``residual + scale * attn(y)``."""
+        keywords = _route_keywords(self.attn, route)
         if scale is None and self._sum_in_branch() and getattr(self.attn, 'adds_residual', False) \
                 and not hooked(self.attn):
-            return self.attn(y, hw_shape, residual=residual)
-        return _residual_sum(residual, self.attn(y, hw_shape), scale)
+            return self.attn(y, hw_shape, residual=residual, **keywords)
+        return _residual_sum(residual, self.attn(y, hw_shape, **keywords), scale, route)
 
-    def _feed_forward(self, y: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    def _feed_forward(self, y: torch.Tensor, residual: torch.Tensor, scale: torch.Tensor | None, route: Route,
+                      ) -> torch.Tensor:
         """``residual + scale * mlp(y)``."""
+        keywords = _route_keywords(self.mlp, route)
         if scale is None and self._sum_in_branch() and not hooked(self.mlp):
-            return self.mlp(y, residual=residual)
-        return _residual_sum(residual, self.mlp(y), scale)
+            return self.mlp(y, residual=residual, **keywords)
+        return _residual_sum(residual, self.mlp(y, **keywords), scale, route)
 
     def _sum_in_branch(self) -> bool:
         """Whether stochastic depth is the identity here (none, or eval mode), so a branch may add its residual."""
         return self.drop_prob == 0 or not self.training
 
-    def _fuses_add_norm(self, x: torch.Tensor) -> bool:
-        """Whether the post-norm sums and norms run as :func:`~soft_mm.ops.functional.add_norm.add_layer_norm`'s fused
-        kernels (the GPU route, eager; not where a hook watches a norm or a branch, or the norms are not plain)."""
-        return (type(self.norm1) is nn.LayerNorm and type(self.norm2) is nn.LayerNorm
-                and fuses_add_norm(x, x, self.norm1.weight) and not hooked(self.norm1, self.norm2, self.attn, self.mlp))
+    def _fuses_add_norm(self, x: torch.Tensor, route: Route) -> bool:
+        """Whether the sums and norms run as :func:`~soft_mm.ops.functional.add_norm.add_layer_norm`'s fused kernels
+        (the GPU route, eager; not where a hook watches a norm or a branch, the norms are not plain, or a branch's
+        last layer cannot leave its bias to the kernel)."""
+        return (type(self.norm1) is nn.LayerNorm and type(self.norm2) is nn.LayerNorm and route.gpu
+                and fuses_add_norm(x, x, self.norm1.weight, route)
+                and not hooked(self.norm1, self.norm2, self.attn, self.mlp)
+                and _takes_route(self.attn) and self.attn.leaves_output_bias()
+                and (not self.post_norm or (_takes_route(self.mlp) and self.mlp.leaves_output_bias())))
 
     def _drop_scales(self, x: torch.Tensor, drop_scales: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
         """The two branches' per-sample scales of stochastic depth (None where it is the identity)."""
@@ -151,28 +180,32 @@ class Block(nn.Module):
         return drop_scales[0], drop_scales[1]
 
     def forward(self, x: torch.Tensor, hw_shape: tuple[int, int], drop_scales: torch.Tensor | None = None,
-                ) -> torch.Tensor:
+                route: Route | None = None) -> torch.Tensor:
         """``x (B, N, C) -> (B, N, C)``; ``drop_scales (2, B)``: the attention's and the MLP's stochastic-depth scales
-        (:func:`drop_path_scales`), used in training where ``drop_prob > 0`` (None: drawn here)."""
+        (:func:`drop_path_scales`), used in training where ``drop_prob > 0`` (None: drawn here); ``route``: the
+        forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``x``)."""
+        route = decided(route, x)
         attn_scale, mlp_scale = self._drop_scales(x, drop_scales)
-        if self.post_norm and self._fuses_add_norm(x) and hasattr(self.attn, 'output_bias'):
-            # on the GPU route: each sum (the branch's last bias and its stochastic-depth scale in it), its LayerNorm
-            # (float32 statistics) and the cast back to the stream's dtype in one kernel
-            x = add_layer_norm(self.attn(x, hw_shape, output_bias=False), x, self.norm1.weight, self.norm1.bias,
-                               self.norm1.eps, branch_bias=self.attn.output_bias, branch_scale=attn_scale)
-            return add_layer_norm(self.mlp(x, output_bias=False), x, self.norm2.weight, self.norm2.bias,
-                                  self.norm2.eps, branch_bias=self.mlp.output_bias, branch_scale=mlp_scale)
-        if self._fuses_add_norm(x) and hasattr(self.attn, 'output_bias'):
+        if self._fuses_add_norm(x, route):
+            if self.post_norm:
+                # on the GPU route: each sum (the branch's last bias and its stochastic-depth scale in it), its
+                # LayerNorm (float32 statistics) and the cast back to the stream's dtype in one kernel
+                x = add_layer_norm(self.attn(x, hw_shape, output_bias=False, route=route), x, self.norm1.weight,
+                                   self.norm1.bias, self.norm1.eps, branch_bias=self.attn.output_bias,
+                                   branch_scale=attn_scale, route=route)
+                return add_layer_norm(self.mlp(x, output_bias=False, route=route), x, self.norm2.weight,
+                                      self.norm2.bias, self.norm2.eps, branch_bias=self.mlp.output_bias,
+                                      branch_scale=mlp_scale, route=route)
             # pre-norm on the GPU route: the first sum (the projection's bias and the scale in it) and the second
             # norm in one kernel, which also writes the sum, the stream the MLP's branch joins
-            x, y = add_layer_norm(self.attn(self.norm1(x), hw_shape, output_bias=False), x, self.norm2.weight,
-                                  self.norm2.bias, self.norm2.eps, branch_bias=self.attn.output_bias,
-                                  branch_scale=attn_scale, return_sum=True)
-            return self._feed_forward(y, x, mlp_scale)
+            x, y = add_layer_norm(self.attn(self.norm1(x), hw_shape, output_bias=False, route=route), x,
+                                  self.norm2.weight, self.norm2.bias, self.norm2.eps, branch_bias=self.attn.output_bias,
+                                  branch_scale=attn_scale, return_sum=True, route=route)
+            return self._feed_forward(y, x, mlp_scale, route)
         if self.post_norm:
             # the stream keeps its dtype: CUDA autocast runs LayerNorm in float32 and returns float32, which would
             # turn the residual stream float32 (every linear then casts it back); a no-op elsewhere
-            x = self.norm1(self._attend(x, hw_shape, x, attn_scale)).to(x.dtype)
-            return self.norm2(self._feed_forward(x, x, mlp_scale)).to(x.dtype)
-        x = self._attend(self.norm1(x), hw_shape, x, attn_scale)
-        return self._feed_forward(self.norm2(x), x, mlp_scale)
+            x = self.norm1(self._attend(x, hw_shape, x, attn_scale, route)).to(x.dtype)
+            return self.norm2(self._feed_forward(x, x, mlp_scale, route)).to(x.dtype)
+        x = self._attend(self.norm1(x), hw_shape, x, attn_scale, route)
+        return self._feed_forward(self.norm2(x), x, mlp_scale, route)

@@ -13,11 +13,15 @@ padding to a multiple of 32 does), so the maps differ a little from the unpadded
 
 The compiled stages are built on a stage's first eager forward and belong to that model object: a copy of the model
 (``copy.deepcopy``, as mmengine's EMA hook makes one; pickling) starts without them and compiles its own on its first
-forward. Where a graph is already being traced, compiled or exported around the model, the stages run as they are.
+forward. Where a graph is already being traced, compiled or exported around the model, the stages run as they are. A
+stage whose compiled forward fails (a compile or a CUDA graph capture that raises) runs that call again eagerly, and
+eagerly from then on, with one :class:`CompileStagesFallbackWarning`; where the eager forward fails too, its error is
+raised (the model's own). A failure in a compiled backward is raised as it is.
 """
 from __future__ import annotations
 
 import types
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -27,7 +31,8 @@ from torch import nn
 
 from ..ops.graph_mode import graph_mode
 
-__all__ = ['BUCKET_KEYWORD', 'COMPILE_KEYWORDS', 'CompiledStages', 'check_compile_stages', 'padded_input']
+__all__ = ['BUCKET_KEYWORD', 'COMPILE_KEYWORDS', 'CompileStagesFallbackWarning', 'CompiledStages',
+           'check_compile_stages', 'padded_input']
 
 # the torch.compile keywords compile_stages takes, and its own key of the input's size buckets
 COMPILE_KEYWORDS = ('dynamic', 'mode', 'backend', 'fullgraph', 'options')
@@ -78,6 +83,32 @@ def _log(message: str) -> None:
     print_log(message, logger='current')
 
 
+class CompileStagesFallbackWarning(UserWarning):
+    """A stage of ``compile_stages`` runs eagerly: its compiled forward failed (the message names the stage and the
+    error)."""
+
+
+class _Runner:
+    """A stage's compiled forward that falls back to the eager one (see the module docstring)."""
+
+    def __init__(self, stage: nn.Module, compiled: Callable, label: str) -> None:
+        self.stage, self.compiled, self.label = stage, compiled, label
+        self.eager = False
+
+    def __call__(self, *args: Any) -> Any:
+        if self.eager:
+            return self.stage(*args)
+        try:
+            return self.compiled(*args)
+        except Exception as error:  # a compile or a capture that failed: the eager forward tells the model's own errors
+            out = self.stage(*args)
+            self.eager = True
+            warnings.warn(f'compile_stages: {self.label} runs eagerly from now on: its compiled forward failed '
+                          f'({type(error).__name__}: {str(error).splitlines()[0] if str(error) else ""})',
+                          CompileStagesFallbackWarning, stacklevel=3)
+            return out
+
+
 def _own_forward(stage: nn.Module) -> Callable:
     """``stage.forward`` bound to ``stage`` with a code object of its own: dynamo keeps its graphs, and its limit of
     recompilations, per code object, and the four stages share one class (each would otherwise count against the
@@ -96,7 +127,7 @@ class CompiledStages:
     def __init__(self) -> None:
         self.runners: dict[int, Callable] = {}
 
-    def runner(self, stage: nn.Module, options: dict[str, Any]) -> Callable:
+    def runner(self, stage: nn.Module, options: dict[str, Any], name: str = 'a stage') -> Callable:
         """``stage`` compiled with ``options`` (built on the first call), or ``stage`` itself while a graph is being
         traced, compiled or exported around it."""
         if graph_mode() != 'eager':
@@ -104,7 +135,7 @@ class CompiledStages:
         compiled = self.runners.get(id(stage))
         if compiled is None:
             options = {key: value for key, value in options.items() if key != BUCKET_KEYWORD}
-            compiled = self.runners[id(stage)] = torch.compile(_own_forward(stage), **options)
+            compiled = self.runners[id(stage)] = _Runner(stage, torch.compile(_own_forward(stage), **options), name)
             _log(f'soft_mm: a backbone stage ({type(stage).__name__} of {sum(1 for _ in stage.parameters())} '
                  f'parameter tensors) runs under torch.compile({", ".join(f"{k}={v!r}" for k, v in options.items())})')
         return compiled

@@ -37,6 +37,7 @@ from torch.nn.modules.instancenorm import _InstanceNorm
 from torch.utils.checkpoint import checkpoint
 
 from ..ops.graph_mode import exporting
+from ..ops.route import Route, decided, route_of
 from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU, drop_path_scales
@@ -44,7 +45,7 @@ from .compiled import BUCKET_KEYWORD, CompiledStages, check_compile_stages, padd
 from .conv import STEM_CHANNELS, ConvBNAct, NormLayer, conv_stem, like_input  # noqa: F401 (where they were)
 from .official.layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
-from .weight_cast import cast_once_applies, weights_cast_once
+from .weight_cast import CastWeights, cast_once_applies, weights_cast_once
 
 PRETRAIN_IMG_SIZE = 224
 
@@ -80,6 +81,20 @@ def resize_pos_embed(pos_embed: torch.Tensor, pos_grid: int, hw_shape: tuple[int
     return grid.flatten(2).transpose(1, 2)
 
 
+def _reentrant_ready(stage: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    """``x``, made to require a gradient where a wrapper put on the stage's ``forward`` (one made with
+    ``functools.wraps``, as mmengine's ``activation_checkpointing=['backbone.stages.0']`` puts a reentrant checkpoint
+    there) would otherwise give its trainable weights none: a reentrant checkpoint's output needs a gradient only where
+    an input does, and the first stage's input, the image, needs none. The image's gradient is then computed in the
+    backward and dropped."""
+    wrapper = vars(stage).get('forward')
+    if wrapper is None or not hasattr(wrapper, '__wrapped__') or not torch.is_grad_enabled() or x.requires_grad:
+        return x
+    if not any(p.requires_grad for p in stage.parameters()):
+        return x
+    return x.detach().requires_grad_()
+
+
 class SoftStage(nn.Module):
     """One pyramid level that runs itself: downsample -> tokens + position embedding -> blocks -> NCHW map.
 
@@ -113,21 +128,26 @@ class SoftStage(nn.Module):
         return resize_pos_embed(self.pos_embed, self.pos_grid, hw_shape)
 
     def _run_block(self, block: nn.Module, tokens: torch.Tensor, hw_shape: tuple[int, int],
-                   drop_scales: torch.Tensor | None) -> torch.Tensor:
+                   drop_scales: torch.Tensor | None, route: Route, cast: CastWeights | None) -> torch.Tensor:
         if self.with_cp and torch.is_grad_enabled():
-            return checkpoint(block, tokens, hw_shape, drop_scales, use_reentrant=False)
-        return block(tokens, hw_shape, drop_scales)
+            if cast is not None:  # the recomputation, after the stage's forward, runs on the same cast weights
+                return checkpoint(cast.run_block, block, tokens, hw_shape, drop_scales, route, *cast.of_block(block),
+                                  use_reentrant=False)
+            return checkpoint(block, tokens, hw_shape, drop_scales, route, use_reentrant=False)
+        return block(tokens, hw_shape, drop_scales, route)
 
     def forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None = None, norm: nn.Module | None = None,
-                ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not cast_once_applies(self, x):  # (no context manager where a graph is traced)
-            return self._forward(x, prefix_tokens, norm)
-        with weights_cast_once(self, x):
-            return self._forward(x, prefix_tokens, norm)
+                route: Route | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``route``: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``x``, made here)."""
+        route = decided(route, x)
+        if not cast_once_applies(self, x, route):  # (no context manager where a graph is traced)
+            return self._forward(x, prefix_tokens, norm, route, None)
+        with weights_cast_once(self, x, route) as cast:
+            return self._forward(x, prefix_tokens, norm, route, cast)
 
-    def _forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None, norm: nn.Module | None,
-                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        if not exporting():
+    def _forward(self, x: torch.Tensor, prefix_tokens: torch.Tensor | None, norm: nn.Module | None, route: Route,
+                 cast: CastWeights | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if not route.exporting:
             x = x.contiguous(memory_format=torch.channels_last)
         x = self.downsample(x)
         b, c, h, w = x.shape
@@ -143,14 +163,15 @@ class SoftStage(nn.Module):
         scales = (drop_path_scales(self.drop_keep, b, tokens.dtype) if self.training and self.drop_keep is not None
                   else None)
         for j, block in enumerate(self.blocks):
-            tokens = self._run_block(block, tokens, (h, w), None if scales is None else scales[2 * j:2 * j + 2])
+            tokens = self._run_block(block, tokens, (h, w), None if scales is None else scales[2 * j:2 * j + 2],
+                                     route, cast)
         if norm is not None:
             tokens = norm(tokens)
         prefix_out = None if prefix_tokens is None else tokens[:, :num_prefix]
         # the map is the stage's last operation: timm's feature_cls='fx' takes the last node of stages.{i} as its map
         out_map = tokens[:, num_prefix:].transpose(1, 2).reshape(b, c, h, w)
         # (exporting a graph, NCHW: a channels-last input makes torch.export guard on the batch size)
-        return (out_map.contiguous() if exporting() else out_map), prefix_out
+        return (out_map.contiguous() if route.exporting else out_map), prefix_out
 
 
 # Block recipe of each attention kind (arch table ``stage_attention``): SOFT stages are post-norm blocks with the
@@ -302,10 +323,17 @@ class SoftPyramid(nn.Module):
         crop = None  # (compile_stages' size buckets, for CUDA graphs; a branch on None only where fx traces this)
         if divisor > 1:
             x, crop = padded_input(x, divisor)
+        # the route of the forward, decided once and handed to every stage (under compile_stages each stage decides
+        # its own, in its graph)
+        route = None if self.compile_stages else route_of(x)
         for i, stage in enumerate(self.stages[:last_stage + 1]):
             is_final = i == final
-            run = self._compiled.runner(stage, self.compile_stages) if self.compile_stages else stage
-            x, prefix_out = run(x, prefix_tokens if is_final else None, self.norm if is_final else None)
+            prefix, final_norm = (prefix_tokens, self.norm) if is_final else (None, None)
+            if route is None:
+                run = self._compiled.runner(stage, self.compile_stages, f'stage {i + 1}')
+                x, prefix_out = run(x, prefix, final_norm)
+            else:
+                x, prefix_out = stage(_reentrant_ready(stage, x), prefix, final_norm, route)
             # contiguous NCHW: the stage's channels-last view is what mmcv's RoIAlign (and other C++/CUDA ops
             # that read the raw buffer as NCHW) silently misreads
             maps.append((x if crop is None else crop(x, i)).contiguous())

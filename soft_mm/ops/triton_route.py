@@ -1,6 +1,8 @@
 """Where the package's Triton kernels run, in one place: on CUDA tensors when a triton the kernels can use is
-installed; on CPU tensors only inside :func:`interpreted_triton_route`, under ``TRITON_INTERPRET=1`` (the tests, and
-the tools that count what a GPU would launch, run the GPU's route there); and how a kernel module is loaded.
+installed; on CPU tensors only inside :func:`interpreted_triton_route` (under ``TRITON_INTERPRET=1``: the tests, and
+the tools that count what a GPU would launch, run the GPU's route there) or :func:`stubbed_triton_route` (triton's
+real launch path to a stand-in driver that runs nothing: what the host-time meter runs); and how a kernel module is
+loaded.
 
 ``TRITON_INTERPRET`` is read when a kernel is decorated, so :func:`load_kernels` re-imports a kernel module (and
 :mod:`.triton_interpreter`, whose ``INTERPRET`` the kernels read) when the setting has changed since it was imported;
@@ -16,16 +18,19 @@ import importlib.metadata
 import importlib.util
 import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import ModuleType
+from typing import Any
 
 import torch
 
-from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, TARGET_MIN_TRITON, TARGETS
+from .triton_launch import KernelLauncher, PlannedLauncher
+from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, SHARED_MEMORY_PER_BLOCK, TARGET_MIN_TRITON, TARGETS
 
-__all__ = ['PLATFORMS', 'TRITON_VERSION', 'DeviceLimits', 'cpu_route', 'cuda_target', 'device_limits', 'device_reasons',
-           'gpu_route', 'interpreted_triton_route', 'interpreting', 'load_kernels',
-           'route_device_type', 'store_dtype', 'takes_triton', 'triton_available']
+__all__ = ['PLATFORMS', 'TRITON_VERSION', 'CpuRoute', 'DeviceLimits', 'cpu_route', 'cpu_route_state', 'cuda_target',
+           'device_limits', 'device_reasons', 'gpu_launcher', 'gpu_route', 'interpreted_triton_route', 'interpreting',
+           'launch_watch', 'load_kernels', 'route_device_type', 'store_dtype', 'stubbed_triton_route', 'takes_triton',
+           'triton_available', 'watching_launches']
 
 PLATFORMS = ('cuda', 'rocm')
 
@@ -106,8 +111,27 @@ def device_limits(index: int | None = None) -> DeviceLimits:
     return limits
 
 
+@dataclasses.dataclass(frozen=True)
+class CpuRoute:
+    """How CPU tensors take the GPU route: interpreted (``target`` None) or through triton's real launch path to a
+    stand-in driver of the GPU ``target``; ``launcher`` launches the kernels (None: the route's default)."""
+
+    target: int | None = None
+    launcher: KernelLauncher | None = None
+
+    @property
+    def limits(self) -> DeviceLimits | None:
+        """The stand-in GPU's limits (None under the interpreter)."""
+        if self.target is None:
+            return None
+        return DeviceLimits(f'a stand-in sm_{self.target}', divmod(self.target, 10),
+                            SHARED_MEMORY_PER_BLOCK.get(self.target, 0))
+
+
 TRITON_VERSION = _installed_triton()
-_ROUTE = {'cpu': False}  # whether CPU tensors take the Triton route (inside interpreted_triton_route)
+# how CPU tensors take the GPU route (None: they do not); what wraps every route's launcher (None: nothing)
+_ROUTE: dict[str, Any] = {'cpu': None, 'watch': None}
+_LAUNCHERS: dict[str, KernelLauncher] = {}
 # each kernel module (and triton_interpreter) and the setting it was imported under
 _LOADED: dict[str, tuple[ModuleType, bool]] = {}
 _INTERPRETER = f'{__package__}.triton_interpreter'
@@ -125,10 +149,12 @@ def interpreting() -> bool:
 
 
 @contextlib.contextmanager
-def interpreted_triton_route() -> Iterator[None]:
+def interpreted_triton_route(launcher: KernelLauncher | None = None) -> Iterator[None]:
     """Inside, CPU tensors take every Triton route a CUDA tensor takes (the SOFT op's backend, the blocks' fused
     kernels), run by triton's interpreter: what the tests check the kernels with, and how a CPU machine counts a GPU's
     launches. Needs ``TRITON_INTERPRET=1`` set before triton was first imported, and a triton the kernels can use.
+    ``launcher``: what launches the kernels (a meter's; None: ``kernel[grid]``). Read once per forward, when its
+    route is made (:func:`soft_mm.ops.route.route_of`).
 
     Raises:
         RuntimeError: ``TRITON_INTERPRET`` is not 1, or no usable triton is installed.
@@ -136,23 +162,93 @@ def interpreted_triton_route() -> Iterator[None]:
     if not (interpreting() and triton_available()):
         raise RuntimeError('interpreted_triton_route: needs TRITON_INTERPRET=1 (set before triton is imported) and '
                            f'triton >= {".".join(map(str, MIN_TRITON))}')
+    with _cpu_route(CpuRoute(None, launcher)):
+        yield
+
+
+@contextlib.contextmanager
+def stubbed_triton_route(target: int, launcher: KernelLauncher | None = None) -> Iterator[None]:
+    """Inside, CPU tensors take the GPU route of an sm_``target`` device through triton's real launch path (binder,
+    specialisation, compilation for the target, the launch plans), to the stand-in driver the caller made triton's
+    active one (``soft_mm.testing.stub_driver``), which runs nothing: the kernels' outputs stay as allocated. What
+    ``benchmarks/host_time.py`` times a GPU host's work with. ``launcher``: as :func:`interpreted_triton_route`'s
+    (None: a launch plan, as on a GPU).
+
+    Raises:
+        RuntimeError: ``TRITON_INTERPRET=1`` (the kernels would be interpreted), no usable triton, or ``target`` is
+            not one of the GPUs the kernels are built for.
+    """
+    if interpreting() or not triton_available() or target not in TARGETS:
+        raise RuntimeError(f'stubbed_triton_route: needs TRITON_INTERPRET unset, triton >= '
+                           f'{".".join(map(str, MIN_TRITON))} and a target of {TARGETS}, got target={target!r}')
+    with _cpu_route(CpuRoute(target, launcher or PlannedLauncher())):
+        yield
+
+
+@contextlib.contextmanager
+def _cpu_route(route: CpuRoute) -> Iterator[None]:
     before = _ROUTE['cpu']
-    _ROUTE['cpu'] = True
+    _ROUTE['cpu'] = route
     try:
         yield
     finally:
         _ROUTE['cpu'] = before
 
 
+@contextlib.contextmanager
+def watching_launches(wrap: Callable[[KernelLauncher], KernelLauncher]) -> Iterator[None]:
+    """Inside, the launcher of every route made (:func:`soft_mm.ops.route.route_of`) is ``wrap(launcher)``: how the
+    meters (``benchmarks/launch_counts.py``, ``benchmarks/host_time.py``, the launch-budget test) see every Triton
+    launch, whatever caches the launches go through; each launcher is wrapped once per block (the same route, step
+    after step). Nested blocks wrap the outer block's wrappers."""
+    outer = _ROUTE['watch']
+    wrapped: dict[int, tuple[KernelLauncher, KernelLauncher]] = {}
+
+    def watch(launcher: KernelLauncher) -> KernelLauncher:
+        inner = launcher if outer is None else outer(launcher)
+        kept = wrapped.get(id(inner))
+        if kept is None or kept[0] is not inner:
+            kept = wrapped[id(inner)] = inner, wrap(inner)
+        return kept[1]
+
+    _ROUTE['watch'] = watch
+    try:
+        yield
+    finally:
+        _ROUTE['watch'] = outer
+
+
+def launch_watch() -> Callable[[KernelLauncher], KernelLauncher] | None:
+    """What wraps every route's launcher now (:func:`watching_launches`), None if nothing."""
+    return _ROUTE['watch']
+
+
 def cpu_route() -> bool:
-    """Whether CPU tensors take the Triton routes now (inside :func:`interpreted_triton_route`)."""
+    """Whether CPU tensors take the Triton routes now (inside :func:`interpreted_triton_route` or
+    :func:`stubbed_triton_route`)."""
+    return _ROUTE['cpu'] is not None
+
+
+def cpu_route_state() -> CpuRoute | None:
+    """How CPU tensors take the GPU route now (None: they do not)."""
     return _ROUTE['cpu']
+
+
+def gpu_launcher() -> KernelLauncher:
+    """The launcher of the Triton kernels on a GPU: launch plans (one process-wide :class:`PlannedLauncher`, its plans
+    keyed by device), ``kernel[grid]`` under the interpreter."""
+    kind = 'interpreter' if interpreting() else 'gpu'
+    launcher = _LAUNCHERS.get(kind)
+    if launcher is None:
+        launcher = _LAUNCHERS[kind] = KernelLauncher() if kind == 'interpreter' else PlannedLauncher()
+    return launcher
 
 
 def gpu_route(tensor: torch.Tensor) -> bool:
     """Whether ``tensor`` takes the package's GPU route (where an eager step's time goes to kernel launches, so the
-    layers launch as few as they can): a CUDA tensor, or a CPU tensor inside :func:`interpreted_triton_route`."""
-    return tensor.device.type == 'cuda' or (tensor.device.type == 'cpu' and _ROUTE['cpu'])
+    layers launch as few as they can): a CUDA tensor, or a CPU tensor inside :func:`interpreted_triton_route` or
+    :func:`stubbed_triton_route`."""
+    return tensor.device.type == 'cuda' or (tensor.device.type == 'cpu' and _ROUTE['cpu'] is not None)
 
 
 def route_device_type(tensor: torch.Tensor) -> str:
@@ -195,18 +291,22 @@ def takes_triton(*tensors: torch.Tensor) -> bool:
     if not triton_available() or not tensors:
         return False
     device = tensors[0].device
+    bfloat16 = any(t.dtype == torch.bfloat16 for t in tensors)
     if device.type == 'cpu':
-        return _ROUTE['cpu']
+        route = _ROUTE['cpu']
+        return route is not None and (route.target is None or not device_reasons(route.limits, bfloat16))
     if device.type != 'cuda':
         return False
-    bfloat16 = any(t.dtype == torch.bfloat16 for t in tensors)
     return not device_reasons(device_limits(device.index), bfloat16)
 
 
-def store_dtype(dtype: torch.dtype) -> torch.dtype:
-    """What a kernel writes for a result of ``dtype``: ``dtype``, or float32 for bfloat16 under the interpreter, whose
-    cast to bfloat16 truncates instead of rounding to nearest (numpy has no bfloat16); torch casts afterwards."""
-    return torch.float32 if dtype == torch.bfloat16 and interpreting() else dtype
+def store_dtype(dtype: torch.dtype, interpret: bool | None = None) -> torch.dtype:
+    """What a kernel writes for a result of ``dtype``: ``dtype``, or float32 for bfloat16 under the interpreter
+    (``interpret``; None: :func:`interpreting`), whose cast to bfloat16 truncates instead of rounding to nearest (numpy
+    has no bfloat16); torch casts afterwards."""
+    if interpret is None:
+        interpret = interpreting()
+    return torch.float32 if interpret and dtype == torch.bfloat16 else dtype
 
 
 def _imported(module: str, interpret: bool) -> ModuleType:
@@ -223,13 +323,13 @@ def _imported(module: str, interpret: bool) -> ModuleType:
     return imported
 
 
-def load_kernels(module: str) -> ModuleType:
+def load_kernels(module: str, interpret: bool | None = None) -> ModuleType:
     """The kernel module ``module`` (a dotted name), imported under the current ``TRITON_INTERPRET`` setting: again
     when it has changed since the last import, and :mod:`.triton_interpreter` (whose ``INTERPRET`` and ``loop_bound``
-    every kernel module reads) again whenever the setting differs from the one it was imported under. Every Triton
-    launch of the package goes through a module loaded here (the launch counters of ``benchmarks/launch_counts.py``
-    wrap it)."""
-    interpret = interpreting()
+    every kernel module reads) again whenever the setting differs from the one it was imported under (``interpret``:
+    the setting, already read; None: read here)."""
+    if interpret is None:
+        interpret = interpreting()
     loaded = _LOADED.get(module)
     if loaded is None or loaded[1] != interpret or _LOADED.get(_INTERPRETER, (None, None))[1] != interpret:
         _imported(_INTERPRETER, interpret)

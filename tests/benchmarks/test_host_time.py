@@ -1,10 +1,12 @@
-"""benchmarks/host_time.py: the host's time per training step on the GPU route with empty Triton launches. Tested:
-a tiny run of each part writes its rows; the empty launches compute nothing and are made as often as the real
-kernels (against ``launch_counts``' counter over the interpreted kernels); the narrowed models launch what the models
-do; the argument errors. No time is asserted."""
+"""benchmarks/host_time.py: the host's time per training step on the GPU route, each Triton launch through triton's
+real launch path to a stand-in driver (the launch plans and ``kernel[grid]``, in a process of its own) or empty.
+Tested: a tiny run of each part writes its rows, with a launcher column and the ATen share; the empty launches compute
+nothing and are made as often as the real kernels (against ``launch_counts``' counter over the interpreted kernels);
+the narrowed models launch what the models do; the argument errors. No time is asserted."""
 from __future__ import annotations
 
 import json
+import types
 from collections import Counter
 
 import pytest
@@ -43,26 +45,51 @@ def _soft_block(tool, batch: int = 2):
     return step
 
 
-def test_tiny_run_writes_the_three_backbones(tmp_path, load_benchmark):
+def test_tiny_run_with_empty_launches_writes_the_three_backbones(tmp_path, load_benchmark):
     tool = load_benchmark('host_time')
     threads = torch.get_num_threads()
-    load_kernels = triton_route.load_kernels
     assert tool.main(['--parts', 'backbones', '--sizes', '64x64', '--batch', '2', '--rounds', '1', '--repeats', '1',
-                      '--out', str(tmp_path)]) == 0
+                      '--launchers', 'empty', '--out', str(tmp_path)]) == 0
     data = json.loads((tmp_path / 'host_time.json').read_text())
     rows = {r['model']: r for r in data['rows']}
     assert list(rows) == list(tool.BACKBONE_MODELS) and data['args']['width_divisor'] == 16
     assert all(r['ms'] > 0 and r['route'] == 'gpu' and r['hw'] == [64, 64] for r in rows.values())
+    assert all(r['launcher'] == 'empty' and r['aten_ms'] > 0
+               and r['aten_ms'] + r['non_aten_ms'] == pytest.approx(r['ms']) for r in rows.values())
     assert rows['soft_norm_small']['ratio'] == 1.0
     # the same operators and launches as the models at their own widths
     assert all(r['launches'] == r['full_width_launches'] for r in rows.values()), rows
     # SOFT's layers took their Triton launches (empty); the peers have none
     assert rows['soft_norm_small']['triton'] > 0 and rows['swin_t']['triton'] == rows['convnext_t']['triton'] == 0
     table = (tmp_path / 'host_time.md').read_text()
-    assert '| 64x64 | swin_t | GPU |' in table and '≠' not in table
-    assert 'Not included: Triton\'s own launcher' in data['header'] and 'torch ' + torch.__version__ in data['header']
-    # the benchmark's switches are undone
-    assert torch.get_num_threads() == threads and triton_route.load_kernels is load_kernels
+    assert '| 64x64 | swin_t | GPU | — |' in table and '| ATen ms | other ms |' in table and '≠' not in table
+    assert 'every Triton launch empty' in data['header'] and 'torch ' + torch.__version__ in data['header']
+    assert torch.get_num_threads() == threads  # (the benchmark's switches are undone)
+
+
+@pytest.mark.slow  # compiles SOFT's kernels for the stand-in sm_90 (cached by triton afterwards): a minute cold
+def test_tiny_run_through_the_real_launch_path_has_a_row_per_launcher(tmp_path):
+    """The command as users run it (no TRITON_INTERPRET: the script leaves it unset): SOFT once with the launch plans
+    and once with ``kernel[grid]``, the same launches each, beside Swin-T and ConvNeXt-T."""
+    import os
+    import subprocess
+    import sys
+
+    from helpers.repo import ROOT
+
+    env = {key: value for key, value in os.environ.items() if key != 'TRITON_INTERPRET'}
+    result = subprocess.run([sys.executable, str(ROOT / 'benchmarks' / 'host_time.py'), '--parts', 'backbones',
+                             '--rounds', '1', '--repeats', '1', '--out', str(tmp_path)], env=env, capture_output=True,
+                            text=True, timeout=1200)
+    assert result.returncode == 0, result.stderr[-3000:]
+    data = json.loads((tmp_path / 'host_time.json').read_text())
+    rows = {r['case']: r for r in data['rows']}
+    assert list(rows) == ['soft_norm_small', 'soft_norm_small (kernel[grid])', 'swin_t', 'convnext_t']
+    soft, jit = rows['soft_norm_small'], rows['soft_norm_small (kernel[grid])']
+    assert (soft['launcher'], jit['launcher']) == ('plan', 'kernel[grid]')
+    assert soft['launches'] == jit['launches'] == soft['full_width_launches'] and soft['triton'] == jit['triton'] > 0
+    assert "to a stand-in driver of sm_90" in data['header']
+    assert '| 64x64 | soft_norm_small | GPU | plan |' in (tmp_path / 'host_time.md').read_text()
 
 
 def test_empty_launches_are_the_real_kernels_launches_of_a_soft_block(load_benchmark):
@@ -75,6 +102,11 @@ def test_empty_launches_are_the_real_kernels_launches_of_a_soft_block(load_bench
     assert launched == real
 
 
+def _tensors(args) -> list[torch.Tensor]:
+    return [t for a in args for t in (_tensors(a) if isinstance(a, tuple) else [a] if isinstance(a, torch.Tensor)
+                                      else [])]
+
+
 def test_empty_launches_leave_every_tensor_as_it_was(load_benchmark):
     """A SOFT training step with empty launches: every tensor handed to a launch (inputs and the output buffers the
     wrappers allocated) has the same contents after it, and every kernel launched reaches the empty launch."""
@@ -84,48 +116,39 @@ def test_empty_launches_leave_every_tensor_as_it_was(load_benchmark):
     seen: Counter = Counter()
 
     class Watched:
-        """The launch of ``kernel``, checking the tensors it is handed before and after."""
+        """The empty launch, checking the tensors it is handed before and after."""
 
-        def __init__(self, kernel) -> None:
-            self.kernel = kernel
+        exact_values = False
 
-        def __getitem__(self, grid):
-            def launch(*args, **kwargs):
-                tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, torch.Tensor)]
-                before = [t.clone() for t in tensors]
-                self.kernel[grid](*args, **kwargs)
-                for after, was in zip(tensors, before):
-                    torch.testing.assert_close(after, was, rtol=0, atol=0, equal_nan=True)
-                seen[self.kernel.name] += len(tensors) > 0
-            return launch
+        def __init__(self, inner) -> None:
+            self.inner = inner
 
-    class WatchedKernels:
-        def __init__(self, module) -> None:
-            self.module = module
+        def __call__(self, kernel, grid, args, meta) -> None:
+            tensors = _tensors(args)
+            before = [t.clone() for t in tensors]
+            self.inner(kernel, grid, args, meta)
+            for after, was in zip(tensors, before):
+                torch.testing.assert_close(after, was, rtol=0, atol=0, equal_nan=True)
+            seen[kernel.fn.__name__] += len(tensors) > 0
 
-        def __getattr__(self, name):
-            kernel = getattr(self.module, name)
-            return Watched(kernel) if isinstance(kernel, tool.EmptyKernel) else kernel
-
-    with tool.gpu_route() as launched:
-        load_kernels = triton_route.load_kernels  # the empty launches' loader
-        triton_route.load_kernels = lambda module: WatchedKernels(load_kernels(module))
-        try:
-            step()
-        finally:
-            triton_route.load_kernels = load_kernels
+    with tool.gpu_route() as launched, triton_route.watching_launches(Watched):
+        step()
     assert seen == launched and sum(seen.values()) > 100, (seen, launched)
 
 
-def test_an_empty_launch_evaluates_a_callable_grid_and_computes_nothing(load_benchmark):
+def test_an_empty_launch_counts_and_computes_nothing(load_benchmark):
     tool = load_benchmark('host_time')
     launched: Counter = Counter()
-    grids = []
+
+    class Kernel:
+        fn = types.SimpleNamespace(__name__='copy_kernel')
+
+        def __getitem__(self, grid):
+            raise AssertionError('an empty launch launches nothing')
+
     out = torch.full((4,), 7.0)
-    kernel = tool.EmptyKernel('copy_kernel', launched)
-    kernel[lambda meta: grids.append(meta) or (meta['BLOCK'],)](torch.ones(4), out, 4, BLOCK=2)
-    assert grids == [{'BLOCK': 2}] and launched == {'copy_kernel': 1}
-    assert torch.equal(out, torch.full((4,), 7.0))
+    tool.EmptyLauncher(launched)(Kernel(), (2,), (torch.ones(4), out, 4), {'BLOCK': 2})
+    assert launched == {'copy_kernel': 1} and torch.equal(out, torch.full((4,), 7.0))
 
 
 @pytest.mark.slow  # the Triton interpreter runs SOFT-Norm-Small's kernels for one step: about half a minute
@@ -150,7 +173,7 @@ def test_retinanet_runs_a_train_step_of_both_detectors(tmp_path, load_benchmark)
     pytest.importorskip('mmdet')
     tool = load_benchmark('host_time')
     assert tool.main(['--parts', 'retinanet', '--sizes', '64x64', '--batch', '2', '--rounds', '1', '--repeats', '1',
-                      '--out', str(tmp_path)]) == 0
+                      '--launchers', 'empty', '--out', str(tmp_path)]) == 0
     data = json.loads((tmp_path / 'host_time.json').read_text())
     rows = {r['model']: r for r in data['rows']}
     assert list(rows) == list(tool.DETECTORS)
@@ -171,6 +194,8 @@ def test_retinanet_runs_a_train_step_of_both_detectors(tmp_path, load_benchmark)
 
 
 @pytest.mark.parametrize('argv, message', [
+    (['--launchers', 'plan', 'empty'], "--launchers: 'empty' runs alone"),
+    (['--launchers', 'jit'], "--launchers: invalid choice: 'jit' (choose from plan, kernel[grid], empty)"),
     (['--batch', '0'], '--rounds, --repeats, --batch and --threads must be >= 1, got 5, 2, 0 and 1'),
     (['--threads', '0'], '--rounds, --repeats, --batch and --threads must be >= 1, got 5, 2, 2 and 0'),
     (['--width-divisor', '3'], "--width-divisor: invalid choice: 3"),

@@ -48,8 +48,8 @@ def record_landmarks(monkeypatch) -> list[tuple[tuple[int, int], int]]:
     records = []
     original = SoftAttention.sample_landmarks
 
-    def recording(self, q, hw_shape):
-        landmarks = original(self, q, hw_shape)
+    def recording(self, q, hw_shape, route=None):
+        landmarks = original(self, q, hw_shape, route)
         records.append((tuple(hw_shape), landmarks.shape[2]))
         return landmarks
 

@@ -2,55 +2,23 @@
 stage's weights cast once per forward with exactly autocast's values (outputs and every gradient bit for bit), frozen
 weights apart and doing no backward work, each stage's gradients ready when the backward leaves it (what DDP's
 buckets need), and the cast standing aside where it would be wrong: a weight that is not a plain tensor (FSDP2's
-DTensor), an outside checkpoint that recomputes the forward, gradient checkpointing, the CPU route."""
+DTensor), an outside checkpoint that recomputes the forward, the CPU route (the setups users reach besides:
+test_weight_cast_setups.py)."""
 from __future__ import annotations
 
 import pytest
 import torch
+from helpers.cast_checks import ARCH, assert_same, count_casts, pyramid_model, step, without_cast
 from helpers.kernel_launches import counted_launches
 from helpers.op_checks import triton_kernels
 
-from soft_mm.models import SOFT, pyramid, weight_cast
+from soft_mm.models import SOFT, weight_cast
 from soft_mm.models.blocks import Block
 from soft_mm.models.pyramid import SoftPyramid
+from soft_mm.ops.route import route_of
 from soft_mm.ops.triton_route import interpreted_triton_route
 
 pytestmark = triton_kernels
-
-# four stages, two blocks in stage 2: small enough for the interpreter, every kind of layer present
-ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 2, 1, 1]}
-
-
-def pyramid_model(seed=0, **kwargs):
-    torch.manual_seed(seed)
-    model = SoftPyramid(kwargs.pop('arch', 'tiny'), soft_norm=True, drop_path_rate=0.0, **kwargs)
-    model.init_pyramid_weights()
-    return model
-
-
-def step(model, x, dtype=torch.bfloat16):
-    with torch.autocast('cpu', dtype=dtype):
-        maps, _ = model.forward_pyramid(x)
-    torch.autograd.backward([m.float().square().mean() for m in maps])
-    # (names as the state dict has them: without a checkpoint wrapper's own level)
-    grads = {name.replace('_checkpoint_wrapped_module.', ''): p.grad.clone() for name, p in model.named_parameters()
-             if p.grad is not None}
-    model.zero_grad(set_to_none=True)
-    return [m.detach() for m in maps], grads
-
-
-def without_cast(monkeypatch):
-    """Autocast's own per-call casts: the reference the cast must reproduce."""
-    for module in (weight_cast, pyramid):
-        monkeypatch.setattr(module, 'cast_once_applies', lambda stage, x: False)
-
-
-def count_casts(monkeypatch) -> list[int]:
-    """A list that gets the number of tensors of each flat cast made."""
-    calls, cast = [], weight_cast.FlatCastPlan.__call__
-    monkeypatch.setattr(weight_cast.FlatCastPlan, '__call__',
-                        lambda plan, tensors, dtype: calls.append(len(tensors)) or cast(plan, tensors, dtype))
-    return calls
 
 
 @pytest.fixture
@@ -58,17 +26,6 @@ def gpu_route(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     with interpreted_triton_route():
         yield
-
-
-def assert_same(result, reference, grads_expected=None):
-    maps, grads = result
-    ref_maps, ref_grads = reference
-    assert all(torch.equal(a, b) for a, b in zip(maps, ref_maps))
-    assert grads.keys() == ref_grads.keys()
-    if grads_expected is not None:
-        assert len(grads) == grads_expected
-    for name in grads:
-        assert torch.equal(grads[name], ref_grads[name]), name
 
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.cpu_float16)])
@@ -99,21 +56,20 @@ def test_the_parameters_are_back_after_the_forward_unchanged(gpu_route):
     assert all(not m.cast_weights for m in model.modules() if hasattr(m, 'cast_weights'))
 
 
-def test_only_on_the_gpu_route_under_low_precision_autocast_without_checkpointing(gpu_route):
+def test_only_on_the_gpu_route_under_low_precision_autocast(gpu_route):
     model, x = pyramid_model(arch=ARCH), torch.randn(1, 3, 32, 32)
     stage = model.stages[0]
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert weight_cast.cast_once_applies(stage, x)
-    assert not weight_cast.cast_once_applies(stage, x)  # no autocast
-    model.with_cp = True
-    with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert not weight_cast.cast_once_applies(stage, x)
+        assert weight_cast.cast_once_applies(stage, x, route_of(x))
+    assert not weight_cast.cast_once_applies(stage, x, route_of(x))  # no autocast
+    with torch.autocast('cpu', dtype=torch.float32):
+        assert not weight_cast.cast_once_applies(stage, x, route_of(x))
 
 
 def test_not_on_the_cpu_route():
     model, x = pyramid_model(arch=ARCH), torch.randn(1, 3, 32, 32)
     with torch.autocast('cpu', dtype=torch.bfloat16):
-        assert not weight_cast.cast_once_applies(model.stages[0], x)
+        assert not weight_cast.cast_once_applies(model.stages[0], x, route_of(x))
 
 
 def stage_one_output_needs_grad(model: SOFT, x: torch.Tensor) -> bool:

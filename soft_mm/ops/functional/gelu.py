@@ -28,8 +28,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graph_mode import eager_cpu_inference
-from ..precision.autocast import autocast_dtype
+from ..route import Route, decided
 
 __all__ = ['FUSED_DTYPES', 'FUSED_FLOAT32_MAX_IN_FEATURES', 'fused_dtypes', 'fused_linear_gelu_available',
            'gelu_tanh_', 'linear_gelu']
@@ -68,22 +67,23 @@ def fused_dtypes() -> tuple[torch.dtype, ...]:
     return tuple(working)
 
 
-def _compute_dtype(x: Tensor) -> torch.dtype | None:
-    """The dtype the linear runs in (the CPU autocast dtype when it is on), or None if the fused kernel cannot take
-    it."""
-    dtype = autocast_dtype('cpu')
+def _compute_dtype(x: Tensor, autocast: torch.dtype | None) -> torch.dtype | None:
+    """The dtype the linear runs in (the CPU autocast dtype ``autocast`` when it is on), or None if the fused kernel
+    cannot take it."""
+    dtype = autocast
     if dtype is not None:
         return dtype if dtype == torch.bfloat16 and dtype in fused_dtypes() else None
     return x.dtype if x.dtype in fused_dtypes() else None
 
 
-def _fusable(x: Tensor, weight: Tensor, approximate: str, inference: bool) -> torch.dtype | None:
+def _fusable(x: Tensor, weight: Tensor, approximate: str, inference: bool, autocast: torch.dtype | None,
+             ) -> torch.dtype | None:
     """The dtype of oneDNN's fused kernel for the call, or None where the rule runs it unfused (``inference``: an eager
-    CPU call without gradients, :func:`~soft_mm.ops.graph_mode.eager_cpu_inference`; float32 tanh-GELU layers take
+    CPU call without gradients, :meth:`~soft_mm.ops.route.Route.cpu_inference`; float32 tanh-GELU layers take
     :func:`gelu_tanh_` instead)."""
     if not inference or not fused_linear_gelu_available():
         return None
-    dtype = _compute_dtype(x)
+    dtype = _compute_dtype(x, autocast)
     if dtype == torch.float32 and (weight.shape[1] > FUSED_FLOAT32_MAX_IN_FEATURES or approximate == 'tanh'):
         return None
     return dtype
@@ -126,7 +126,8 @@ def gelu_tanh_(x: Tensor, bias: Tensor | None = None, chunk: int = GELU_CHUNK) -
     return x
 
 
-def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approximate: str = 'none') -> Tensor:
+def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approximate: str = 'none',
+                route: Route | None = None) -> Tensor:
     """``F.gelu(F.linear(x, weight, bias), approximate=approximate)``, one fused oneDNN GEMM in CPU inference (float32
     tanh-GELU: the GEMM, then :func:`gelu_tanh_` in place; see the module's docstring for the rule).
 
@@ -135,14 +136,15 @@ def linear_gelu(x: Tensor, weight: Tensor, bias: Tensor | None = None, approxima
         weight: ``(out_features, in_features)``.
         bias: ``(out_features,)`` or None.
         approximate: ``'none'`` (erf GELU) or ``'tanh'``, as for :func:`torch.nn.functional.gelu`.
+        route: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``x``).
     """
     if approximate not in GELU_APPROXIMATIONS:
         raise ValueError(f"linear_gelu: approximate must be one of {GELU_APPROXIMATIONS}, got {approximate!r}")
-    # (the eager check first: under torch.compile nothing else here may be traced)
-    inference = eager_cpu_inference(x, weight, bias)
-    dtype = _fusable(x, weight, approximate, inference)
+    route = decided(route, x)
+    inference = route.cpu_inference(x, weight, bias)
+    dtype = _fusable(x, weight, approximate, inference, route.autocast)
     if dtype is None:
-        if inference and approximate == 'tanh' and x.dtype == torch.float32 and autocast_dtype('cpu') is None:
+        if inference and approximate == 'tanh' and x.dtype == torch.float32 and route.autocast is None:
             # the GEMM without the bias (no pass that copies it into the output first); the bias joins in cache
             return gelu_tanh_(F.linear(x, weight), bias)
         return F.gelu(F.linear(x, weight, bias), approximate=approximate)

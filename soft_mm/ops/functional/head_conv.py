@@ -22,9 +22,8 @@ from torch import Tensor
 
 from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
-from ..graph_mode import graph_mode
 from ..precision.autocast import autocast_cast
-from ..triton_route import route_device_type
+from ..route import Route, decided
 
 __all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'nchw_conv',
            'uses_custom_backward', 'uses_nchw_route']
@@ -88,24 +87,26 @@ def uses_custom_backward(device_type: str, kernel: int) -> bool:
 
 
 @eager_without_custom_ops
-def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int) -> Tensor:
+def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int, route: Route | None = None) -> Tensor:
     """Depthwise conv of ``x (B, h*d, H, W)`` with one filter per head, ``weight (h, 1, k, k)`` (odd k, zero padding
     k // 2), channel ``head * d + j`` filtered by ``weight[head]``: ``F.conv2d(x, weight.repeat_interleave(d, 0),
     padding=k // 2, groups=h*d)``. Where :func:`uses_custom_backward` says so (CPU, k >= 5) it is the custom op
     ``soft_mm::head_depthwise_conv`` with the faster backward of this module (first order only), its operands cast
     as autocast casts a conv's (:func:`~soft_mm.ops.precision.autocast_cast`); otherwise plain autograd, through
-    :func:`nchw_conv` where :func:`uses_nchw_route` says so (CUDA, k >= :data:`CUDA_NCHW_MIN_KERNEL`)."""
+    :func:`nchw_conv` where :func:`uses_nchw_route` says so (CUDA, k >= :data:`CUDA_NCHW_MIN_KERNEL`). ``route``: the
+    forward's (None: the route of ``x``; CPU tensors counting a GPU's launches take CUDA's)."""
     if weight.ndim != 4 or weight.shape[1] != 1 or weight.shape[-1] != weight.shape[-2] or weight.shape[-1] % 2 == 0:
         raise ValueError(f'head_depthwise_conv: weight must be (heads, 1, k, k) with odd k, got {tuple(weight.shape)}')
     if x.ndim != 4 or x.shape[1] != weight.shape[0] * head_dim:
         raise ValueError(f'head_depthwise_conv: x must be (B, heads * head_dim, H, W) = (B, {weight.shape[0]} * '
                          f'{head_dim}, H, W), got {tuple(x.shape)}')
-    device_type = route_device_type(x)  # (CPU tensors counting a GPU's launches take CUDA's route)
+    route = decided(route, x)
+    device_type = route.device_type
     if uses_nchw_route(device_type, weight.shape[-1]):
         return nchw_conv(x, weight, head_dim)
     # under torch.compile the custom op for every filter size: inductor's lowering of this depthwise conv on a
     # channels-last map with symbolic sizes fails (torch 2.14, dynamic=True: "cannot determine truth value of
     # Relational"); as one opaque node it runs the eager kernels
-    if not uses_custom_backward(device_type, weight.shape[-1]) and graph_mode() != 'compile':
+    if not uses_custom_backward(device_type, weight.shape[-1]) and route.mode != 'compile':
         return _conv(x, weight, head_dim)
     return _head_conv_op(*autocast_cast(x, weight), head_dim)

@@ -10,7 +10,7 @@ import functools
 import torch
 from torch import Tensor
 
-from ..graph_mode import eager_tensors
+from ..route import Route, decided
 
 __all__ = ['adaptive_avg_pool2d_matmul', 'adaptive_avg_pool_tokens']
 
@@ -33,11 +33,11 @@ def _cached_pool_matrix(in_size: int, out_size: int, device: torch.device, dtype
         return _pool_matrix(in_size, out_size, torch.empty(0, device=device, dtype=dtype))
 
 
-def _eager_pool_matrix(in_size: int, out_size: int, like: Tensor) -> Tensor:
+def _eager_pool_matrix(in_size: int, out_size: int, like: Tensor, route: Route | None = None) -> Tensor:
     """:func:`_pool_matrix`, built once per size, device and dtype in eager runs (a dozen small kernels fewer per call
     on a GPU, where eager time goes to launches); traced and compiled graphs, calls under a dispatch mode that traces
     (fake tensors, a tracer) and a CUDA graph's capture build it as they go."""
-    if not eager_tensors(like) or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
+    if not decided(route, like).plain or (like.is_cuda and torch.cuda.is_current_stream_capturing()):
         return _pool_matrix(in_size, out_size, like)
     return _cached_pool_matrix(int(in_size), int(out_size), like.device, like.dtype)
 
@@ -53,16 +53,18 @@ def adaptive_avg_pool2d_matmul(x: Tensor, output_size: tuple[int, int]) -> Tenso
     return rows @ x @ cols.transpose(0, 1)
 
 
-def adaptive_avg_pool_tokens(x: Tensor, output_size: tuple[int, int]) -> Tensor:
+def adaptive_avg_pool_tokens(x: Tensor, output_size: tuple[int, int], route: Route | None = None) -> Tensor:
     """Adaptive average pooling of a token-major map ``x (B, H, W, C) -> (B, out_h, out_w, C)``.
 
     Equal to ``F.adaptive_avg_pool2d`` of the ``(B, C, H, W)`` map up to rounding, as two matmuls that read and write
     NHWC memory (first over W, then over H), forward and backward. PyTorch's pooling kernels instead convert a large
-    channels-last map to NCHW and back in the backward, which costs several times the pooling itself.
+    channels-last map to NCHW and back in the backward, which costs several times the pooling itself. ``route``: the
+    forward's (None: the route of ``x``); eager calls on plain tensors keep the pooling matrices per size.
     """
     out_h, out_w = output_size
     batch, height, width, channels = x.shape
-    cols = _eager_pool_matrix(width, out_w, x)  # (out_w, W)
-    rows = _eager_pool_matrix(height, out_h, x)  # (out_h, H)
+    route = decided(route, x)
+    cols = _eager_pool_matrix(width, out_w, x, route)  # (out_w, W)
+    rows = _eager_pool_matrix(height, out_h, x, route)  # (out_h, H)
     x = torch.matmul(cols, x)  # (B, H, out_w, C)
     return torch.matmul(rows, x.reshape(batch, height, out_w * channels)).reshape(batch, out_h, out_w, channels)

@@ -21,11 +21,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.modules import module as _module
 
-from ..graph_mode import eager_cpu_inference
-from ..precision.autocast import autocast_dtype
+from ..route import Route, decided
 from .gelu import fused_linear_gelu_available
 
-__all__ = ['bfloat16_epilogue_available', 'hooked', 'linear_residual']
+__all__ = ['bfloat16_epilogue_available', 'hooked', 'linear_residual', 'plain_linear']
 
 
 def hooked(*modules: nn.Module) -> bool:
@@ -35,6 +34,13 @@ def hooked(*modules: nn.Module) -> bool:
     if _module._global_forward_hooks or _module._global_forward_pre_hooks:
         return True
     return any(m._forward_hooks or m._forward_pre_hooks for m in modules)
+
+
+def plain_linear(*layers: nn.Module) -> bool:
+    """Whether ``layers`` are plain ``nn.Linear`` layers (not a subclass, or another module put in their place such as
+    a LoRA wrapper) that no forward hook watches: layers whose weights a model may use directly (one GEMM for several,
+    a bias left to a fused kernel, the weights cast once per stage); any other layer is called as a module."""
+    return all(type(layer) is nn.Linear for layer in layers) and not hooked(*layers)
 
 
 @functools.cache
@@ -50,12 +56,13 @@ def bfloat16_epilogue_available() -> bool:
     return True
 
 
-def _form(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor) -> str:
+def _form(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor, route: Route) -> str:
     """``'addmm'`` (one dtype throughout, no autocast: the sum as the GEMM's start), ``'bfloat16'`` (a bfloat16
     residual and bfloat16 compute: oneDNN's epilogue) or ``'plain'`` (the two ops)."""
-    if not eager_cpu_inference(x, weight, bias, residual) or tuple(residual.shape) != (*x.shape[:-1], weight.shape[0]):
+    if not route.cpu_inference(x, weight, bias, residual) or tuple(residual.shape) != (*x.shape[:-1],
+                                                                                        weight.shape[0]):
         return 'plain'
-    autocast = autocast_dtype('cpu')
+    autocast = route.autocast
     same_dtype = x.dtype == weight.dtype == residual.dtype and (bias is None or bias.dtype == x.dtype)
     if (residual.dtype == torch.bfloat16 and (autocast == torch.bfloat16 or (autocast is None and same_dtype))
             and bfloat16_epilogue_available()):
@@ -63,7 +70,8 @@ def _form(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor) -> s
     return 'addmm' if autocast is None and same_dtype else 'plain'
 
 
-def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor) -> Tensor:
+def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Tensor, route: Route | None = None,
+                    ) -> Tensor:
     """``residual + F.linear(x, weight, bias)``, as one pass and one GEMM in CPU inference (see the module's
     docstring).
 
@@ -72,8 +80,9 @@ def linear_residual(x: Tensor, weight: Tensor, bias: Tensor | None, residual: Te
         weight: ``(out_features, in_features)``.
         bias: ``(out_features,)`` or None.
         residual: ``(..., out_features)``, the shape of the linear layer's output (not changed).
+        route: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``x``).
     """
-    form = _form(x, weight, bias, residual)
+    form = _form(x, weight, bias, residual, decided(route, x))
     if form == 'plain':
         return residual + F.linear(x, weight, bias)
     if form == 'bfloat16':

@@ -15,17 +15,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from ..graph_mode import eager_cpu_inference
 from ..precision.autocast import no_autocast
+from ..route import Route, decided
 
 __all__ = ['softmax_attention']
 
 
-def softmax_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, route: Route | None = None) -> Tensor:
     """``F.scaled_dot_product_attention(q, k, v)`` (default scale, no mask) of ``(B, h, N, d)`` operands; bfloat16
-    operands in eager CPU inference are attended in float32 and the result cast back to bfloat16 (the module docstring
-    gives the reason)."""
-    if q.dtype == torch.bfloat16 and eager_cpu_inference(q, k, v):
+    operands in eager CPU inference (``route``, the forward's; None: the route of ``q``) are attended in float32 and
+    the result cast back to bfloat16 (the module docstring gives the reason)."""
+    if q.dtype == torch.bfloat16 and decided(route, q).cpu_inference(q, k, v):
         with no_autocast(q.device):
             return F.scaled_dot_product_attention(q.float(), k.float(), v.float()).to(q.dtype)
     return F.scaled_dot_product_attention(q, k, v)

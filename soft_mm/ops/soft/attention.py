@@ -10,8 +10,9 @@ from ..compat import dense_grad, eager_without_custom_ops
 from ..graph_mode import graph_mode
 from ..precision.autocast import autocast_dtype, ieee_float32_matmuls, no_autocast
 from ..precision.soft_policy import Precision, precision_policy
+from ..route import Route, decided
 from . import backends  # noqa: F401  (registers the backends with the dispatcher)
-from .dispatch import Backend, decide, select
+from .dispatch import Backend, decide, decisions_version, select
 from .kernel import gaussian_kernel
 from .middle import Middle, renamed_soft_norm
 from .newton import check_newton_arguments, newton_inverse
@@ -43,7 +44,7 @@ def _check_attention_inputs(q: Tensor, landmarks: Tensor, v: Tensor) -> None:
 def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20, soft_norm: bool = False,
                    ridge: float = 0.0, backward: str = 'implicit', *, backend: str | None = None,
                    precision: str | Precision | None = None, tile_size: int | None = None,
-                   normalize: bool | None = None) -> Tensor:
+                   normalize: bool | None = None, route: Route | None = None) -> Tensor:
     """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``S @ v`` with ``S = K(q, q)``.
 
     ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and ``A =
@@ -91,27 +92,75 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
             (bfloat16 products), ``'float16'`` (float16 products, the Triton backend only) or a
             :class:`~soft_mm.ops.precision.soft_policy.Precision`.
         tile_size: tokens per tile when the ``'tiled'`` backend runs (None: its default, ``DEFAULT_TILE_SIZE``).
+        route: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``q``). An eager call on plain
+            tensors keeps its checks and its backend's decision per call signature, and where the backend runs the
+            whole op as one autograd node (:attr:`~soft_mm.ops.soft.dispatch.Backend.eager`) takes it.
 
     Returns:
         ``(B, h, N, d_v)`` attention output.
     """
     if normalize is not None:
         soft_norm = renamed_soft_norm('soft_attention', normalize)
+    route = decided(route, q)
+    if route.plain and type(q) in _PLAIN and type(landmarks) in _PLAIN and type(v) in _PLAIN:
+        return _eager_call(q, landmarks, v, num_iters, soft_norm, ridge, backward, backend, precision, tile_size,
+                           route)
     ridge = _check_arguments(q, landmarks, v, num_iters, ridge, backward, tile_size)
     landmarks = dense_grad(landmarks)  # its gradient comes back transposed; a GELU usually made it (torch 2.1)
-    route = _route(q, landmarks, v, precision, backend)
+    decision = _decide(q, landmarks, v, precision, backend)
     options = (num_iters, ridge, backward, soft_norm, tile_size)
-    if not route.retried:
-        return _attend(q, landmarks, v, *options, route)
+    if not decision.retried:
+        return _attend(q, landmarks, v, *options, decision)
     try:
-        return _attend(q, landmarks, v, *options, route)
+        return _attend(q, landmarks, v, *options, decision)
     except Exception as error:  # a kernel that could not launch (the backend recorded it, and now refuses the call)
-        if not route.backend.resource_error(error):
+        if not decision.backend.resource_error(error):
             raise
-    return _attend(q, landmarks, v, *options, _route(q, landmarks, v, precision, backend))
+    return _attend(q, landmarks, v, *options, _decide(q, landmarks, v, precision, backend))
 
 
-class _Route(NamedTuple):
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+# an eager call's checks and decision per call signature: key -> (decision, ridge, whole-op function or None)
+_EAGER_CALLS: dict[tuple, tuple] = {}
+_MAX_EAGER_CALLS = 1024
+
+
+def _eager_call(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, soft_norm: bool, ridge: float, backward: str,
+                backend: str | None, precision: str | Precision | None, tile_size: int | None, route: Route) -> Tensor:
+    """An eager call on plain tensors: its arguments checked and its backend decided once per call signature (the
+    sizes, dtypes, device, options, whether a backward follows, the forward's route and the dispatcher's
+    :func:`~soft_mm.ops.soft.dispatch.decisions_version`), then the backend's whole-op node where it has one."""
+    needs_grad = torch.is_grad_enabled() and (q.requires_grad or landmarks.requires_grad or v.requires_grad)
+    try:
+        key = (q.shape, landmarks.shape, v.shape, q.dtype, landmarks.dtype, v.dtype, q.device, num_iters, soft_norm,
+               ridge, backward, backend, precision, tile_size, needs_grad, route, decisions_version())
+        kept = _EAGER_CALLS.get(key)
+    except (AttributeError, TypeError):  # not tensors, or an unhashable option: the checks below say what is wrong
+        key = kept = None
+    if kept is None:
+        checked_ridge = _check_arguments(q, landmarks, v, num_iters, ridge, backward, tile_size)
+        chosen = _decide(q, landmarks, v, precision, backend)
+        whole = (chosen.backend.eager if backward == 'implicit' and chosen.policy.inverse == torch.float32
+                 and chosen.backend.middle is not None else None)
+        kept = chosen, checked_ridge, whole
+        if key is not None:
+            if len(_EAGER_CALLS) >= _MAX_EAGER_CALLS:
+                _EAGER_CALLS.clear()
+            _EAGER_CALLS[key] = kept
+    chosen, ridge, whole = kept
+    options = (num_iters, ridge, backward, soft_norm, tile_size)
+    try:
+        if whole is None:
+            return _attend(q, dense_grad(landmarks), v, *options, chosen)
+        products = chosen.policy.products if chosen.policy.mixed else None
+        return whole(q, landmarks, v, num_iters, ridge, soft_norm, products, chosen.out_dtype, route)
+    except Exception as error:  # a kernel that could not launch (the backend recorded it, and now refuses the call)
+        if not (chosen.retried and chosen.backend.resource_error(error)):
+            raise
+    return _attend(q, dense_grad(landmarks), v, *options, _decide(q, landmarks, v, precision, backend))
+
+
+class _Decision(NamedTuple):
     """Where a call runs: the backend, the precision policy it runs (one of the preferred policy's chain) and the
     output dtype; ``retried``: whether a launch that runs out of resources is run again on the next backend (an eager
     automatic choice of a backend that tells such errors, :attr:`~soft_mm.ops.soft.dispatch.Backend.resource_error`).
@@ -124,13 +173,14 @@ class _Route(NamedTuple):
 
 
 def _attend(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, backward: str, soft_norm: bool,
-            tile_size: int | None, route: _Route) -> Tensor:
-    """The op on ``route``: the m×m part, then the backend's products, in the dtypes of its policy."""
+            tile_size: int | None, decision: _Decision) -> Tensor:
+    """The op as ``decision`` says: the m×m part, then the backend's products, in the dtypes of its policy."""
     with no_autocast(q.device), ieee_float32_matmuls():
-        q, landmarks, v = _to_work_dtypes(q, landmarks, v, route.policy)
-        middle = _middle(landmarks, num_iters, ridge, backward, soft_norm, route)
-        out = route.backend.run(q, landmarks, v, middle, route.policy, **_backend_options(route.backend, tile_size))
-    return out.to(route.out_dtype)
+        q, landmarks, v = _to_work_dtypes(q, landmarks, v, decision.policy)
+        middle = _middle(landmarks, num_iters, ridge, backward, soft_norm, decision)
+        out = decision.backend.run(q, landmarks, v, middle, decision.policy,
+                                   **_backend_options(decision.backend, tile_size))
+    return out.to(decision.out_dtype)
 
 
 def _check_arguments(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, backward: str,
@@ -144,7 +194,8 @@ def _check_arguments(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ri
     return ridge
 
 
-def _route(q: Tensor, landmarks: Tensor, v: Tensor, precision: str | Precision | None, backend: str | None) -> _Route:
+def _decide(q: Tensor, landmarks: Tensor, v: Tensor, precision: str | Precision | None, backend: str | None,
+            ) -> _Decision:
     """The backend and policy of the dispatcher for this call (an eager call's kept per signature,
     :func:`~soft_mm.ops.soft.dispatch.decide`; a traced one's chosen afresh, every step traceable), and the dtype the
     output takes: under autocast the autocast dtype, as a matmul's output (CUDA autocast's float32 LayerNorm makes the
@@ -161,7 +212,7 @@ def _route(q: Tensor, landmarks: Tensor, v: Tensor, precision: str | Precision |
     autocast = autocast_dtype(q.device.type)
     out_dtype = autocast if autocast is not None and input_dtype != torch.float64 else input_dtype
     retried = eager and backend is None and chosen.resource_error is not None
-    return _Route(chosen, policy, out_dtype, retried)
+    return _Decision(chosen, policy, out_dtype, retried)
 
 
 def _to_work_dtypes(q: Tensor, landmarks: Tensor, v: Tensor, policy: Precision) -> tuple[Tensor, Tensor, Tensor]:
@@ -173,14 +224,15 @@ def _to_work_dtypes(q: Tensor, landmarks: Tensor, v: Tensor, policy: Precision) 
     return q, landmarks, v
 
 
-def _middle(landmarks: Tensor, num_iters: int, ridge: float, backward: str, soft_norm: bool, route: _Route) -> Middle:
+def _middle(landmarks: Tensor, num_iters: int, ridge: float, backward: str, soft_norm: bool, decision: _Decision,
+            ) -> Middle:
     """The m×m middle factor: the backend's fused kernel where it has one and the call allows it (implicit backward,
     a float32 inverse), else the landmark kernel and its Newton–Schulz inverse in torch (SOFT-Norm's ``D^-1/2`` kept
     apart)."""
-    if route.backend.middle is not None and backward == 'implicit' and route.policy.inverse == torch.float32:
-        return Middle(route.backend.middle(landmarks, num_iters, ridge, soft_norm))
+    if decision.backend.middle is not None and backward == 'implicit' and decision.policy.inverse == torch.float32:
+        return Middle(decision.backend.middle(landmarks, num_iters, ridge, soft_norm))
     kernel_landmarks = gaussian_kernel(landmarks, landmarks)  # (B, h, m, m)
-    kernel_inv = newton_inverse(kernel_landmarks.to(route.policy.inverse), num_iters=num_iters, ridge=ridge,
+    kernel_inv = newton_inverse(kernel_landmarks.to(decision.policy.inverse), num_iters=num_iters, ridge=ridge,
                                 backward=backward)
     return Middle(kernel_inv, _inv_sqrt_row_sums(kernel_landmarks) if soft_norm else None)
 

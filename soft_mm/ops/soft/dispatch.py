@@ -37,7 +37,7 @@ from ..precision.soft_policy import Precision
 from ..triton_route import cpu_route
 
 __all__ = ['MAX_DECISIONS', 'Backend', 'BackendFallbackWarning', 'Call', 'DispatchError', 'announce_fallback',
-           'backends', 'decide', 'register_backend', 'select']
+           'backends', 'decide', 'decisions_version', 'forget_decisions', 'register_backend', 'select']
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 # the most call signatures whose decisions :func:`decide` keeps (and announcements it remembers); beyond, it starts
@@ -119,6 +119,10 @@ class Backend:
         middle: ``middle(landmarks, num_iters, ridge, soft_norm) -> (B, h, m, m)`` float32, the whole m×m middle
             matrix in one kernel with the implicit backward (None: the op computes it in torch). Taken for the
             default ``backward='implicit'`` with a float32 inverse; within the backend's m and d limits.
+        eager: ``eager(q, landmarks, v, num_iters, ridge, soft_norm, products, out_dtype, route) -> out``, the whole
+            op of an eager call on plain tensors (middle matrix and products) as one autograd node, where ``middle``
+            would be taken (None: ``middle`` and ``run`` apart); ``products`` the low dtype of a mixed policy or
+            None, ``route`` the call's :class:`~soft_mm.ops.route.Route`.
     """
 
     name: str
@@ -139,6 +143,7 @@ class Backend:
     middle: Callable[..., Tensor] | None = None
     check_state: Callable[[str, int | None], Hashable] | None = None
     resource_error: Callable[[BaseException], bool] | None = None
+    eager: Callable[..., Tensor] | None = None
 
     def unsupported_reasons(self, call: Call, forced: bool) -> list[str]:
         """Every reason why this backend cannot take ``call`` (empty if it can)."""
@@ -184,6 +189,20 @@ _TOKEN_THRESHOLDS: list[int] = []
 # decide(): call signature -> (backend, policy); the (device, backend, reason) already announced
 _DECISIONS: dict[tuple, tuple[Backend, Precision]] = {}
 _ANNOUNCED: set[tuple] = set()
+_VERSION = [0]  # bumped whenever a kept decision may no longer hold (decisions_version)
+
+
+def decisions_version() -> int:
+    """A number that changes whenever a decision kept by :func:`decide`, or by a caller that keeps decisions of its
+    own per call signature, may no longer hold: a backend registered, :func:`forget_decisions` called (a backend's
+    launch failed on a device, a test changed what a backend's check reads)."""
+    return _VERSION[0]
+
+
+def forget_decisions() -> None:
+    """Drop every kept decision (:func:`decide`'s, and through :func:`decisions_version` the callers' own)."""
+    _DECISIONS.clear()
+    _VERSION[0] += 1
 
 
 def register_backend(backend: Backend) -> Backend:
@@ -193,7 +212,7 @@ def register_backend(backend: Backend) -> Backend:
     _BACKENDS[backend.name] = backend
     _BY_PRIORITY[:] = sorted(_BACKENDS.values(), key=lambda b: -b.priority)
     _TOKEN_THRESHOLDS[:] = sorted({b.min_tokens for b in _BY_PRIORITY})
-    _DECISIONS.clear()
+    forget_decisions()
     return backend
 
 

@@ -10,6 +10,7 @@ from helpers.kernel_launches import counted_launches, summary
 from helpers.op_checks import triton_kernels
 
 from soft_mm.ops.functional.add_norm import MAX_ADD_NORM_WIDTH, add_layer_norm, fuses_add_norm
+from soft_mm.ops.route import route_of
 from soft_mm.ops.triton_route import interpreted_triton_route
 
 pytestmark = triton_kernels
@@ -132,7 +133,7 @@ def test_a_soft_block_gives_the_same_outputs_and_gradients_on_either_route():
     weights = torch.randn_like(ref)  # (a LayerNorm output's square sum is constant: no use as a loss)
     ref_grads = torch.autograd.grad((ref * weights).sum(), [x, block.norm1.weight, block.norm2.bias])
     with interpreted_triton_route(), counted_launches() as launches:
-        assert block._fuses_add_norm(x)
+        assert block._fuses_add_norm(x, route_of(x))
         out = block(x, hw)
     # the two post-norm sums and norms, and the landmark sampler's LayerNorm and GELU
     assert launches.count('triton.add_norm_fwd_kernel_y') == 3
@@ -143,7 +144,7 @@ def test_a_soft_block_gives_the_same_outputs_and_gradients_on_either_route():
     # a forward hook on a norm sees the norm's own output: the block keeps the modules' forms then
     handle = block.norm1.register_forward_hook(lambda *args: None)
     with interpreted_triton_route():
-        assert not block._fuses_add_norm(x)
+        assert not block._fuses_add_norm(x, route_of(x))
     handle.remove()
 
 

@@ -111,7 +111,7 @@ def test_blocks_hand_their_sums_to_the_branches_and_any_mixer_still_works(post_n
         summed = block(x, (6, 8))
         # the plain forms: the attention adds no residual (the blocks' protocol), the MLP as timm's Mlp with the sum
         block.attn.adds_residual = False
-        block.mlp.forward = lambda x, residual=None, mlp=block.mlp: residual + Mlp.forward(mlp, x)
+        block.mlp.forward = lambda x, residual=None, mlp=block.mlp, route=None: residual + Mlp.forward(mlp, x)
         plain = block(x, (6, 8))
     torch.testing.assert_close(summed, plain, rtol=1e-12, atol=1e-12)
 

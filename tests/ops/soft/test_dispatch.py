@@ -129,8 +129,8 @@ def test_backends_declare_their_size_limits_and_the_dispatcher_falls_back(monkey
         select('cpu', torch.float64, FP32, 10, True, name='triton', num_landmarks=196, head_dim=160, value_dim=32)
     assert str(info.value) == (
         "soft_attention: backend 'triton' runs on CPU only when forced under TRITON_INTERPRET=1 (the interpreter, for "
-        "tests) or inside soft_mm.ops.triton_route.interpreted_triton_route(), does not take torch.float64 inputs, "
-        "takes at most 64 landmarks (got m = 196), takes a head dim d of at most 64 (got 160)")
+        "tests) or inside soft_mm.ops.triton_route.interpreted_triton_route() or stubbed_triton_route(), does not take "
+        "torch.float64 inputs, takes at most 64 landmarks (got m = 196), takes a head dim d of at most 64 (got 160)")
 
 
 def test_soft_attention_passes_its_sizes_to_the_dispatcher(monkeypatch):
@@ -306,7 +306,7 @@ def test_a_backend_passed_over_for_its_token_threshold_only_is_not_announced(fre
     # (CPU, automatic above 8192 tokens) passed over for fewer tokens is no fallback; the Triton kernels passed over
     # for m = 65 are, and only they are named
     from soft_mm.ops import triton_route
-    monkeypatch.setitem(triton_route._ROUTE, 'cpu', True)
+    monkeypatch.setitem(triton_route._ROUTE, 'cpu', triton_route.CpuRoute())
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     with warnings.catch_warnings():
         warnings.simplefilter('error', BackendFallbackWarning)

@@ -19,33 +19,35 @@ import functools
 import torch
 from torch import Tensor
 
-from ... import triton_route
-from ...graph_mode import eager_tensors
+from ...route import Route, decided
 from .add_norm_config import BACKWARD_PROGRAMS, MAX_ADD_NORM_WIDTH, add_norm_rows, padded_width
 from .add_norm_reference import add_layer_norm_reference
 
 __all__ = ['MAX_ADD_NORM_WIDTH', 'add_layer_norm', 'fuses_add_norm', 'layer_norm_gelu']
-
-_FLOATS = (torch.float32, torch.bfloat16, torch.float16)
 
 
 def _cdiv(a: int, b: int) -> int:
     return -(-int(a) // int(b))
 
 
-def _kernels():
-    return triton_route.load_kernels(f'{__package__}.add_norm_kernels')
+def _kernels(route: Route):
+    return route.kernels(f'{__package__}.add_norm_kernels')
 
 
-def fuses_add_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None) -> bool:
-    """Whether :func:`add_layer_norm` takes its fused kernels for these tensors: an eager call on the GPU route with
-    a usable triton, matching floating point shapes (or no residual), an affine LayerNorm at most
-    :data:`MAX_ADD_NORM_WIDTH` wide."""
-    # eager plain tensors first: under torch.fx's symbolic trace they are proxies, whose device cannot be asked
-    tensors = (branch,) if residual is None else (branch, residual)
-    return (weight is not None and eager_tensors(*tensors, weight) and triton_route.takes_triton(*tensors)
-            and (residual is None or branch.shape == residual.shape) and branch.shape[-1] <= MAX_ADD_NORM_WIDTH
-            and all(t.dtype in _FLOATS for t in tensors))
+def fuses_add_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None, route: Route | None = None) -> bool:
+    """Whether :func:`add_layer_norm` takes its fused kernels for these tensors: an eager call on the GPU route whose
+    Triton kernels take their dtypes (``route``, the forward's; None: the route of ``branch``), matching shapes (or no
+    residual), an affine LayerNorm at most :data:`MAX_ADD_NORM_WIDTH` wide."""
+    if weight is None:
+        return False
+    route = decided(route, branch)
+    if not (route.gpu and route.fused(branch) and type(branch) in _PLAIN and type(weight) in _PLAIN):
+        return False
+    return branch.shape[-1] <= MAX_ADD_NORM_WIDTH and (
+        residual is None or (branch.shape == residual.shape and route.fused(residual) and type(residual) in _PLAIN))
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -62,72 +64,94 @@ def _launch_sizes(rows: int, width: int) -> tuple[int, int, int, int, int]:
     return tile_rows, padded_width(width), blocks, _cdiv(blocks, per_program), per_program
 
 
+@functools.lru_cache(maxsize=1024)
+def _meta(tile_rows: int, padded: int, residual: bool, branch_bias: bool, scale: bool, gelu: bool, last: bool,
+          ) -> dict:
+    """The constexprs of a launch: the tile, which addends there are, the GELU, and ``last`` (the forward's
+    ``STORE_SUM``, the backward's ``HAS_DSUM``) under ``'LAST'``, renamed by the caller."""
+    return dict(ROWS=tile_rows, CP=padded, HAS_RESIDUAL=residual, HAS_BRANCH_BIAS=branch_bias, HAS_SCALE=scale,
+                GELU=gelu, LAST=last)
+
+
+@functools.lru_cache(maxsize=1024)
+def _forward_meta(*key) -> dict:
+    meta = dict(_meta(*key))
+    meta['STORE_SUM'] = meta.pop('LAST')
+    return meta
+
+
+@functools.lru_cache(maxsize=1024)
+def _backward_meta(*key) -> dict:
+    meta = dict(_meta(*key))
+    meta['HAS_DSUM'] = meta.pop('LAST')
+    return meta
+
+
 class _AddLayerNorm(torch.autograd.Function):
     @staticmethod
     def forward(ctx, branch: Tensor, residual: Tensor | None, weight: Tensor, bias: Tensor,
                 branch_bias: Tensor | None, branch_scale: Tensor | None, eps: float, out_dtype: torch.dtype,
-                gelu: bool, return_sum: bool) -> Tensor | tuple[Tensor, Tensor]:
+                gelu: bool, return_sum: bool, route: Route) -> Tensor | tuple[Tensor, Tensor]:
         x = _rows(branch)
         r = x if residual is None else _rows(residual)
-        bb = x if branch_bias is None else branch_bias
-        sc = x if branch_scale is None else branch_scale
         rows, width = x.shape
         tile_rows, padded, blocks, _, _ = _launch_sizes(rows, width)
         per_sample = rows // branch.shape[0]
-        y = torch.empty(rows, width, dtype=triton_route.store_dtype(out_dtype), device=x.device)
-        total = torch.empty_like(r, dtype=triton_route.store_dtype(r.dtype)) if return_sum else y
+        y = torch.empty(rows, width, dtype=route.store_dtype(out_dtype), device=x.device)
+        total = torch.empty_like(r, dtype=route.store_dtype(r.dtype)) if return_sum else y
         stats = torch.empty(2, rows, dtype=torch.float32, device=x.device)
-        flags = dict(HAS_RESIDUAL=residual is not None, HAS_BRANCH_BIAS=branch_bias is not None,
-                     HAS_SCALE=branch_scale is not None, GELU=gelu)
-        _kernels().add_norm_fwd_kernel_y[(blocks,)](
-            (x, r, bb, sc), (weight, bias), y, total, stats, (rows, width, per_sample), eps, ROWS=tile_rows, CP=padded,
-            STORE_SUM=return_sum, **flags)
+        flags = (residual is not None, branch_bias is not None, branch_scale is not None, gelu)
+        bb = x if branch_bias is None else branch_bias
+        sc = x if branch_scale is None else branch_scale
+        route.launch(_kernels(route).add_norm_fwd_kernel_y, (blocks,),
+                     ((x, r, bb, sc), (weight, bias), y, total, stats, (rows, width, per_sample), eps),
+                     _forward_meta(tile_rows, padded, *flags, return_sum))
         ctx.save_for_backward(x, r, bb, sc, weight, bias, stats)
-        ctx.flags, ctx.per_sample, ctx.shape = flags, per_sample, branch.shape
+        ctx.options = flags, per_sample, branch.shape, route
         ctx.dtypes = (branch.dtype, None if residual is None else residual.dtype,
                       None if branch_bias is None else branch_bias.dtype)
         ctx.set_materialize_grads(False)
-        y = y.to(out_dtype).reshape(branch.shape)
-        return (total.to(r.dtype).reshape(branch.shape), y) if return_sum else y
+        y = y.to(out_dtype).view(branch.shape)
+        return (total.to(r.dtype).view(branch.shape), y) if return_sum else y
 
     @staticmethod
     @torch.autograd.function.once_differentiable
     def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         x, r, bb, sc, weight, bias, stats = ctx.saved_tensors
         grad, grad_total = grads[-1], grads[0] if len(grads) == 2 else None
-        flags = ctx.flags
+        flags, per_sample, shape, route = ctx.options
+        has_residual, _, has_scale, _ = flags
         branch_dtype, residual_dtype, branch_bias_dtype = ctx.dtypes
         rows, width = x.shape
         if grad is None:  # (the sum used, its norm not: the norm's gradient is zero)
             grad = x.new_zeros(())
         tile_rows, padded, _, programs, per_program = _launch_sizes(rows, width)
         # the gradient of the sum, in the residual's dtype (the branch's without a residual)
-        grad_sum = torch.empty(rows, width, dtype=triton_route.store_dtype(residual_dtype or branch_dtype),
-                               device=x.device)
-        grad_x = (torch.empty(rows, width, dtype=triton_route.store_dtype(branch_dtype), device=x.device)
-                  if flags['HAS_SCALE'] else grad_sum)
+        grad_sum = torch.empty(rows, width, dtype=route.store_dtype(residual_dtype or branch_dtype), device=x.device)
+        grad_x = (torch.empty(rows, width, dtype=route.store_dtype(branch_dtype), device=x.device)
+                  if has_scale else grad_sum)
         partials = torch.empty(programs, 3, padded, dtype=torch.float32, device=x.device)
         grad_rows = _rows(grad.expand(rows, width) if grad.ndim == 0 else grad)
-        _kernels().add_norm_bwd_kernel_dx[(programs,)](
-            (grad_rows, x if grad_total is None else _rows(grad_total)), (grad_sum, grad_x), (x, r, bb, sc),
-            (weight, bias), stats, partials, (rows, width, ctx.per_sample), per_program, ROWS=tile_rows, CP=padded,
-            HAS_DSUM=grad_total is not None, **flags)
+        route.launch(_kernels(route).add_norm_bwd_kernel_dx, (programs,),
+                     ((grad_rows, x if grad_total is None else _rows(grad_total)), (grad_sum, grad_x),
+                      (x, r, bb, sc), (weight, bias), stats, partials, (rows, width, per_sample), per_program),
+                     _backward_meta(tile_rows, padded, *flags, grad_total is not None))
         grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
-        grad_branch = grad_x.to(branch_dtype).reshape(ctx.shape)
+        grad_branch = grad_x.to(branch_dtype).view(shape)
         grad_residual = None
-        if residual_dtype is not None:
-            grad_residual = grad_sum.to(residual_dtype).reshape(ctx.shape)
-            if not flags['HAS_SCALE'] and branch_dtype == residual_dtype:
+        if has_residual:
+            grad_residual = grad_sum.to(residual_dtype).view(shape)
+            if not has_scale and branch_dtype == residual_dtype:
                 grad_branch = grad_residual  # one tensor for both addends' equal gradients
         return (grad_branch, grad_residual, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype),
                 None if branch_bias_dtype is None else grad_branch_bias.to(branch_bias_dtype), None, None, None, None,
-                None)
+                None, None)
 
 
 def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | None, bias: Tensor | None, eps: float,
                    out_dtype: torch.dtype | None = None, *, branch_bias: Tensor | None = None,
                    branch_scale: Tensor | None = None, gelu: bool = False, return_sum: bool = False,
-                   ) -> Tensor | tuple[Tensor, Tensor]:
+                   route: Route | None = None) -> Tensor | tuple[Tensor, Tensor]:
     """``F.layer_norm(s, (C,), weight, bias, eps).to(out_dtype)`` of ``s = residual + branch_scale * (branch +
     branch_bias)`` over the last dim ``C`` (a GELU after the norm where ``gelu``), in one Triton kernel forward and two
     launches backward where :func:`fuses_add_norm` says so (see the module docstring), the PyTorch form elsewhere;
@@ -144,21 +168,23 @@ def add_layer_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | Non
         branch_scale: ``(B,)`` a scale of each sample's branch (stochastic depth's ``mask / keep``), or None.
         gelu: apply the exact GELU to the normalised result.
         return_sum: return the sum ``s`` too.
+        route: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``branch``).
     """
     if out_dtype is None:
         out_dtype = (branch if residual is None else residual).dtype
     if branch_scale is not None and tuple(branch_scale.shape) != (branch.shape[0],):
         raise ValueError(f'add_layer_norm: branch_scale must have one value per sample, shape ({branch.shape[0]},), '
                          f'got {tuple(branch_scale.shape)}')
-    if bias is not None and fuses_add_norm(branch, residual, weight):
+    route = decided(route, branch)
+    if bias is not None and fuses_add_norm(branch, residual, weight, route):
         return _AddLayerNorm.apply(branch, residual, weight, bias, branch_bias, branch_scale, float(eps), out_dtype,
-                                   bool(gelu), bool(return_sum))
+                                   bool(gelu), bool(return_sum), route)
     return add_layer_norm_reference(branch, residual, weight, bias, eps, out_dtype, branch_bias, branch_scale, gelu,
                                     return_sum)
 
 
 def layer_norm_gelu(x: Tensor, weight: Tensor | None, bias: Tensor | None, eps: float,
-                    out_dtype: torch.dtype | None = None) -> Tensor:
+                    out_dtype: torch.dtype | None = None, route: Route | None = None) -> Tensor:
     """``F.gelu(F.layer_norm(x, (C,), weight, bias, eps)).to(out_dtype)``: one kernel forward and two launches
     backward on the GPU route (:func:`add_layer_norm` without a residual), statistics and GELU in float32."""
-    return add_layer_norm(x, None, weight, bias, eps, out_dtype, gelu=True)
+    return add_layer_norm(x, None, weight, bias, eps, out_dtype, gelu=True, route=route)

@@ -41,14 +41,15 @@ triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.p
 """
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Iterator
+import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
 
-from .... import triton_route
 from ....custom_ops import differentiable_op
+from ....precision.autocast import ieee_float32_matmuls
+from ....route import Route, route_of
 from ...dispatch import announce_fallback
 from ...newton import alpha_floor
 from ...products_op import products_op
@@ -67,118 +68,186 @@ from .nystrom_config import (
 from .nystrom_limits import out_of_resources, record_launch_failure
 from .nystrom_reference import middle_backward_reference, products_backward_reference
 
-__all__ = ['TRITON_NAME', 'triton_nystrom_middle', 'triton_nystrom_products']
-
-
-@contextlib.contextmanager
-def _recorded(device: torch.device, num_landmarks: int, head_dim: int, products: str | None, backward: bool,
-              ) -> Iterator[None]:
-    """Record an ``OutOfResources`` raised inside (:func:`~.nystrom_limits.record_launch_failure`) and raise it on."""
-    try:
-        yield
-    except Exception as error:
-        if out_of_resources(error):
-            record_launch_failure(device, num_landmarks, head_dim, products, backward, error)
-        raise
-
-
-def _products_name(code: int) -> str:
-    """The products dtype's name of a kernels' ``PRODUCTS`` code."""
-    return next(name for name, value in PRODUCTS_CODES.items() if value == code)
-
+__all__ = ['TRITON_NAME', 'triton_nystrom_middle', 'triton_nystrom_products', 'triton_soft_attention']
 
 _CONTEXT, _OUTPUT, _BACKWARD = KERNELS
 TRITON_NAME = 'triton'  # the backend's name (soft_attention(..., backend='triton')), which its fallbacks give
+_PRODUCTS_NAMES = {code: name for name, code in PRODUCTS_CODES.items()}
 
 
-def _kernels():
-    """The kernel module, loaded under the current ``TRITON_INTERPRET`` setting
-    (:func:`~soft_mm.ops.triton_route.load_kernels`)."""
-    return triton_route.load_kernels(f'{__package__}.nystrom_kernels')
+def _kernels(route: Route):
+    """The kernel module as ``route`` runs it (interpreted or compiled)."""
+    return route.kernels(f'{__package__}.nystrom_kernels')
 
 
 def _tokens(t: Tensor) -> tuple[Tensor, tuple[int, ...]]:
     """A token tensor as the kernels take it: ``(tensor, its four strides)``."""
-    return t, tuple(t.stride())
+    return t, t.stride()
 
 
-class _Launch:
-    """Sizes, padded tile sizes and the grids of one kernel's call: ``grid`` one program per block of ``block``
-    tokens x (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th
-    block of its group (the reductions over the tokens, one partial sum per program). The block and the pipeline
-    stages are the kernel's on the device's target (:func:`~.nystrom_config.kernel_block`,
-    :func:`~.nystrom_config.kernel_stages`; the defaults under the interpreter)."""
+class _Geometry(NamedTuple):
+    """The padded tile sizes and grids of one kernel's launch: ``grid`` one program per block of ``block`` tokens x
+    (sample, head) groups; ``split_grid`` ``splits`` programs per group, each summing every ``splits``-th block of its
+    group (the reductions over the tokens, one partial sum per program); ``meta`` the token kernels' constexprs and
+    options, per products code."""
 
-    def __init__(self, q: Tensor, landmarks: Tensor, v: Tensor, kernel: str) -> None:
-        self.batch, self.heads, self.n, self.d = q.shape
-        self.m, self.dv = landmarks.shape[2], v.shape[3]
-        self.mp, self.dp, self.dvp = padded(self.m), padded(self.d), padded(self.dv)
-        on_gpu = not triton_route.interpreting() and q.device.type == 'cuda'
-        target = triton_route.cuda_target(q.device) if on_gpu else None
-        self.block, self.stages = kernel_block(kernel, target), kernel_stages(kernel, target)
-        self.groups = self.batch * self.heads
-        self.nblk = -(-self.n // self.block)
-        self.grid = (self.nblk, self.groups)
-        self.splits = split_count(self.n, self.block, self.groups)
-        self.split_grid = (self.splits, self.groups)
-        self.kernels = _kernels()
-
-    def sizes(self) -> tuple[int, ...]:
-        """The token kernels' ``sizes`` argument: ``(H, N, M, D, DV)``."""
-        return self.heads, self.n, self.m, self.d, self.dv
-
-    def meta(self, products: int) -> dict:
-        return dict(BLOCK=self.block, MP=self.mp, DP=self.dp, DVP=self.dvp, PRODUCTS=products, num_warps=NUM_WARPS,
-                    num_stages=self.stages)
-
-    def partials(self, q: Tensor, landmarks: Tensor, x: Tensor, products: int) -> Tensor:
-        """The context kernel's per-program partial sums of ``K1^T x``, ``(B, h, splits, MP, DVP)`` float32 (padded),
-        for ``nystrom_fwd_kernel_mc`` or ``nystrom_bwd_kernel_dmid_dctx`` to sum."""
-        parts = q.new_empty(self.batch, self.heads, self.splits, self.mp, self.dvp, dtype=torch.float32)
-        self.kernels.nystrom_fwd_kernel_context[self.split_grid](
-            _tokens(q), _tokens(x), landmarks, parts, self.sizes(), **self.meta(products))
-        return parts
+    mp: int
+    dp: int
+    dvp: int
+    groups: int
+    grid: tuple[int, int]
+    splits: int
+    split_grid: tuple[int, int]
+    meta: tuple[dict, ...]
+    group_meta: dict
 
 
-def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
-    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel (:func:`_launch_forward`; a launch that runs
-    out of resources recorded and raised)."""
-    with _recorded(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]), _products_name(products), False):
-        return _launch_forward(q, landmarks, v, middle, products)
+@functools.lru_cache(maxsize=1024)
+def _geometry(batch: int, heads: int, n: int, m: int, d: int, dv: int, kernel: str, target: int | None) -> _Geometry:
+    """The :class:`_Geometry` of ``kernel`` for a call of these sizes on ``target`` (None: the interpreter's defaults;
+    :func:`~.nystrom_config.kernel_block`, :func:`~.nystrom_config.kernel_stages`), worked out once per signature."""
+    mp, dp, dvp = padded(m), padded(d), padded(dv)
+    block, stages = kernel_block(kernel, target), kernel_stages(kernel, target)
+    groups = batch * heads
+    splits = split_count(n, block, groups)
+    meta = tuple(dict(BLOCK=block, MP=mp, DP=dp, DVP=dvp, PRODUCTS=code, num_warps=NUM_WARPS, num_stages=stages)
+                 for code in range(len(PRODUCTS_CODES)))
+    return _Geometry(mp, dp, dvp, groups, (-(-n // block), groups), splits, (splits, groups), meta,
+                     dict(MP=mp, DVP=dvp, num_warps=middle_warps(m)))
 
 
-def _launch_forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int,
+def _geometry_of(q: Tensor, landmarks: Tensor, v: Tensor, kernel: str, route: Route) -> _Geometry:
+    batch, heads, n, d = q.shape
+    return _geometry(batch, heads, n, landmarks.shape[2], d, v.shape[3], kernel, route.target)
+
+
+def _launch_forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int, route: Route,
                     ) -> tuple[Tensor, Tensor, Tensor]:
-    """The forward's three launches: the partial sums of the context, their sum with its product by the middle
-    matrix, the output."""
-    lm = landmarks.contiguous()
-    launch = _Launch(q, lm, v, _CONTEXT)
-    parts = launch.partials(q, lm, v, products)  # K1^T v, one partial sum per program
-    context, middle_context = (lm.new_empty(*lm.shape[:3], launch.dv) for _ in range(2))
-    launch.kernels.nystrom_fwd_kernel_mc[(launch.groups,)](
-        parts, middle.float().contiguous(), context, middle_context, launch.splits, launch.m, launch.dv, MP=launch.mp,
-        DVP=launch.dvp, num_warps=middle_warps(launch.m))
-    launch = _Launch(q, lm, v, _OUTPUT)
-    out = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
-    launch.kernels.nystrom_fwd_kernel_o[launch.grid](
-        _tokens(q), _tokens(out), lm, middle_context, launch.sizes(), **launch.meta(products))
+    """The forward's three launches: the partial sums of the context ``K1^T v``, their sum with its product by the
+    middle matrix, the output. ``landmarks`` and ``middle`` float32 and contiguous."""
+    kernels, launch = _kernels(route), route.launch
+    batch, heads, n, d = q.shape
+    m, dv = landmarks.shape[2], v.shape[3]
+    sizes = (heads, n, m, d, dv)
+    geometry = _geometry_of(q, landmarks, v, _CONTEXT, route)
+    parts = q.new_empty(batch, heads, geometry.splits, geometry.mp, geometry.dvp, dtype=torch.float32)
+    launch(kernels.nystrom_fwd_kernel_context, geometry.split_grid, (_tokens(q), _tokens(v), landmarks, parts, sizes),
+           geometry.meta[products])
+    context, middle_context = (landmarks.new_empty(batch, heads, m, dv) for _ in range(2))
+    launch(kernels.nystrom_fwd_kernel_mc, (geometry.groups,),
+           (parts, middle, context, middle_context, geometry.splits, m, dv), geometry.group_meta)
+    geometry = _geometry_of(q, landmarks, v, _OUTPUT, route)
+    out = torch.empty_like(v, dtype=route.store_dtype(v.dtype))
+    launch(kernels.nystrom_fwd_kernel_o, geometry.grid, (_tokens(q), _tokens(out), landmarks, middle_context, sizes),
+           geometry.meta[products])
     return out.to(v.dtype), context, middle_context
 
 
+def _launch_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
+                     middle_context: Tensor, products: int, route: Route) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The backward's four launches: the partial sums of ``K1^T grad_out``, the m×m and m×d gradients from them, the
+    tokens' gradients with the landmarks' partial sums, and the landmarks' gradient from those. ``landmarks``,
+    ``middle`` and ``context`` float32 and contiguous; the gradients of q and v in their dtypes, of the landmarks and
+    the middle matrix float32."""
+    kernels, launch = _kernels(route), route.launch
+    grad_out = grad_out.to(v.dtype)
+    batch, heads, n, d = q.shape
+    m, dv = landmarks.shape[2], v.shape[3]
+    sizes = (heads, n, m, d, dv)
+    geometry = _geometry_of(q, landmarks, v, _CONTEXT, route)
+    parts = q.new_empty(batch, heads, geometry.splits, geometry.mp, geometry.dvp, dtype=torch.float32)
+    launch(kernels.nystrom_fwd_kernel_context, geometry.split_grid,
+           (_tokens(q), _tokens(grad_out), landmarks, parts, sizes), geometry.meta[products])  # K1^T grad_out
+    grad_middle = middle.new_empty(middle.shape)
+    grad_context = torch.empty_like(context)  # contiguous (B, h, m, d_v) float32, as the backward kernel reads it
+    launch(kernels.nystrom_bwd_kernel_dmid_dctx, (geometry.groups,),
+           (parts, middle, context, grad_middle, grad_context, geometry.splits, m, dv), geometry.group_meta)
+    geometry = _geometry_of(q, landmarks, v, _BACKWARD, route)
+    grad_q = torch.empty_like(q, dtype=route.store_dtype(q.dtype))
+    grad_v = torch.empty_like(v, dtype=route.store_dtype(v.dtype))
+    lsum = q.new_empty(batch, heads, geometry.splits, geometry.mp, geometry.dp, dtype=torch.float32)
+    lcnt = q.new_empty(batch, heads, geometry.splits, geometry.mp, 1, dtype=torch.float32)
+    launch(kernels.nystrom_bwd_kernel_dq_dv_dl, geometry.split_grid,
+           (_tokens(q), _tokens(v), _tokens(grad_out), _tokens(grad_q), _tokens(grad_v), landmarks,
+            (middle_context, grad_context), (lsum, lcnt), sizes), geometry.meta[products])
+    grad_landmarks = torch.empty_like(landmarks)
+    launch(kernels.nystrom_bwd_kernel_dl_sum, (geometry.groups,),
+           (lsum, lcnt, landmarks, grad_landmarks, geometry.splits, m, d),
+           dict(MP=geometry.mp, DP=geometry.dp, num_warps=middle_warps(m)))
+    return grad_q.to(q.dtype), grad_landmarks, grad_v.to(v.dtype), grad_middle
+
+
+def _launch_middle(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool, route: Route,
+                   ) -> tuple[Tensor, Tensor]:
+    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of
+    ``nystrom_middle_fwd_kernel_mid_inv``. ``landmarks`` float32 and contiguous."""
+    batch, heads, m, d = landmarks.shape
+    middle, inverse = landmarks.new_empty(batch, heads, m, m), landmarks.new_empty(batch, heads, m, m)
+    route.launch(_kernels(route).nystrom_middle_fwd_kernel_mid_inv, (batch * heads,),
+                 (landmarks, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge)),
+                 _middle_meta(m, d, soft_norm))
+    return middle, inverse
+
+
+def _launch_middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool, route: Route,
+                            ) -> Tensor:
+    """The landmarks' gradient through the middle matrix, float32: one launch of ``nystrom_middle_bwd_kernel_dl``
+    (where it cannot launch, recorded and announced, the same gradient in PyTorch)."""
+    batch, heads, m, d = landmarks.shape
+    grad_landmarks = torch.empty_like(landmarks)
+    try:
+        route.launch(_kernels(route).nystrom_middle_bwd_kernel_dl, (batch * heads,),
+                     (grad_middle, landmarks, inverse, grad_landmarks, m, d), _middle_meta(m, d, soft_norm))
+    except Exception as error:
+        if not out_of_resources(error):
+            raise
+        _announce_backward_failure(landmarks.device, m, d, None, error)
+        with ieee_float32_matmuls():
+            grad_landmarks = middle_backward_reference(grad_middle, landmarks, inverse, soft_norm)
+    return grad_landmarks
+
+
+@functools.lru_cache(maxsize=256)
+def _middle_meta(m: int, d: int, soft_norm: bool) -> dict:
+    return dict(MP=padded(m), DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
+
+
+def _recording(device: torch.device, num_landmarks: int, head_dim: int, products: str | None, error: BaseException,
+               ) -> None:
+    """Record an ``OutOfResources`` ``error`` of a forward launch (:func:`~.nystrom_limits.record_launch_failure`)."""
+    if out_of_resources(error):
+        record_launch_failure(device, num_landmarks, head_dim, products, False, error)
+
+
+def _forward(q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor]:
+    """``(out, K1^T v, middle K1^T v)``: the custom op's forward kernel (:func:`_launch_forward` on the route of its
+    input; a launch that runs out of resources recorded and raised)."""
+    try:
+        return _launch_forward(q, landmarks.contiguous(), v, middle.float().contiguous(), products, route_of(q))
+    except Exception as error:
+        _recording(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]), _PRODUCTS_NAMES[products], error)
+        raise
+
+
 def _backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-              middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+              middle_context: Tensor, products: int, route: Route | None = None,
+              ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The gradients of q, landmarks, v and middle: the custom op's backward kernel (:func:`_launch_backward`); where
     a launch runs out of resources, recorded and announced, the same gradients by the tiled backend's PyTorch math
     (float32 products: the float16 kernels' range scaling is theirs alone)."""
     tensors = (grad_out, q, landmarks, v, middle, context, middle_context)
     try:
-        return _launch_backward(*tensors, products)
+        grad_q, grad_landmarks, grad_v, grad_middle = _launch_backward(
+            grad_out, q, landmarks.contiguous(), v, middle.float().contiguous(), context, middle_context, products,
+            route or route_of(q))
+        return grad_q, grad_landmarks.to(landmarks.dtype), grad_v, grad_middle.to(middle.dtype)
     except Exception as error:
         if not out_of_resources(error):
             raise
         _announce_backward_failure(q.device, landmarks.shape[2], max(q.shape[3], v.shape[3]),
-                                   _products_name(products), error)
-    return products_backward_reference(*tensors)
+                                   _PRODUCTS_NAMES[products], error)
+    with ieee_float32_matmuls():
+        return products_backward_reference(*tensors)
 
 
 def _announce_backward_failure(device: torch.device, num_landmarks: int, head_dim: int, products: str | None,
@@ -188,33 +257,56 @@ def _announce_backward_failure(device: torch.device, num_landmarks: int, head_di
                       'this backward runs the same math in PyTorch, and such calls take the next backend from now on')
 
 
-def _launch_backward(grad_out: Tensor, q: Tensor, landmarks: Tensor, v: Tensor, middle: Tensor, context: Tensor,
-                     middle_context: Tensor, products: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """The backward's four launches: the partial sums of ``K1^T grad_out``, the m×m and m×d gradients from them, the
-    tokens' gradients with the landmarks' partial sums, and the landmarks' gradient from those."""
-    lm = landmarks.contiguous()
-    grad_out = grad_out.to(v.dtype)
-    launch = _Launch(q, lm, v, _CONTEXT)
-    parts = launch.partials(q, lm, grad_out, products)  # K1^T grad_out
-    grad_middle = middle.new_empty(middle.shape, dtype=torch.float32)
-    grad_context = torch.empty_like(context)  # contiguous (B, h, m, d_v) float32, as the backward kernel reads it
-    launch.kernels.nystrom_bwd_kernel_dmid_dctx[(launch.groups,)](
-        parts, middle.float().contiguous(), context, grad_middle, grad_context, launch.splits, launch.m, launch.dv,
-        MP=launch.mp, DVP=launch.dvp, num_warps=middle_warps(launch.m))
-    launch = _Launch(q, lm, v, _BACKWARD)
-    grad_q = torch.empty_like(q, dtype=triton_route.store_dtype(q.dtype))
-    grad_v = torch.empty_like(v, dtype=triton_route.store_dtype(v.dtype))
-    batch, heads, m, d = lm.shape
-    lsum = q.new_empty(batch, heads, launch.splits, launch.mp, launch.dp, dtype=torch.float32)
-    lcnt = q.new_empty(batch, heads, launch.splits, launch.mp, 1, dtype=torch.float32)
-    launch.kernels.nystrom_bwd_kernel_dq_dv_dl[launch.split_grid](
-        _tokens(q), _tokens(v), _tokens(grad_out), _tokens(grad_q), _tokens(grad_v), lm, (middle_context, grad_context),
-        (lsum, lcnt), launch.sizes(), **launch.meta(products))
-    grad_landmarks = torch.empty_like(lm, dtype=torch.float32)
-    launch.kernels.nystrom_bwd_kernel_dl_sum[(launch.groups,)](
-        lsum, lcnt, lm.float(), grad_landmarks, launch.splits, m, d, MP=launch.mp, DP=launch.dp,
-        num_warps=middle_warps(m))
-    return grad_q.to(q.dtype), grad_landmarks.to(lm.dtype), grad_v.to(v.dtype), grad_middle.to(middle.dtype)
+class _SoftAttention(torch.autograd.Function):
+    """A whole eager SOFT op call on the Triton route, one autograd node: the m×m middle matrix and the N×m products
+    forward (four launches), their backward (five launches); see :func:`triton_soft_attention`."""
+
+    @staticmethod
+    def forward(ctx, q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, soft_norm: bool,
+                products: torch.dtype | None, out_dtype: torch.dtype, route: Route) -> Tensor:
+        lm = landmarks.float().contiguous()
+        values = v if products is None else v.to(products)
+        code = PRODUCTS_CODES[_products_name(products)]
+        try:
+            middle, inverse = _launch_middle(lm, num_iters, ridge, soft_norm, route)
+        except Exception as error:
+            _recording(q.device, lm.shape[2], lm.shape[3], None, error)
+            raise
+        try:
+            out, context, middle_context = _launch_forward(q, lm, values, middle, code, route)
+        except Exception as error:
+            _recording(q.device, lm.shape[2], max(q.shape[3], v.shape[3]), _PRODUCTS_NAMES[code], error)
+            raise
+        ctx.save_for_backward(q, lm, values, middle, inverse, context, middle_context)
+        ctx.options = code, soft_norm, route, landmarks.dtype, v.dtype
+        ctx.set_materialize_grads(False)
+        return out.to(out_dtype)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out: Tensor | None) -> tuple[Tensor | None, ...]:
+        if grad_out is None:
+            return (None,) * 9
+        q, lm, values, middle, inverse, context, middle_context = ctx.saved_tensors
+        code, soft_norm, route, landmarks_dtype, v_dtype = ctx.options
+        grad_q, grad_landmarks, grad_v, grad_middle = _backward(grad_out, q, lm, values, middle, context,
+                                                                middle_context, code, route)
+        grad_landmarks = grad_landmarks + _launch_middle_backward(grad_middle, lm, inverse, soft_norm, route)
+        return (grad_q, grad_landmarks.to(landmarks_dtype), grad_v.to(v_dtype), None, None, None, None, None,
+                None)
+
+
+def _products_name(products: torch.dtype | None) -> str:
+    return 'float32' if products is None else str(products).replace('torch.', '')
+
+
+def triton_soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int, ridge: float, soft_norm: bool,
+                          products: torch.dtype | None, out_dtype: torch.dtype, route: Route) -> Tensor:
+    """The SOFT op ``K1 @ middle @ (K1^T @ v)`` of an eager call on plain tensors, its middle matrix
+    (:func:`triton_nystrom_middle`) and products (:func:`triton_nystrom_products`) as one autograd node: the same
+    kernels, launched by ``route``'s launcher, without the custom ops' dispatch. The implicit backward of the
+    Newton–Schulz inverse; the output in ``out_dtype``."""
+    return _SoftAttention.apply(q, landmarks, v, num_iters, ridge, soft_norm, products, out_dtype, route)
 
 
 # one custom op pair (soft_mm::triton_nystrom_products and its backward): torch.compile sees one node
@@ -248,37 +340,26 @@ def triton_nystrom_products(q: Tensor, landmarks: Tensor, v: Tensor, middle: Ten
 
 
 def _middle_forward(landmarks: Tensor, num_iters: int, ridge: float, soft_norm: bool) -> tuple[Tensor, Tensor]:
-    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each: one launch of
-    ``nystrom_middle_fwd_kernel_mid_inv`` (the real kernel of ``soft_mm::triton_nystrom_middle``)."""
+    """``(middle, inverse)`` of every (sample, head), ``(B, h, m, m)`` float32 each (the real kernel of
+    ``soft_mm::triton_nystrom_middle``: :func:`_launch_middle` on its input's route)."""
     lm = landmarks.float().contiguous()
-    batch, heads, m, d = lm.shape
-    middle, inverse = lm.new_empty(batch, heads, m, m), lm.new_empty(batch, heads, m, m)
-    with _recorded(lm.device, m, d, None, False):
-        _kernels().nystrom_middle_fwd_kernel_mid_inv[(batch * heads,)](
-            lm, middle, inverse, m, d, num_iters, ridge, alpha_floor(torch.float32, ridge), MP=padded(m),
-            DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
-    return middle, inverse
+    try:
+        return _launch_middle(lm, num_iters, ridge, soft_norm, route_of(lm))
+    except Exception as error:
+        _recording(lm.device, lm.shape[2], lm.shape[3], None, error)
+        raise
 
 
 def _middle_backward(grad_middle: Tensor, landmarks: Tensor, inverse: Tensor, soft_norm: bool) -> Tensor:
     """The landmarks' gradient through the middle matrix (the real kernel of
-    ``soft_mm::triton_nystrom_middle_backward``): one launch of ``nystrom_middle_bwd_kernel_dl``, IEEE float32. The
-    inverse's gradient is the exact inverse's at the final iterate, ``-V^T grad_V V^T``, as
-    :func:`~soft_mm.ops.soft.newton.newton_inverse`'s implicit backward (alpha is not differentiated); SOFT-Norm adds
-    the row sums' share; ``A = exp(min(E, 0))`` passes it to the exponent where ``E <= 0``, and ``E_ij = l_i . l_j -
-    |l_i|^2 / 2 - |l_j|^2 / 2`` to the landmarks."""
+    ``soft_mm::triton_nystrom_middle_backward``): :func:`_launch_middle_backward`, IEEE float32. The inverse's gradient
+    is the exact inverse's at the final iterate, ``-V^T grad_V V^T``, as the implicit backward of
+    :func:`~soft_mm.ops.soft.newton.newton_inverse` (alpha is not differentiated); SOFT-Norm adds the row sums' share;
+    ``A = exp(min(E, 0))`` passes it to the exponent where ``E <= 0``, and ``E_ij = l_i . l_j - |l_i|^2 / 2 - |l_j|^2
+    / 2`` to the landmarks."""
     lm = landmarks.float().contiguous()
-    batch, heads, m, d = lm.shape
-    grad_landmarks = torch.empty_like(lm)
-    try:
-        _kernels().nystrom_middle_bwd_kernel_dl[(batch * heads,)](
-            grad_middle.float().contiguous(), lm, inverse.float().contiguous(), grad_landmarks, m, d, MP=padded(m),
-            DP=padded(d), SOFT_NORM=soft_norm, num_warps=middle_warps(m))
-    except Exception as error:
-        if not out_of_resources(error):
-            raise
-        _announce_backward_failure(lm.device, m, d, None, error)
-        grad_landmarks = middle_backward_reference(grad_middle, lm, inverse, soft_norm)
+    grad_landmarks = _launch_middle_backward(grad_middle.float().contiguous(), lm, inverse.float().contiguous(),
+                                             soft_norm, route_of(lm))
     return grad_landmarks.to(landmarks.dtype)
 
 

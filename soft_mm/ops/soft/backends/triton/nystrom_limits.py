@@ -33,6 +33,7 @@ from __future__ import annotations
 import torch
 
 from ....triton_route import DeviceLimits, device_reasons
+from ...dispatch import forget_decisions
 from .nystrom_config import GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, padded
 from .nystrom_shared_memory import SHARED_MEMORY
 
@@ -140,6 +141,7 @@ def record_launch_failure(device: torch.device, num_landmarks: int, head_dim: in
     reason = (f'could not launch its {kernels} on this device at m <= {m}, d <= {d}{with_products} '
               f'({type(error).__name__}: {error})')
     _FAILED_LAUNCHES[key] = reason
+    forget_decisions()
     return reason
 
 

@@ -9,6 +9,7 @@ import torch
 from helpers.op_checks import triton_kernels
 
 from soft_mm.ops import soft_attention
+from soft_mm.ops.route import route_of
 from soft_mm.testing import RULE_FRACTION, relative_error, rule_errors, rule_inputs
 
 pytestmark = triton_kernels
@@ -100,9 +101,9 @@ def test_low_precision_error_within_the_flash_attention_rule(num_tokens, num_lan
 def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
     import soft_mm.ops.soft.backends.triton.nystrom_launch as triton_module
     seen = []
-    original = triton_module._triton_products
-    monkeypatch.setattr(triton_module, '_triton_products',
-                        lambda q, lm, v, mid, low: seen.append((q.dtype, v.dtype, low)) or original(q, lm, v, mid, low))
+    original = triton_module._launch_forward
+    monkeypatch.setattr(triton_module, '_launch_forward', lambda q, lm, v, mid, low, route: seen.append(
+        (q.dtype, v.dtype, low)) or original(q, lm, v, mid, low, route))
     tensors, _ = inputs(40, 5)
     q, landmarks, v = (t.half() for t in tensors)
     assert soft_attention(q, landmarks, v, backend='triton').dtype == torch.float16
@@ -114,8 +115,8 @@ def test_float16_reaches_the_kernels_without_a_full_size_cast(monkeypatch):
 def test_is_never_chosen_automatically_on_cpu(monkeypatch: pytest.MonkeyPatch):
     import soft_mm.ops.soft.backends.triton.nystrom_launch as triton_module
     calls = []
-    original = triton_module._triton_products
-    monkeypatch.setattr(triton_module, '_triton_products', lambda *a: calls.append(1) or original(*a))
+    original = triton_module._launch_forward
+    monkeypatch.setattr(triton_module, '_launch_forward', lambda *a: calls.append(1) or original(*a))
     tensors, _ = inputs(40, 5)
     soft_attention(*(t.float() for t in tensors))
     assert calls == []
@@ -182,7 +183,7 @@ def test_the_kernels_products_constants_are_the_launch_codes():
     from soft_mm.ops.soft.backends.triton import nystrom_config as config
     from soft_mm.ops.soft.backends.triton import nystrom_launch
 
-    kernels = nystrom_launch._kernels()
+    kernels = nystrom_launch._kernels(route_of(torch.empty(0)))
     assert {name: getattr(kernels, f'PRODUCTS_{name.upper()}').value for name in config.PRODUCTS_CODES} \
         == config.PRODUCTS_CODES == {'float32': 0, 'bfloat16': 1, 'float16': 2}
 
@@ -213,13 +214,17 @@ def launch_failures(monkeypatch):
     monkeypatch.setattr(dispatch, '_DECISIONS', {})
     monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
     monkeypatch.setattr(nystrom_limits, '_FAILED_LAUNCHES', {})
-    monkeypatch.setitem(triton_route._ROUTE, 'cpu', True)  # (interpreted_triton_route(), for the test's duration)
+    # (interpreted_triton_route(), for the test's duration)
+    monkeypatch.setitem(triton_route._ROUTE, 'cpu', triton_route.CpuRoute())
+    dispatch.forget_decisions()
 
     def fail(kernel: str) -> _OutOfResources:
         raising = _OutOfResources()
-        monkeypatch.setattr(nystrom_launch._kernels(), kernel, raising)
+        monkeypatch.setattr(nystrom_launch._kernels(route_of(torch.empty(0))), kernel, raising)
         return raising
-    return fail
+    yield fail
+    monkeypatch.undo()
+    dispatch.forget_decisions()  # (the decisions kept with this test's failures recorded)
 
 
 def _warnings_of(record) -> list[str]:

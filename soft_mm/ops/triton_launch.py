@@ -1,0 +1,125 @@
+"""How the package launches a Triton kernel: ``kernel[grid](*args, **meta)`` through triton's own launch path
+(:class:`KernelLauncher`), or from a launch plan (:class:`PlannedLauncher`).
+
+triton's own path (``JITFunction.run``) binds and specialises every argument, builds a cache key and looks the compiled
+kernel up at each launch: about 10 µs of Python a launch, where an eager GPU step waits for the host. A plan keeps the
+``CompiledKernel`` that a signature's first ``kernel[grid]`` returned, under a key holding what triton specialises
+on (each tensor's dtype and 16-byte alignment, each int's being 1, its divisibility by 16 and its width, the
+constexprs and options), and launches it directly with every parameter in signature order; the device and the stream
+are read at each launch (a CUDA graph is captured on a side stream). Imports triton only when a plan is made.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import torch
+
+__all__ = ['MAX_PLANS', 'KernelLauncher', 'PlannedLauncher', 'kernel_name', 'specialization']
+
+# the most launch signatures a PlannedLauncher keeps (a model makes a few hundred); beyond, it starts afresh
+MAX_PLANS = 4096
+
+
+def kernel_name(kernel: Any) -> str:
+    """The Python name of a Triton kernel (compiled or interpreted)."""
+    return kernel.fn.__name__
+
+
+def specialization(args: Sequence[Any]) -> tuple:
+    """The part of a launch's positional arguments that selects a compiled kernel, flat: each tensor's dtype and
+    whether its address is 16-byte aligned, each int's being 1, divisible by 16 and within 32 bits (one code), the
+    type of anything else (a float, a bool, None); a tuple's items in place, between two markers."""
+    out: list = []
+    _specialize(args, out.append)
+    return tuple(out)
+
+
+_TENSORS = (torch.Tensor, torch.nn.Parameter)
+_I32_MIN, _I32_MAX = -2 ** 31, 2 ** 31
+
+
+def _specialize(args: Sequence[Any], append: Any) -> None:
+    for arg in args:
+        kind = arg.__class__
+        if kind in _TENSORS:
+            append(arg.dtype)
+            append(not arg.data_ptr() & 15)
+        elif kind is int:
+            append((arg == 1) + 2 * (not arg % 16) + 4 * (_I32_MIN <= arg < _I32_MAX))
+        elif kind is tuple:
+            append('(')
+            _specialize(arg, append)
+            append(')')
+        else:
+            append(kind)
+
+
+class KernelLauncher:
+    """Launches a Triton kernel as ``kernel[grid](*args, **meta)``: triton's own path (its binder, specialisation and
+    cache lookup at every launch). ``args``: the positional arguments in the kernel's signature order; ``meta``: its
+    constexprs by name and the launch options (``num_warps``, ``num_stages``). Each forward's route holds one
+    (:attr:`soft_mm.ops.route.Route.launcher`); the meters wrap it."""
+
+    name = 'kernel[grid]'
+    # whether the kernels' values matter: False for a meter's launcher (it counts, or runs nothing), where the
+    # interpreter then stores bfloat16 results directly, as a GPU does (its own bfloat16 stores truncate)
+    exact_values = True
+
+    def __call__(self, kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: Mapping[str, Any]) -> None:
+        kernel[grid](*args, **meta)
+
+
+class PlannedLauncher(KernelLauncher):
+    """Launches a Triton kernel from a plan per launch signature (see the module docstring): the first launch of a
+    signature through ``kernel[grid]``, which compiles and returns the ``CompiledKernel``; every later one through it
+    directly. At most :data:`MAX_PLANS` plans, none holding a tensor. On a triton older than 3.4 (no ``triton.knobs``)
+    every launch is ``kernel[grid]``."""
+
+    name = 'plan'
+
+    def __init__(self) -> None:
+        self.plans: dict[tuple, tuple[Any, Any, tuple]] = {}
+        self._driver = self._knobs = None
+        self.direct = self._load()
+
+    def _load(self) -> bool:
+        try:
+            import triton
+            from triton.runtime import driver
+        except ImportError:
+            return False
+        knobs = getattr(triton, 'knobs', None)
+        if knobs is None:  # triton < 3.4
+            return False
+        self._driver, self._knobs = driver, knobs.runtime
+        return True
+
+    def __call__(self, kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: Mapping[str, Any]) -> None:
+        if not self.direct:
+            kernel[grid](*args, **meta)
+            return
+        active = self._driver.active
+        device = active.get_current_device()
+        key = (id(kernel), device, specialization(args), *meta.items())
+        plan = self.plans.get(key)
+        if plan is None or plan[0] is not kernel:  # (a kernel module imported again makes new kernels)
+            compiled = kernel[grid](*args, **meta)
+            if compiled is not None and hasattr(compiled, 'packed_metadata'):
+                if len(self.plans) >= MAX_PLANS:
+                    self.plans.clear()
+                self.plans[key] = kernel, compiled, _trailing_parameters(kernel, len(args), meta)
+            return
+        _, compiled, trailing = plan
+        stream = active.get_current_stream(device)
+        values = (*args, *trailing)
+        knobs = self._knobs
+        compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
+                     compiled.function, compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
+                     knobs.launch_enter_hook, knobs.launch_exit_hook, *values)
+
+
+def _trailing_parameters(kernel: Any, num_args: int, meta: Mapping[str, Any]) -> tuple:
+    """The kernel's parameters after the positional ones, in signature order, as triton's binder binds them: from
+    ``meta`` by name, else their defaults."""
+    return tuple(meta.get(param.name, param.default) for param in kernel.params[num_args:])
