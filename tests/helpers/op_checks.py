@@ -21,8 +21,11 @@ def see_the_installed_triton(monkeypatch) -> None:
     older one declines Blackwell, a test of its own), whatever triton runs the test: a decision reads only the
     version, so its rules are checked on the torch matrix's floor (triton 2.1) and GPU-image venv (3.6) too."""
     from soft_mm.ops import triton_route
+    from soft_mm.ops.soft import dispatch
 
     monkeypatch.setattr(triton_route, 'TRITON_VERSION', max(triton_route.TRITON_VERSION or (0,), (3, 8)))
+    # the decisions kept under it apart from those of the installed triton (negative versions: this setting's own)
+    monkeypatch.setattr(dispatch, '_VERSION', [-1])
 
 
 # A test that runs float16 autocast or float16 layers on CPU, which torch < 2.3 lacks (float16 GEMMs came in 2.2,
