@@ -36,6 +36,20 @@ def test_missing_folder_and_unparsable_configs(tmp_path):
         load_config(str(bad))
 
 
+def test_loading_a_config_with_an_mmdet_base_warns_nothing_about_pkg_resources():
+    """mmengine imports pkg_resources and reloads it twice to find the mmdet:: scope of a base; setuptools warns at
+    each: every tool printed those three warnings."""
+    pytest.importorskip('mmdet')
+    import warnings
+
+    from helpers.repo import ROOT
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        load_config(str(ROOT / 'configs/retinanet_soft_tiny_demo.py'))
+    assert not [str(w.message) for w in caught if 'pkg_resources' in str(w.message)]
+
+
 def test_soft_without_custom_imports_names_the_fix(tmp_path):
     config = tmp_path / 'det.py'
     config.write_text("model = dict(type='RetinaNet', backbone=dict(type='SOFT', arch='tiny'))\n")
