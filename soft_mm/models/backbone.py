@@ -12,7 +12,7 @@ from torch import nn
 
 from .conv import NormLayer
 from .pyramid import SoftPyramid
-from .settings import attention_settings
+from .settings import model_attention_settings
 
 __all__ = ['DEFAULT_NORM_CFG', 'SOFT', 'conv_norm_layer']
 
@@ -113,8 +113,8 @@ class SOFT(SoftPyramid, BaseModule):
         if not (isinstance(frozen_stages, int) and -1 <= frozen_stages <= 4):
             raise ValueError(f'frozen_stages must be an int in -1..4, got {frozen_stages!r}')
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
-                         with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
-                         qk_init_std=qk_init_std, compile_stages=compile_stages,
+                         with_cp=with_cp, attention=model_attention_settings(type(self), attention),
+                         soft_block_norm=soft_block_norm, qk_init_std=qk_init_std, compile_stages=compile_stages,
                          conv_norm_layer=conv_norm_layer(norm_cfg), init_cfg=init_cfg)
         self.norm_cfg = dict(norm_cfg)
         self.out_indices = out_indices

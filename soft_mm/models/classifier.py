@@ -25,7 +25,7 @@ from ..utils.checkpoint import read_checkpoint, state_dict_of
 from .arch import ARCH_SETTINGS, variant_name
 from .official.layout import checkpoint_filter_fn
 from .pyramid import SoftPyramid
-from .settings import attention_settings
+from .settings import model_attention_settings
 
 GLOBAL_POOLS = ('token', 'avg')
 
@@ -56,8 +56,8 @@ class SoftVisionTransformer(SoftPyramid):
                  qk_init_std: float = 0.02, **attention: Any) -> None:
         _check_global_pool(global_pool)
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_chans, drop_path_rate=drop_path_rate,
-                         with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
-                         qk_init_std=qk_init_std)
+                         with_cp=with_cp, attention=model_attention_settings(type(self), attention),
+                         soft_block_norm=soft_block_norm, qk_init_std=qk_init_std)
         dim = self.embed_dims[-1]
         self.num_classes = num_classes
         self.global_pool = global_pool

@@ -196,6 +196,31 @@ def test_config_naming_soft_without_custom_imports(tmp_path):
     assert 'add custom_imports' in explain(KeyError('SOFT is not in the mmdet::model registry. Please check'))
 
 
+SOFT_ARGUMENTS = ('arch, soft_norm, in_channels, out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, '
+                  'soft_block_norm, qk_init_std, compile_stages, norm_cfg, init_cfg')
+
+
+@pytest.mark.parametrize(('option', 'sentence'), [
+    ('model.backbone.arhc=tiny', "the config's RetinaNet > SOFT: SOFT() got an unexpected keyword argument 'arhc' (did "
+     f"you mean 'arch'?): its arguments are {SOFT_ARGUMENTS}, and its attention settings landmark_mode, "
+     'landmark_grid, newton_iters, newton_ridge, newton_backward.'),
+    ('model.backbone.frozen_stages=5', "the config's RetinaNet > SOFT: frozen_stages must be an int in -1..4, got 5."),
+    ('model.neck.in_channelz=3', "the config's RetinaNet > FPN: FPN.__init__() got an unexpected keyword argument "
+     "'in_channelz'."),
+])
+def test_a_bad_model_argument_through_train_is_one_sentence_and_the_traceback_on_request(tmp_path, option, sentence):
+    """--cfg-options that misspell or mis-set an argument of a class the config builds: one sentence on stderr
+    (nothing else: no traceback, no pkg_resources warnings), exit status 1; SOFT_MM_DEBUG=1 gives the traceback."""
+    pytest.importorskip('mmdet')
+    from helpers.tool_process import run_tool
+
+    args = ['tools/train.py', RETINANET_DEMO, '--work-dir', 'work', '--cfg-options', option]
+    plain = run_tool(args, tmp_path, timeout=300, check=False)
+    assert plain.returncode == 1 and plain.stderr.strip().splitlines() == [sentence], plain.stderr[-3000:]
+    debug = run_tool(args, tmp_path, timeout=300, check=False, env={'SOFT_MM_DEBUG': '1'})
+    assert debug.returncode == 1 and 'Traceback (most recent call last)' in debug.stderr
+
+
 # --- bad files given to the tools (images, checkpoints) ---------------------------------------------------------------
 
 def _bad_images(folder: Path) -> dict[str, tuple[Path, str]]:
