@@ -11,7 +11,7 @@ from soft_mm.models.settings import FIELDS, UnknownArgumentError, attention_sett
 
 SETTINGS = 'landmark_mode, landmark_grid, newton_iters, newton_ridge, newton_backward'
 SOFT_ARGUMENTS = ('arch, soft_norm, in_channels, out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, '
-                  'soft_block_norm, qk_init_std, compile_stages, norm_cfg, init_cfg')
+                  'soft_block_norm, qk_init_std, compile_stages, norm_cfg, init_cfg, partial_pretrained')
 
 
 @pytest.mark.parametrize(('keyword', 'closest'), [
