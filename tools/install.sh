@@ -10,7 +10,8 @@
 # Environment switches:
 #   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm), keyed by Python, torch and the
 #                   ops: CPU, CUDA and the architectures built for (a CUDA wheel is reused only where they cover
-#                   the visible GPU), or ROCm
+#                   the visible GPU), or ROCm; whether this environment already holds the cached wheel is read off
+#                   its installed mmcv, not from the cache, which other environments share
 #   FORCE_CUDA=1    build mmcv's CUDA ops too (needs nvcc of torch's CUDA major version; also chosen automatically
 #                   when torch sees a GPU); TORCH_CUDA_ARCH_LIST picks the architectures (default: the visible GPUs'
 #                   own, as torch's extension builder picks them; without a visible GPU "8.0;9.0")
@@ -254,7 +255,22 @@ PYEOF
   mmcv_ok() {
     "$PY" -c "import mmcv, sys; from mmcv.ops import batched_nms, roi_align; sys.exit(0 if mmcv.__version__ == '$MMCV_VERSION' else 1)" >/dev/null 2>&1
   }
-  if mmcv_ok && [ -f "$WHEEL_DIR/.installed" ]; then
+  # whether this environment's mmcv is the cached wheel's build: the lines of its compiled ops (file, sha256, size) in
+  # the installed RECORD are the wheel's (a marker in the cache, which every environment on the machine shares, would
+  # also skip an environment that holds another build of mmcv 2.1.0, or none)
+  mmcv_from_cached_wheel() {
+    ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1 || return 1
+    "$PY" - "$(ls "$WHEEL_DIR"/mmcv-*.whl | head -n 1)" <<'PYEOF' >/dev/null 2>&1
+import sys, zipfile
+from importlib.metadata import distribution
+def ops(record):
+    return sorted(line for line in record.splitlines() if line.startswith('mmcv/_ext'))
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    built = ops(wheel.read(next(n for n in wheel.namelist() if n.endswith('.dist-info/RECORD'))).decode())
+sys.exit(0 if built and built == ops(distribution('mmcv').read_text('RECORD') or '') else 1)
+PYEOF
+  }
+  if mmcv_ok && mmcv_from_cached_wheel; then
     echo "mmcv $MMCV_VERSION with ops already installed (built for torch $TORCH_TAG, $OPS_KIND ops)"
   else
     if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
@@ -296,7 +312,6 @@ PYEOF
     pip_q --force-reinstall --no-deps "$WHEEL_DIR"/mmcv-*.whl
     pip_q addict packaging Pillow pyyaml yapf opencv-python
     mmcv_ok || die "mmcv installed but 'from mmcv.ops import batched_nms, roi_align' fails; delete $WHEEL_DIR and rerun to rebuild."
-    touch "$WHEEL_DIR/.installed"
   fi
 
   step "mmdet, mmsegmentation, mmpretrain, timm and the test tools (requirements.txt)"

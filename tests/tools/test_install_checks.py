@@ -5,14 +5,18 @@ without a GPU to ask, the build targets Ampere and Hopper (TORCH_CUDA_ARCH_LIST=
 architecture; the cached CUDA wheel is keyed by the architectures it was built for and reused only where they cover the
 visible GPU (a fake torch reports one). A ROCm torch (a fake with torch.version.hip set) gets mmcv's ops built for ROCm
 where torch finds the ROCm toolkit, else its CPU ops, said so, and no word of nvcc or FORCE_CUDA (the build, faked,
-records what it was given)."""
+records what it was given). Whether an environment holds the cached wheel is read off that environment (a venv,
+real pip installs of small fake mmcv wheels)."""
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import stat
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -46,19 +50,20 @@ with tarfile.open(f'{folder}/mmcv-2.1.0.tar.gz', 'w:gz') as archive:
 
 def run_installer(tmp_path: Path, nvcc_release: str | None, until: str | None = None,
                   cached: str | None = 'cuda-sm80-sm90', force_cuda: bool = True,
-                  **env) -> tuple[int | None, str, str]:
+                  interpreter: str = sys.executable, real_pip: bool = False, **env) -> tuple[int | None, str, str]:
     """``(exit status, stdout, stderr)`` of the installer with FORCE_CUDA=1 (``force_cuda``), an nvcc that reports
-    ``nvcc_release`` (None: no nvcc), ``pip`` a no-op (everything it would install is installed) and a cache holding an
-    mmcv wheel of the ops ``cached`` (by default CUDA ops for sm_80 and sm_90, what a build without a GPU makes; None:
-    no wheel), so nothing is built or downloaded where it is taken (an mmcv source that is not taken is
-    :data:`FAKE_SOURCE`); stopped (status None) once a line of its output contains ``until``."""
+    ``nvcc_release`` (None: no nvcc), ``pip`` a no-op (everything it would install is installed; ``real_pip``: but
+    the cached mmcv wheel, installed for real) and a cache holding an mmcv wheel of the ops ``cached`` (by default
+    CUDA ops for sm_80 and sm_90, what a build without a GPU makes; None: no wheel), so nothing is built or downloaded
+    where it is taken (an mmcv source that is not taken is :data:`FAKE_SOURCE`); stopped (status None) once a line of
+    its output contains ``until``. ``interpreter`` is the Python that the installer's ``PYTHON`` runs."""
     bin_dir = tmp_path / 'bin'
     bin_dir.mkdir()
     (bin_dir / 'fake_mmcv_source.py').write_text(FAKE_SOURCE)
-    python = sys.executable
+    install_wheel = f'case "$*" in *--force-reinstall*) exec {interpreter} "$@";; esac\n' if real_pip else ''
     executable(bin_dir / 'python', '#!/bin/sh\nif [ "$1" = -m ] && [ "$2" = pip ]; then\n'
-                                   f'  [ "$3" = download ] && exec {python} {bin_dir}/fake_mmcv_source.py "$@"\n'
-                                   f'  exit 0\nfi\nexec {python} "$@"\n')
+                                   f'  [ "$3" = download ] && exec {interpreter} {bin_dir}/fake_mmcv_source.py "$@"\n'
+                                   f'  {install_wheel}  exit 0\nfi\nexec {interpreter} "$@"\n')
     path = os.environ['PATH']
     if nvcc_release is None:  # no nvcc at all: the machine's own left off PATH too
         path = os.pathsep.join(d for d in path.split(os.pathsep) if not (Path(d) / 'nvcc').exists())
@@ -293,3 +298,66 @@ def test_a_visible_gpu_without_nvcc_names_no_force_cuda_the_user_never_set(tmp_p
     assert status == 1 and err.strip().splitlines()[-1] == (
         "soft_mm install failed: torch sees a GPU, so mmcv's CUDA ops are built but nvcc is not on PATH; install the "
         'CUDA toolkit.'), err[-2000:]
+
+
+# --- whether an environment holds the cached mmcv wheel -------------------------------------------------------------
+
+def fake_mmcv_wheel(folder: Path, ops: bytes) -> Path:
+    """A small mmcv 2.1.0 wheel whose "compiled ops" (``mmcv/_ext...so``) hold ``ops``: a build of its own."""
+    files = {'mmcv/__init__.py': b"__version__ = '2.1.0'\n",
+             'mmcv/ops/__init__.py': b'batched_nms = roi_align = None\n',
+             'mmcv/_ext.cpython-311-x86_64-linux-gnu.so': ops,
+             'mmcv-2.1.0.dist-info/METADATA': b'Metadata-Version: 2.1\nName: mmcv\nVersion: 2.1.0\n',
+             'mmcv-2.1.0.dist-info/WHEEL': b'Wheel-Version: 1.0\nGenerator: tests\nRoot-Is-Purelib: true\n'
+                                           b'Tag: py3-none-any\n'}
+
+    def digest(data: bytes) -> str:
+        return 'sha256=' + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()
+
+    record = ''.join(f'{name},{digest(data)},{len(data)}\n' for name, data in files.items())
+    folder.mkdir(parents=True, exist_ok=True)
+    wheel = folder / 'mmcv-2.1.0-py3-none-any.whl'
+    with zipfile.ZipFile(wheel, 'w') as archive:
+        for name, data in files.items():
+            archive.writestr(name, data)
+        archive.writestr('mmcv-2.1.0.dist-info/RECORD', record + 'mmcv-2.1.0.dist-info/RECORD,,\n')
+    return wheel
+
+
+def _installed_ops(python: Path) -> bytes:
+    where = subprocess.run([str(python), '-c', 'import mmcv, os; print(os.path.dirname(mmcv.__file__))'],
+                           capture_output=True, text=True, check=True).stdout.strip()
+    return (Path(where) / '_ext.cpython-311-x86_64-linux-gnu.so').read_bytes()
+
+
+def test_the_mmcv_wheel_counts_as_installed_only_in_the_environment_that_holds_it(tmp_path):
+    """The cache is shared by every environment on the machine; the installer's old marker there
+    (<wheel folder>/.installed, written by the environment that installed the wheel) skipped any other environment
+    that had an mmcv 2.1.0 with ops, here another build of it. Now the installed RECORD says which build it is."""
+    fake = fake_torch(tmp_path / 'fake', '2.14.1', '0.29.1')
+    cached = cached_wheel_dir(tmp_path / 'run', 'cpu', str(fake))
+    fake_mmcv_wheel(cached, b'the cached build')
+    (cached / '.installed').write_text('')  # what another environment's install left with the old installer
+    venv = tmp_path / 'second_env'
+    subprocess.run([sys.executable, '-m', 'venv', str(venv)], check=True, timeout=300)
+    python = venv / 'bin' / 'python'
+    other = fake_mmcv_wheel(tmp_path / 'other', b'another build of mmcv 2.1.0')
+    subprocess.run([str(python), '-m', 'pip', 'install', '-q', '--no-deps', '--disable-pip-version-check', str(other)],
+                   check=True, timeout=300)
+    assert _installed_ops(python) == b'another build of mmcv 2.1.0'
+
+    def install(run: str) -> str:
+        """The installer's output up to the step after mmcv's, in this environment, with the shared cache."""
+        (tmp_path / run).mkdir()
+        status, out, err = run_installer(tmp_path / run, '13.0', until='mmdet, mmsegmentation', cached=None,
+                                         force_cuda=False, interpreter=str(python), real_pip=True,
+                                         PYTHONPATH=str(fake), SOFT_MM_CACHE=str(tmp_path / 'run' / 'cache'))
+        assert status is None, (out[-3000:], err[-3000:])
+        return out
+
+    out = install('first')
+    assert f'reusing the cached wheel {cached}/mmcv-2.1.0-py3-none-any.whl' in out, out[-3000:]
+    assert _installed_ops(python) == b'the cached build'
+    out = install('second')  # now it holds it
+    assert 'mmcv 2.1.0 with ops already installed (built for torch 2.14.1, cpu ops)' in out, out[-3000:]
+    assert _installed_ops(python) == b'the cached build'
