@@ -12,6 +12,7 @@ state dict; older layouts are migrated by ``SoftPyramid._load_from_state_dict``)
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -172,6 +173,19 @@ def _weight_source_given(kwargs: dict[str, Any]) -> bool:
     return False
 
 
+def _check_weight_files(kwargs: dict[str, Any]) -> None:
+    """A ``file`` named by ``pretrained_cfg`` / ``pretrained_cfg_overlay`` that is not there: a FileNotFoundError that
+    says so in one sentence (timm raises one with no message)."""
+    for name in ('pretrained_cfg_overlay', 'pretrained_cfg'):
+        cfg = kwargs.get(name)
+        cfg = cfg.to_dict() if isinstance(cfg, PretrainedCfg) else cfg
+        path = cfg.get('file') if isinstance(cfg, Mapping) else None
+        if path and not os.path.isfile(path):
+            problem = 'is a folder, not a checkpoint file' if os.path.isdir(path) else 'not found'
+            raise FileNotFoundError(f"{os.fspath(path)} {problem} (the file of {name}): pass the path of an existing "
+                                    "checkpoint file (the authors' release or a soft_mm checkpoint).")
+
+
 def _overlay_file_read_by_soft_mm(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with the file of ``pretrained_cfg_overlay`` replaced by its state dict where timm cannot read it.
 
@@ -200,6 +214,7 @@ def _create_soft(name: str, pretrained: bool, **kwargs: Any) -> SoftVisionTransf
                          "or a soft_mm checkpoint, as pretrained_cfg_overlay=dict(file=path) (or use pretrained=False "
                          'with checkpoint_path=path)')
     if pretrained:
+        _check_weight_files(kwargs)
         kwargs = _overlay_file_read_by_soft_mm(kwargs)
     out_indices = kwargs.pop('out_indices', 4)
     return build_model_with_cfg(SoftVisionTransformer, name, pretrained, arch=arch, soft_norm=soft_norm,
