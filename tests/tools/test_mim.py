@@ -113,18 +113,8 @@ def test_mim_search_from_another_folder_on_the_installers_editable_install(tmp_p
     arguments), run from a folder outside the checkout. openmim 0.3.9 looks for <dist location>/soft_mm/.mim: for a
     PEP 660 editable install site-packages/soft_mm, which does not exist (it failed with "model-index.yml ... is not
     found, please upgrade your soft_mm"), then <dist location>/<first line of top_level.txt>: the checkout's."""
-    venv = tmp_path / 'venv'
     # no pip of its own: this interpreter's pip and setuptools (the installer's pins) build it, as in the installer
-    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', '--without-pip', str(venv)], check=True,
-                   timeout=300)
-    python = venv / 'bin' / 'python'
-    env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
-    if sys.prefix != sys.base_prefix:  # this interpreter is itself a venv: --system-site-packages misses its packages
-        purelib = subprocess.run([str(python), '-c', 'import sysconfig; print(sysconfig.get_path("purelib"))'],
-                                 capture_output=True, text=True, check=True, env=env).stdout.strip()
-        import site
-
-        Path(purelib, '_outer_site_packages.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
+    python, env = _venv_seeing_this_one(tmp_path, with_pip=False)
     _run([str(python), '-m', 'pip', 'install', '--disable-pip-version-check', '-q', *_installer_pip_arguments(), '-e',
           str(ROOT)], tmp_path, env)
     elsewhere = tmp_path / 'elsewhere'
@@ -205,11 +195,12 @@ def test_sdist_builds_a_wheel_with_the_mim_resources(tmp_path: Path) -> None:
     assert shipped == set(_shipped_files())
 
 
-def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh venv that sees this interpreter's packages (torch, mmcv, mmdet, ...) with only the wheel installed in
-    it; the environment for its processes has no PYTHONPATH (conftest puts the checkout there)."""
+def _venv_seeing_this_one(tmp_path: Path, with_pip: bool = True) -> tuple[Path, dict[str, str]]:
+    """A fresh venv at ``tmp_path/venv`` that sees this interpreter's packages (torch, mmcv, mmdet, ...), its python
+    and the environment for its processes, which has no PYTHONPATH (conftest puts the checkout there)."""
     venv = tmp_path / 'venv'
-    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', *([] if with_pip else ['--without-pip']),
+                    str(venv)], check=True, timeout=300)
     python = venv / 'bin' / 'python'
     env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
     if sys.prefix != sys.base_prefix:  # this interpreter is itself a venv: --system-site-packages misses its packages
@@ -218,6 +209,12 @@ def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
         import site
 
         Path(purelib, '_outer_site_packages.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
+    return python, env
+
+
+def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh venv that sees this interpreter's packages with only the wheel installed in it (and its environment)."""
+    python, env = _venv_seeing_this_one(tmp_path)
     _run([str(python), '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '-q', str(wheel)],
          tmp_path, env)
     return python, env
