@@ -26,7 +26,7 @@ from soft_mm.cli import compile_backbone_for_inference, enable_test_amp
 from soft_mm.cli.arguments import add_precision_args
 from soft_mm.cli.config_checks import check_image_files
 from soft_mm.cli.config_loading import default_work_dir, load_config
-from soft_mm.cli.errors import one_sentence_errors
+from soft_mm.cli.errors import DEBUG_HELP, one_sentence_errors
 from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
 from soft_mm.cli.runtime import compiled_graphs_note
 from soft_mm.engine import enable_cpu_bf16_ops
@@ -47,7 +47,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--topk', type=int, default=5, help='classification: how many classes to print')
     parser.add_argument('--device', default='cuda:0' if torch.cuda.is_available() else 'cpu')
     add_precision_args(parser, 'run the model under autocast: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     return parser.parse_args(argv)
 
 

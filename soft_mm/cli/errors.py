@@ -36,6 +36,10 @@ _SOFT_MM_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _BUILD_FUNCTIONS = os.path.join('mmengine', 'registry', 'build_functions.py')
 
 
+# the --debug option's help, one text for every tool
+DEBUG_HELP = f'show full tracebacks instead of one-sentence errors (or set {DEBUG_ENV}=1 in the environment)'
+
+
 def debug_requested(flag: bool = False) -> bool:
     """Whether a tool shows tracebacks: its ``--debug`` ``flag``, or ``SOFT_MM_DEBUG`` set to anything but ``0``."""
     return flag or os.environ.get(DEBUG_ENV, '0').strip() not in ('', '0')
