@@ -7,7 +7,8 @@ CONFIG.py``, ``mim test`` and ``mim search soft_mm`` look up
 - a wheel (``pip wheel``, ``pip install .``, ``python -m build``) gets copies, written into the build folder only;
 - an editable install (``pip install -e .``, ``tools/install.sh``, ``mim install -e .``) gets relative symbolic links
   ``soft_mm/.mim/configs -> ../../configs`` (and so on) in the checkout, so edited configs are seen at once; where
-  the file system has no symbolic links, copies, refreshed by the next editable install.
+  the file system has no symbolic links, copies, refreshed by the next editable install. Its ``top_level.txt`` names
+  the checkout's package folder first, where openmim looks for ``.mim`` (:class:`EditableWheelWithMim`).
 """
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 from setuptools.command.develop import develop
+from setuptools.command.editable_wheel import editable_wheel
 
 ROOT = Path(__file__).resolve().parent
 PACKAGE = 'soft_mm'
@@ -83,6 +85,28 @@ class BuildPyWithMim(build_py):
             write_mim_resources(Path(self.build_lib) / PACKAGE / '.mim', link=False)
 
 
+def point_mim_at_checkout(dist_info: Path) -> None:
+    """Name the checkout's package folder (absolute) first in the editable distribution's ``top_level.txt``.
+
+    openmim 0.3.9 (``mim search soft_mm``, ``mim train soft_mm NAME.py``) looks for ``<location>/soft_mm/.mim``, where
+    ``<location>`` is the folder that holds the distribution's metadata: site-packages, for a PEP 660 editable
+    install, which has no ``soft_mm`` folder (the package is found by setuptools' import hook). Failing that it
+    takes ``<location>/<first line of top_level.txt>``; ``os.path.join`` of site-packages and an absolute path is that
+    path, the checkout's ``soft_mm``, whose ``.mim`` links to the checkout's own configs, tools and model index. The
+    second line names the import package as usual (``importlib.metadata.packages_distributions``). Nothing is
+    written outside the wheel, so ``pip uninstall`` removes it with the rest.
+    """
+    (dist_info / 'top_level.txt').write_text(f'{ROOT / PACKAGE}\n{PACKAGE}\n')
+
+
+class EditableWheelWithMim(editable_wheel):
+    """The editable wheel, its ``top_level.txt`` pointing openmim at the checkout (:func:`point_mim_at_checkout`)."""
+
+    def _ensure_dist_info(self) -> None:  # setuptools 64-81: where the wheel's metadata folder is made or checked
+        super()._ensure_dist_info()
+        point_mim_at_checkout(Path(self.dist_info_dir))
+
+
 class DevelopWithMim(develop):
     """The legacy ``setup.py develop``: links in the checkout, as for a PEP 660 editable install."""
 
@@ -91,4 +115,4 @@ class DevelopWithMim(develop):
         write_mim_resources(ROOT / PACKAGE / '.mim', link=True)
 
 
-setup(cmdclass={'build_py': BuildPyWithMim, 'develop': DevelopWithMim})
+setup(cmdclass={'build_py': BuildPyWithMim, 'develop': DevelopWithMim, 'editable_wheel': EditableWheelWithMim})

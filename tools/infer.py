@@ -3,15 +3,17 @@
     python tools/infer.py IMAGE CONFIG CHECKPOINT [--out OUT.png] [--score-thr 0.3] [--topk 5] [--device cpu] [--amp]
         [--compile]
 
-- ``mmdet``: draws the detections with mmdet's visualizer into OUT (default ``<image>_det.png``) and prints one line
-  per drawn detection (class, score, box);
-- ``mmseg``: overlays the predicted segmentation with mmseg's visualizer into OUT (default ``<image>_seg.png``) and
-  prints the share of the pixels of every predicted class;
+- ``mmdet``: draws the detections with mmdet's visualizer into OUT (default
+  ``work_dirs/<config name>/<image name>_det.png``, beside the run's other outputs) and prints one line per drawn
+  detection (class, score, box);
+- ``mmseg``: overlays the predicted segmentation with mmseg's visualizer into OUT (default
+  ``work_dirs/<config name>/<image name>_seg.png``) and prints the share of the pixels of every predicted class;
 - ``mmpretrain``: prints the top-k classes with their scores (mmpretrain's ``ImageClassificationInferencer``).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import os.path as osp
 from collections.abc import Callable
 
@@ -23,8 +25,8 @@ from mmengine.config import Config
 from soft_mm.cli import compile_backbone_for_inference, enable_test_amp
 from soft_mm.cli.arguments import add_precision_args
 from soft_mm.cli.config_checks import check_image_files
-from soft_mm.cli.config_loading import load_config
-from soft_mm.cli.errors import one_sentence_errors
+from soft_mm.cli.config_loading import default_work_dir, load_config
+from soft_mm.cli.errors import DEBUG_HELP, one_sentence_errors
 from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
 from soft_mm.cli.runtime import compiled_graphs_note
 from soft_mm.engine import enable_cpu_bf16_ops
@@ -38,14 +40,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('config', help='config file; its default_scope picks detection, segmentation or classification')
     parser.add_argument('checkpoint', help='checkpoint file')
     parser.add_argument('--out', default=None,
-                        help='output image for detection / segmentation (default: <image>_det.png / <image>_seg.png)')
+                        help='output image for detection / segmentation (default: work_dirs/<config name>/'
+                             '<image name>_det.png / _seg.png)')
     parser.add_argument('--score-thr', type=float, default=0.3, help='detection: draw detections scoring at least this')
     parser.add_argument('--opacity', type=float, default=0.5, help='segmentation: opacity of the overlaid classes')
     parser.add_argument('--topk', type=int, default=5, help='classification: how many classes to print')
     parser.add_argument('--device', default='cuda:0' if torch.cuda.is_available() else 'cpu')
     add_precision_args(parser, 'run the model under autocast: float16 on a GPU (see --amp-dtype), bfloat16 on CPU')
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     return parser.parse_args(argv)
+
+
+def output_path(args: argparse.Namespace, suffix: str) -> str:
+    """``--out``, else ``work_dirs/<config name>/<image name><suffix>`` (as tools/train.py's default work dir): never
+    beside the image (a data set's folder) or in the folder the tool runs in. Its folder is created."""
+    out = args.out or osp.join(default_work_dir(args.config), osp.splitext(osp.basename(args.image))[0] + suffix)
+    os.makedirs(osp.dirname(out) or '.', exist_ok=True)
+    return out
 
 
 def infer_detection(args: argparse.Namespace, cfg: Config, state_dict: State) -> str:
@@ -60,7 +71,7 @@ def infer_detection(args: argparse.Namespace, cfg: Config, state_dict: State) ->
     result = inference_detector(model, args.image)
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
     visualizer.dataset_meta = model.dataset_meta
-    out = args.out or osp.splitext(args.image)[0] + '_det.png'
+    out = output_path(args, '_det.png')
     image = mmcv.imread(args.image, channel_order='rgb')
     visualizer.add_datasample('detections', image, data_sample=result, draw_gt=False, show=False,
                               pred_score_thr=args.score_thr, out_file=out)
@@ -91,7 +102,7 @@ def infer_segmentation(args: argparse.Namespace, cfg: Config, state_dict: State)
     visualizer = VISUALIZERS.build(model.cfg.visualizer)
     visualizer.dataset_meta = meta
     visualizer.alpha = args.opacity  # SegLocalVisualizer's overlay opacity
-    out = args.out or osp.splitext(args.image)[0] + '_seg.png'
+    out = output_path(args, '_seg.png')
     image = mmcv.imread(args.image, channel_order='rgb')
     visualizer.add_datasample('segmentation', image, data_sample=result, draw_gt=False, show=False,
                               with_labels=False, out_file=out)

@@ -9,11 +9,15 @@
 #
 # Environment switches:
 #   SOFT_MM_CACHE   where the built mmcv wheel is kept (default: ~/.cache/soft_mm), keyed by Python, torch and the
-#                   ops: CPU, or CUDA and the architectures built for (a CUDA wheel is reused only where they cover
-#                   the visible GPU)
+#                   ops: CPU, CUDA and the architectures built for (a CUDA wheel is reused only where they cover
+#                   the visible GPU), or ROCm; whether this environment already holds the cached wheel is read off
+#                   its installed mmcv, not from the cache, which other environments share
 #   FORCE_CUDA=1    build mmcv's CUDA ops too (needs nvcc of torch's CUDA major version; also chosen automatically
 #                   when torch sees a GPU); TORCH_CUDA_ARCH_LIST picks the architectures (default: the visible GPUs'
 #                   own, as torch's extension builder picks them; without a visible GPU "8.0;9.0")
+#   ROCm torch      (torch.version.hip set: AMD GPUs) mmcv's ops built for ROCm where torch finds the ROCm toolkit
+#                   (hipcc; ROCM_HOME), as mmcv 2.1.0's own setup.py does, for PYTORCH_ROCM_ARCH if set; without the
+#                   toolkit its CPU ops, said so (then FORCE_CUDA=1 stops with one sentence)
 #   MAX_JOBS        parallel compile jobs for mmcv (default: number of cores)
 #   SOFT_MM_WITH_MIM=0  skip openmim (installed by default, then what its dependencies downgrade is re-pinned;
 #                       tests/tools/test_mim.py needs it)
@@ -122,6 +126,16 @@ with open(sys.argv[2], 'w') as f:
 cuda = getattr(torch, 'cuda', None)
 gpu = int(bool(cuda is not None and cuda.is_available()))
 cuda_version = getattr(getattr(torch, 'version', None), 'cuda', None) or '-'
+# a ROCm build (AMD GPUs, torch.cuda the HIP device API): its HIP version, and the ROCm toolkit that torch's extension
+# builder, and so mmcv's setup.py, finds (ROCM_HOME, ROCM_PATH, hipcc on PATH or /opt/rocm)
+hip_version = getattr(getattr(torch, 'version', None), 'hip', None) or '-'
+rocm_home = '-'
+if hip_version != '-':
+    try:
+        from torch.utils.cpp_extension import ROCM_HOME
+        rocm_home = ROCM_HOME or '-'
+    except ImportError:
+        pass
 # the architectures torch's extension builder compiles for the visible GPUs when TORCH_CUDA_ARCH_LIST is unset: each
 # GPU's capability, capped at the newest torch was built for, the newest also as PTX (ROCm's torch reports no CUDA)
 # (and the GPUs' own capabilities, which a cached wheel must cover)
@@ -132,7 +146,8 @@ if gpu and cuda_version != '-':
     found = sorted({tuple(cuda.get_device_capability(i)) for i in range(cuda.device_count())})
     caps = ';'.join(f'{major}.{minor}' for major, minor in found)
     archs = ';'.join(sorted({f'{major}.{minor}' for major, minor in (min(cap, top) for cap in found)})) + '+PTX'
-print(torch.__version__, torchvision.__version__, int(in_range), gpu, cuda_version, archs, caps)
+print(torch.__version__, torchvision.__version__, int(in_range), gpu, cuda_version, archs, caps, hip_version,
+      rocm_home)
 PYEOF
   }
   TORCH_FOUND=$(probe_torch)
@@ -144,7 +159,9 @@ PYEOF
     TORCH_FOUND=$(probe_torch)
     [ -n "$TORCH_FOUND" ] || die "torch==$TORCH_VERSION and torchvision==$TORCHVISION_VERSION installed but 'import torch, torchvision' fails; run it in Python to see why."
   fi
-  read -r TORCH_FULL _ TORCH_IN_RANGE GPU_VISIBLE TORCH_CUDA GPU_ARCHS GPU_CAPS <<< "$TORCH_FOUND"
+  read -r TORCH_FULL _ TORCH_IN_RANGE GPU_VISIBLE TORCH_CUDA GPU_ARCHS GPU_CAPS TORCH_HIP TORCH_ROCM_HOME <<< "$TORCH_FOUND"
+  TORCH_HIP=${TORCH_HIP:--}
+  TORCH_ROCM_HOME=${TORCH_ROCM_HOME:--}
   [ "$TORCH_IN_RANGE" = 1 ] || die "the installed torch $TORCH_FULL is outside the range soft_mm supports (torch$TORCH_RANGE); install a torch in that range (e.g. pip install 'torch==$TORCH_VERSION' 'torchvision==$TORCHVISION_VERSION', or torch 2.1.2 with torchvision 0.16.2 for mmcv's prebuilt wheels) and rerun."
   TORCH_TAG=${TORCH_FULL//+/_}
   echo "pinned for the rest of the install: $(tr '\n' ' ' < "$PINS")"
@@ -154,12 +171,34 @@ PYEOF
 
   step "mmcv $MMCV_VERSION with compiled ops"
   WITH_CUDA=0
-  if [ "${FORCE_CUDA:-0}" = "1" ] || [ "$GPU_VISIBLE" = 1 ]; then
-    command -v nvcc >/dev/null 2>&1 || die "CUDA ops were requested (FORCE_CUDA=1 or a visible GPU) but nvcc is not on PATH; install the CUDA toolkit or unset FORCE_CUDA."
+  WITH_HIP=0
+  HIDE_GPUS=0  # build mmcv's CPU ops on a machine whose torch sees a GPU: its setup.py would take the GPU branch
+  # why GPU ops are asked for, and the way out that goes with it (FORCE_CUDA is only named when the user set it)
+  if [ "${FORCE_CUDA:-0}" = "1" ]; then
+    ASKED="FORCE_CUDA=1 asks for mmcv's CUDA ops"
+    OR_CPU=" or unset FORCE_CUDA"
+  else
+    ASKED="torch sees a GPU, so mmcv's CUDA ops are built"
+    OR_CPU=""
+  fi
+  if [ "$TORCH_HIP" != "-" ]; then
+    # a ROCm build of torch (AMD GPUs): mmcv 2.1.0's setup.py builds its ops for ROCm (hipified CUDA sources,
+    # MMCV_WITH_HIP) whenever torch's extension builder finds the ROCm toolkit; nvcc and FORCE_CUDA play no part
+    HIP_MM=$(echo "$TORCH_HIP" | sed -n 's/^\([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
+    if [ "$TORCH_ROCM_HOME" != "-" ]; then
+      WITH_HIP=1
+      echo "ROCm torch (HIP $TORCH_HIP): building mmcv's ops for ROCm with the toolkit in $TORCH_ROCM_HOME, for $([ -n "${PYTORCH_ROCM_ARCH:-}" ] && echo "PYTORCH_ROCM_ARCH=$PYTORCH_ROCM_ARCH" || echo "the architectures torch was built for (set PYTORCH_ROCM_ARCH, e.g. gfx90a, to choose)")"
+    else
+      [ "${FORCE_CUDA:-0}" != "1" ] || die "FORCE_CUDA=1 asks for mmcv's GPU ops, but the installed torch is a ROCm build (HIP $TORCH_HIP) and torch finds no ROCm toolkit (hipcc); install ROCm's HIP SDK (or set ROCM_HOME to where it is) and rerun, or unset FORCE_CUDA to build mmcv's CPU ops."
+      [ "$GPU_VISIBLE" != 1 ] || HIDE_GPUS=1
+      echo "ROCm torch (HIP $TORCH_HIP) without the ROCm toolkit (no hipcc; set ROCM_HOME if it is installed elsewhere): building mmcv's CPU ops. The backbones, segmentation and classification run on the AMD GPU with them; detection's nms and RoIAlign need mmcv's GPU ops: install ROCm's HIP SDK and rerun to build them."
+    fi
+  elif [ "${FORCE_CUDA:-0}" = "1" ] || [ "$GPU_VISIBLE" = 1 ]; then
+    command -v nvcc >/dev/null 2>&1 || die "$ASKED but nvcc is not on PATH; install the CUDA toolkit$OR_CPU."
     if [ "$TORCH_CUDA" = "-" ]; then TORCH_CUDA=""; fi
     NVCC_CUDA=$(nvcc --version | sed -n 's/.*release \([0-9][0-9]*\.[0-9][0-9]*\).*/\1/p')
-    [ -n "$TORCH_CUDA" ] || die "CUDA ops were requested but the installed torch is a CPU build; install a CUDA build of torch $TORCH_VERSION or unset FORCE_CUDA."
-    [ "${TORCH_CUDA%%.*}" = "${NVCC_CUDA%%.*}" ] || die "torch was built with CUDA $TORCH_CUDA but nvcc is CUDA $NVCC_CUDA; put an nvcc of CUDA ${TORCH_CUDA%%.*} first on PATH (e.g. pip install 'nvidia-cuda-nvcc==${TORCH_CUDA%%.*}.*') or unset FORCE_CUDA."
+    [ -n "$TORCH_CUDA" ] || die "$ASKED but the installed torch is a CPU build; install a CUDA build of torch $TORCH_VERSION$OR_CPU."
+    [ "${TORCH_CUDA%%.*}" = "${NVCC_CUDA%%.*}" ] || die "torch was built with CUDA $TORCH_CUDA but nvcc is CUDA $NVCC_CUDA; put an nvcc of CUDA ${TORCH_CUDA%%.*} first on PATH (e.g. pip install 'nvidia-cuda-nvcc==${TORCH_CUDA%%.*}.*')$OR_CPU."
     if [ -z "${CUDA_HOME:-}" ]; then
       # the toolkit nvcc belongs to (torch would guess it from nvcc's folder, wrong for a wrapper in /usr/local/bin,
       # and then link against a libcudart that is not there)
@@ -203,6 +242,12 @@ PYEOF
         echo "the cached wheel in $WHEEL_DIR holds code for this GPU (compute capability $GPU_CAPS)"
       fi
     fi
+  elif [ "$WITH_HIP" = 1 ]; then
+    # a ROCm wheel is keyed by the HIP version and the architectures asked for (none: torch's own, which its
+    # version in the prefix fixes)
+    OPS_KIND=rocm$HIP_MM
+    if [ -n "${PYTORCH_ROCM_ARCH:-}" ]; then OPS_KIND="$OPS_KIND-$(arch_key "$PYTORCH_ROCM_ARCH")"; fi
+    WHEEL_DIR="$WHEEL_PREFIX-$OPS_KIND"
   else
     OPS_KIND=cpu
     WHEEL_DIR="$WHEEL_PREFIX-cpu"
@@ -210,13 +255,28 @@ PYEOF
   mmcv_ok() {
     "$PY" -c "import mmcv, sys; from mmcv.ops import batched_nms, roi_align; sys.exit(0 if mmcv.__version__ == '$MMCV_VERSION' else 1)" >/dev/null 2>&1
   }
-  if mmcv_ok && [ -f "$WHEEL_DIR/.installed" ]; then
+  # whether this environment's mmcv is the cached wheel's build: the lines of its compiled ops (file, sha256, size) in
+  # the installed RECORD are the wheel's (a marker in the cache, which every environment on the machine shares, would
+  # also skip an environment that holds another build of mmcv 2.1.0, or none)
+  mmcv_from_cached_wheel() {
+    ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1 || return 1
+    "$PY" - "$(ls "$WHEEL_DIR"/mmcv-*.whl | head -n 1)" <<'PYEOF' >/dev/null 2>&1
+import sys, zipfile
+from importlib.metadata import distribution
+def ops(record):
+    return sorted(line for line in record.splitlines() if line.startswith('mmcv/_ext'))
+with zipfile.ZipFile(sys.argv[1]) as wheel:
+    built = ops(wheel.read(next(n for n in wheel.namelist() if n.endswith('.dist-info/RECORD'))).decode())
+sys.exit(0 if built and built == ops(distribution('mmcv').read_text('RECORD') or '') else 1)
+PYEOF
+  }
+  if mmcv_ok && mmcv_from_cached_wheel; then
     echo "mmcv $MMCV_VERSION with ops already installed (built for torch $TORCH_TAG, $OPS_KIND ops)"
   else
     if ! ls "$WHEEL_DIR"/mmcv-*.whl >/dev/null 2>&1; then
       BUILD_DIR=$(mktemp -d)
       trap 'rm -rf "$BUILD_DIR" "$PINS"' EXIT
-      echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; $([ "$WITH_CUDA" = 1 ] && echo 'about 70 minutes on 2 cores for two architectures' || echo '15-30 minutes on 2 cores'))"
+      echo "no cached wheel in $WHEEL_DIR: building from source ($OPS_KIND ops; $([ "$WITH_CUDA" = 1 ] && echo 'about 70 minutes on 2 cores for two architectures' || { [ "$WITH_HIP" = 1 ] && echo 'longer than the CPU ops take'; } || echo '15-30 minutes on 2 cores'))"
       BUILD_LOG="$LOG_DIR/mmcv-build-$PY_TAG-torch$TORCH_TAG-$OPS_KIND.log"
       echo "compiler output goes to $BUILD_LOG"
       "$PY" -m pip download --disable-pip-version-check -q --no-deps --no-build-isolation --no-binary :all: "mmcv==$MMCV_VERSION" -d "$BUILD_DIR" \
@@ -229,10 +289,15 @@ PYEOF
         cd "$SRC"
         export MMCV_WITH_OPS=1 MAX_JOBS=${MAX_JOBS:-$(nproc)}
         [ "$WITH_CUDA" = 1 ] && export FORCE_CUDA=1
+        # CPU ops under a ROCm torch that sees a GPU: the build sees none (the HIP runtime reads both variables)
+        if [ "$HIDE_GPUS" = 1 ]; then export HIP_VISIBLE_DEVICES=-1 CUDA_VISIBLE_DEVICES=-1; fi
         "$PY" setup.py bdist_wheel -d "$BUILD_DIR/dist" >"$BUILD_LOG" 2>&1 &
         pid=$!
-        while kill -0 "$pid" 2>/dev/null; do
-          sleep 30
+        waited=0
+        while kill -0 "$pid" 2>/dev/null; do  # a line every 30 s; done within a second of the build
+          sleep 1
+          waited=$((waited + 1))
+          [ $((waited % 30)) = 0 ] || continue
           n=$(grep -o -E '^\[[0-9]+/[0-9]+\]' "$BUILD_LOG" 2>/dev/null | tail -n 1 || true)
           printf '  ... compiling mmcv ops %s (%ss)\n' "${n:-[preparing]}" "$(( $(date +%s) - START ))"
         done
@@ -247,7 +312,6 @@ PYEOF
     pip_q --force-reinstall --no-deps "$WHEEL_DIR"/mmcv-*.whl
     pip_q addict packaging Pillow pyyaml yapf opencv-python
     mmcv_ok || die "mmcv installed but 'from mmcv.ops import batched_nms, roi_align' fails; delete $WHEEL_DIR and rerun to rebuild."
-    touch "$WHEEL_DIR/.installed"
   fi
 
   step "mmdet, mmsegmentation, mmpretrain, timm and the test tools (requirements.txt)"

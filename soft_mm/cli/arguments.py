@@ -6,6 +6,7 @@ import os
 
 from mmengine.config import DictAction
 
+from .errors import DEBUG_HELP
 from .runtime import AMP_DTYPES, COMPILE_BACKENDS, LAUNCHERS
 
 
@@ -18,7 +19,7 @@ def base_parser(description: str) -> argparse.ArgumentParser:
                         help='override config entries, e.g. train_cfg.max_epochs=2 model.backbone.init_cfg=None')
     parser.add_argument('--launcher', choices=LAUNCHERS, default='none', help='job launcher')
     parser.add_argument('--local-rank', '--local_rank', type=int, default=0)  # set by torch.distributed.launch
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     return parser
 
 

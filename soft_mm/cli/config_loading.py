@@ -2,7 +2,10 @@
 TensorBoard backend and the checked image loading of every data loader."""
 from __future__ import annotations
 
+import contextlib
 import os.path as osp
+import warnings
+from collections.abc import Iterator
 from typing import Any
 
 from mmengine.config import Config
@@ -56,6 +59,20 @@ def check_custom_imports(cfg: Config, path: str) -> None:
                           'to it (mmdet, mmseg and mim find SOFT only then)')
 
 
+# setuptools >= 81 warns at every import of pkg_resources, and mmengine 0.10.7 imports it, then reloads it twice, to
+# find the package of a base config's scope (_base_ = 'mmdet::...'): three warnings per tool run that say nothing the
+# user can act on (setuptools is pinned below 82, where pkg_resources still exists: docs/get_started.md)
+PKG_RESOURCES_WARNING = 'pkg_resources is deprecated as an API'
+
+
+@contextlib.contextmanager
+def without_pkg_resources_warning() -> Iterator[None]:
+    """Leave out setuptools' deprecation warning for pkg_resources while mmengine loads a config."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings('ignore', message=PKG_RESOURCES_WARNING, category=UserWarning)
+        yield
+
+
 def load_config(path: str, cfg_options: dict | None = None) -> Config:
     """``Config.fromfile(path)`` (which runs the config's ``custom_imports``) plus ``--cfg-options``.
 
@@ -65,7 +82,8 @@ def load_config(path: str, cfg_options: dict | None = None) -> Config:
         raise ConfigError(f'{path} not found: pass the path of a config file (e.g. configs/retinanet_soft_tiny_demo.py)'
                           if not osp.isdir(path) else f'{path} is a folder: pass the path of a config file (*.py)')
     try:
-        cfg = Config.fromfile(path)
+        with without_pkg_resources_warning():
+            cfg = Config.fromfile(path)
     except SyntaxError as error:
         detail = error.msg if error.lineno is None else f'{error.msg} at line {error.lineno}'
         raise ConfigError(f'{path} cannot be parsed ({detail}): fix the Python syntax of the config') from error

@@ -99,7 +99,8 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
     """Read every local checkpoint the run will load and check that it fits: raise :class:`CheckpointFileError`.
 
     Training: the resumed checkpoint (a full training state of this model), ``load_from`` (this model's weights) and
-    every ``Pretrained`` ``init_cfg`` (the weights of that module, after its ``prefix``). Testing: ``load_from``.
+    every ``Pretrained`` ``init_cfg`` (the weights of that module, after its ``prefix``; a SOFT backbone's must be
+    exactly its own, as its ``init_weights`` checks: :mod:`soft_mm.models.checkpoint_fit`). Testing: ``load_from``.
     Tensors are memory-mapped, so a large checkpoint is not read twice.
     """
     resumed = resume_checkpoint(cfg) if train else None
@@ -125,7 +126,11 @@ def check_checkpoint_files(runner: Runner, cfg: Config, train: bool) -> None:
         if module is None or not isinstance(checkpoint, str) or is_remote(checkpoint):
             continue
         where = f"model.{'.'.join(keys)}" if keys else 'the model'
-        check_state_dict_fits(module, state_dict_of(read_checkpoint(checkpoint), checkpoint), checkpoint, where,
+        tensors = state_dict_of(read_checkpoint(checkpoint), checkpoint)
+        if callable(getattr(module, 'check_pretrained', None)):  # SOFT: its backbone tensors must all fit
+            module.check_pretrained(tensors, checkpoint, init_cfg.get('prefix'), where=where)
+            continue
+        check_state_dict_fits(module, tensors, checkpoint, where,
                               f'pass a checkpoint of {where} (for SOFT: an ImageNet checkpoint converted with '
                               'tools/model_converters/convert_official_checkpoint.py)', prefix=init_cfg.get('prefix'))
 

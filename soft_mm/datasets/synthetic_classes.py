@@ -27,7 +27,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from .synthetic_shapes import _background, _contrasting_colour, _publish_atomically, shape_polygon
+from .synthetic_shapes import _background, _contrasting_colour, _publish_atomically, _with_defaults, shape_polygon
 
 SPLITS = ('train', 'val')
 Colour = tuple[int, int, int]
@@ -191,4 +191,7 @@ def ensure_classes_dataset(root: str | os.PathLike, **generator_kwargs) -> bool:
     processes (e.g. distributed ranks) may call this at once. ``generator_kwargs`` go to
     :func:`write_classes_dataset`.
     """
-    return _publish_atomically(Path(root), lambda folder: write_classes_dataset(folder, **generator_kwargs))
+    counts = _with_defaults(write_classes_dataset, generator_kwargs)
+    return _publish_atomically(Path(root), lambda folder: write_classes_dataset(folder, **generator_kwargs),
+                               f"the synthetic classes data set ({len(CLASS_NAMES)} classes of "
+                               f"{counts['num_train_per_class']} train and {counts['num_val_per_class']} val images)")

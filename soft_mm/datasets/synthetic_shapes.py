@@ -16,10 +16,13 @@ Only numpy and OpenCV are needed; mmdet is not imported here.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import shutil
+import sys
 import tempfile
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -179,7 +182,10 @@ def ensure_shapes_dataset(root: str | os.PathLike, **generator_kwargs) -> bool:
     first rename wins and the others discard their copy.
     ``generator_kwargs`` go to :func:`write_shapes_dataset`.
     """
-    return _publish_atomically(Path(root), lambda folder: write_shapes_dataset(folder, **generator_kwargs))
+    counts = _with_defaults(write_shapes_dataset, generator_kwargs)
+    return _publish_atomically(Path(root), lambda folder: write_shapes_dataset(folder, **generator_kwargs),
+                               f"the synthetic shapes data set ({counts['num_train']} train and "
+                               f"{counts['num_val']} val images)")
 
 
 def write_semantic_labels(root: str | os.PathLike, split: str, out_dir: str | os.PathLike | None = None) -> int:
@@ -237,11 +243,20 @@ def ensure_semantic_labels(root: str | os.PathLike, **generator_kwargs) -> bool:
         for split in SPLITS:
             write_semantic_labels(root, split, folder / split)
 
-    return _publish_atomically(root / 'semantic', render_splits)
+    return _publish_atomically(root / 'semantic', render_splits, 'the label maps of the segmentation demo')
 
 
-def _publish_atomically(target: Path, write: Callable[[Path], None]) -> bool:
-    """Unless ``target`` exists, run ``write`` on a fresh temporary sibling folder and rename it to ``target``.
+def _with_defaults(function: Callable, kwargs: dict) -> dict:
+    """``kwargs`` completed with the defaults of ``function``'s signature (what a call with ``kwargs`` uses)."""
+    defaults = {name: p.default for name, p in inspect.signature(function).parameters.items()
+                if p.default is not inspect.Parameter.empty}
+    return {**defaults, **kwargs}
+
+
+def _publish_atomically(target: Path, write: Callable[[Path], None], what: str) -> bool:
+    """Unless ``target`` exists, run ``write`` on a fresh temporary sibling folder and rename it to ``target``,
+    saying what it writes (``what``) before and how long it took after, on stderr as progress goes (stdout keeps a
+    run's results): a demo run's first start spends seconds on it, and the user sees why.
 
     Returns whether ``target`` was published by this call: when several processes race, the first rename wins and
     the others discard their copy.
@@ -251,8 +266,11 @@ def _publish_atomically(target: Path, write: Callable[[Path], None]) -> bool:
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f'.{target.name}.partial-', dir=target.parent))
     os.chmod(tmp, 0o755)  # mkdtemp makes it private; the data is not
+    print(f'writing {what} to {target} (once: later runs read it) ...', file=sys.stderr, flush=True)
+    start = time.perf_counter()
     try:
         write(tmp)
+        print(f'wrote {target} in {time.perf_counter() - start:.1f} s', file=sys.stderr, flush=True)
         try:
             os.rename(tmp, target)
         except OSError:

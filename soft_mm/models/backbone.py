@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import functools
+import warnings
 from collections.abc import Mapping, Sequence
 from types import MappingProxyType
 from typing import Any
@@ -10,9 +11,10 @@ import torch
 from mmengine.model import BaseModule
 from torch import nn
 
+from .checkpoint_fit import check_backbone_checkpoint, describe_partial_load
 from .conv import NormLayer
 from .pyramid import SoftPyramid
-from .settings import attention_settings
+from .settings import model_attention_settings
 
 __all__ = ['DEFAULT_NORM_CFG', 'SOFT', 'conv_norm_layer']
 
@@ -46,6 +48,15 @@ def _build_norm(norm_cfg: dict[str, Any], num_features: int) -> nn.Module:
         raise ValueError(f'norm_cfg: type {layer_type!r} normalises the last dim, but the convs\' maps are '
                          '(B, C, H, W): use a norm over channels (\'BN\', \'SyncBN\', \'GN\', \'IN\')')
     return layer
+
+
+def pretrained_checkpoint(init_cfg: dict | list[dict] | None) -> str | None:
+    """The checkpoint of the ``Pretrained`` entry of an ``init_cfg`` (a dict or a list of them), if it has one."""
+    for entry in init_cfg if isinstance(init_cfg, (list, tuple)) else [init_cfg]:
+        if isinstance(entry, Mapping) and getattr(entry.get('type'), '__name__', entry.get('type')) in (
+                'Pretrained', 'PretrainedInit'):
+            return entry.get('checkpoint')
+    return None
 
 
 def conv_norm_layer(norm_cfg: Mapping[str, Any]) -> NormLayer:
@@ -89,10 +100,16 @@ class SOFT(SoftPyramid, BaseModule):
             (``landmark_mode``, ``landmark_grid``, ``newton_iters``, ``newton_ridge``, ``newton_backward``); the
             defaults are the authors'.
         init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
-            checkpoint of a classifier or a detector (add ``prefix='backbone.'``), or the authors' release file as
-            it is (its ``state_dict``, renamed on load for this arch by ``SoftPyramid._load_from_state_dict``) —
-            missing and unexpected keys are logged. Applied by :meth:`init_weights`, over the default
-            initialisation.
+            checkpoint of a classifier (its ``cls_token``, ``cls_pos_embed`` and ``head`` are not the backbone's and
+            are left alone) or a detector (add ``prefix='backbone.'``), or the authors' release file as it is (its
+            ``state_dict``, renamed on load for this arch by ``SoftPyramid._load_from_state_dict``). Applied by
+            :meth:`init_weights`, over the default initialisation. Its backbone tensors must be this backbone's,
+            every one with its shape: the checkpoint of another variant is refused in one sentence
+            (:mod:`soft_mm.models.checkpoint_fit`).
+        partial_pretrained: load a ``Pretrained`` checkpoint whose backbone tensors are not all this backbone's on
+            purpose (another ``in_channels``, other landmark strides, ``landmark_mode='avg'``, fine-tuning from
+            another variant): the tensors whose name and shape match are loaded, the rest keep the default
+            initialisation, and a warning counts both.
 
     The default initialisation runs when the model is built (as the timm classifier's; so a seed draws the same
     weights as every earlier release, and the demos' learning curves hold); ``init_cfg`` goes through
@@ -104,7 +121,7 @@ class SOFT(SoftPyramid, BaseModule):
                  with_cp: bool = False, drop_path_rate: float = 0.1, soft_block_norm: str = 'post',
                  qk_init_std: float = 0.02, compile_stages: bool | dict | None = None,
                  norm_cfg: Mapping[str, Any] = DEFAULT_NORM_CFG, init_cfg: dict | list[dict] | None = None,
-                 **attention: Any) -> None:
+                 partial_pretrained: bool = False, **attention: Any) -> None:
         if isinstance(out_indices, int):
             out_indices = (out_indices,)
         out_indices = tuple(out_indices)
@@ -112,24 +129,55 @@ class SOFT(SoftPyramid, BaseModule):
             raise ValueError(f'out_indices must be a non-empty sequence of stage indices in 0..3, got {out_indices}')
         if not (isinstance(frozen_stages, int) and -1 <= frozen_stages <= 4):
             raise ValueError(f'frozen_stages must be an int in -1..4, got {frozen_stages!r}')
+        if not isinstance(partial_pretrained, bool):
+            raise TypeError(f'partial_pretrained must be True or False, got {partial_pretrained!r}')
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_channels, drop_path_rate=drop_path_rate,
-                         with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
-                         qk_init_std=qk_init_std, compile_stages=compile_stages,
+                         with_cp=with_cp, attention=model_attention_settings(type(self), attention),
+                         soft_block_norm=soft_block_norm, qk_init_std=qk_init_std, compile_stages=compile_stages,
                          conv_norm_layer=conv_norm_layer(norm_cfg), init_cfg=init_cfg)
         self.norm_cfg = dict(norm_cfg)
         self.out_indices = out_indices
         self.frozen_stages = frozen_stages
         self.norm_eval = norm_eval
+        self.partial_pretrained = partial_pretrained
+        self._loading_pretrained: str | None = None  # the Pretrained file init_weights is loading
         self.init_pyramid_weights()
         self._freeze_stages()
 
     def init_weights(self) -> None:
         """mmengine's ``BaseModule.init_weights``: ``init_cfg`` applied over the default initialisation the model
         was built with (:meth:`~soft_mm.models.pyramid.SoftPyramid.init_pyramid_weights`: timm's truncated-normal
-        linears and position embeddings, Kaiming convs): a ``Pretrained`` checkpoint loaded non-strictly, so what it
-        lacks keeps the default; other initialisers after the default; without ``init_cfg`` the weights stay as built.
-        Once: a second call only warns, as mmengine's does, and leaves the weights as they are."""
-        super().init_weights()
+        linears and position embeddings, Kaiming convs): a ``Pretrained`` checkpoint whose backbone tensors are this
+        backbone's (else a :class:`~soft_mm.utils.checkpoint.CheckpointFileError` names what the file holds and what
+        was built; ``partial_pretrained=True``: what fits, the rest keeping the default); other initialisers after the
+        default; without ``init_cfg`` the weights stay as built. Once: a second call only warns, as mmengine's does,
+        and leaves the weights as they are."""
+        self._loading_pretrained = None if getattr(self, 'is_init', False) else pretrained_checkpoint(self.init_cfg)
+        try:
+            super().init_weights()
+        finally:
+            self._loading_pretrained = None
+
+    def _load_from_state_dict(self, state_dict: dict[str, Any], prefix: str, local_metadata: dict[str, Any],
+                              strict: bool, missing_keys: list[str], unexpected_keys: list[str],
+                              error_msgs: list[str]) -> None:
+        """While :meth:`init_weights` loads its ``Pretrained`` file: check that its backbone tensors fit first (or,
+        with ``partial_pretrained``, warn what fits); then the pyramid's load (which reads the authors' layout)."""
+        if self._loading_pretrained is not None:
+            self.check_pretrained(state_dict, self._loading_pretrained, prefix, warn=True)
+        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
+                                      error_msgs)
+
+    def check_pretrained(self, state_dict: Mapping[str, torch.Tensor], path: str, prefix: str | None = None,
+                         warn: bool = False, where: str = 'the SOFT backbone') -> None:
+        """Check that the backbone tensors of a ``Pretrained`` checkpoint's ``state_dict`` (under ``prefix``) are this
+        backbone's (:func:`~soft_mm.models.checkpoint_fit.check_backbone_checkpoint`), as :meth:`init_weights` does
+        and the tools do before they run (``where``: the config's name of the backbone); with ``partial_pretrained``
+        only a file of another model is refused, and ``warn`` says what a partial load takes."""
+        own = {key[len(prefix or ''):]: value for key, value in state_dict.items() if key.startswith(prefix or '')}
+        mismatch = check_backbone_checkpoint(self, own, path, partial=self.partial_pretrained, where=where)
+        if warn and self.partial_pretrained:
+            warnings.warn(describe_partial_load(mismatch, path), stacklevel=3)
 
     @property
     def out_channels(self) -> list[int]:

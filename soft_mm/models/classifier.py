@@ -12,6 +12,7 @@ state dict; older layouts are migrated by ``SoftPyramid._load_from_state_dict``)
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -25,7 +26,7 @@ from ..utils.checkpoint import read_checkpoint, state_dict_of
 from .arch import ARCH_SETTINGS, variant_name
 from .official.layout import checkpoint_filter_fn
 from .pyramid import SoftPyramid
-from .settings import attention_settings
+from .settings import model_attention_settings
 
 GLOBAL_POOLS = ('token', 'avg')
 
@@ -56,8 +57,8 @@ class SoftVisionTransformer(SoftPyramid):
                  qk_init_std: float = 0.02, **attention: Any) -> None:
         _check_global_pool(global_pool)
         super().__init__(arch, soft_norm=soft_norm, in_channels=in_chans, drop_path_rate=drop_path_rate,
-                         with_cp=with_cp, attention=attention_settings(**attention), soft_block_norm=soft_block_norm,
-                         qk_init_std=qk_init_std)
+                         with_cp=with_cp, attention=model_attention_settings(type(self), attention),
+                         soft_block_norm=soft_block_norm, qk_init_std=qk_init_std)
         dim = self.embed_dims[-1]
         self.num_classes = num_classes
         self.global_pool = global_pool
@@ -172,6 +173,19 @@ def _weight_source_given(kwargs: dict[str, Any]) -> bool:
     return False
 
 
+def _check_weight_files(kwargs: dict[str, Any]) -> None:
+    """A ``file`` named by ``pretrained_cfg`` / ``pretrained_cfg_overlay`` that is not there: a FileNotFoundError that
+    says so in one sentence (timm raises one with no message)."""
+    for name in ('pretrained_cfg_overlay', 'pretrained_cfg'):
+        cfg = kwargs.get(name)
+        cfg = cfg.to_dict() if isinstance(cfg, PretrainedCfg) else cfg
+        path = cfg.get('file') if isinstance(cfg, Mapping) else None
+        if path and not os.path.isfile(path):
+            problem = 'is a folder, not a checkpoint file' if os.path.isdir(path) else 'not found'
+            raise FileNotFoundError(f"{os.fspath(path)} {problem} (the file of {name}): pass the path of an existing "
+                                    "checkpoint file (the authors' release or a soft_mm checkpoint).")
+
+
 def _overlay_file_read_by_soft_mm(kwargs: dict[str, Any]) -> dict[str, Any]:
     """``kwargs`` with the file of ``pretrained_cfg_overlay`` replaced by its state dict where timm cannot read it.
 
@@ -200,6 +214,7 @@ def _create_soft(name: str, pretrained: bool, **kwargs: Any) -> SoftVisionTransf
                          "or a soft_mm checkpoint, as pretrained_cfg_overlay=dict(file=path) (or use pretrained=False "
                          'with checkpoint_path=path)')
     if pretrained:
+        _check_weight_files(kwargs)
         kwargs = _overlay_file_read_by_soft_mm(kwargs)
     out_indices = kwargs.pop('out_indices', 4)
     return build_model_with_cfg(SoftVisionTransformer, name, pretrained, arch=arch, soft_norm=soft_norm,

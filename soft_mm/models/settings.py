@@ -7,13 +7,16 @@ Every layer, shell (mm backbone, timm classifier), tool and the checkpoint conve
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import inspect
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..ops.soft.newton import BACKWARD_MODES
 
-__all__ = ['AUTHORS_SETTINGS', 'LANDMARK_MODES', 'AttentionSettings', 'attention_settings']
+__all__ = ['AUTHORS_SETTINGS', 'LANDMARK_MODES', 'AttentionSettings', 'UnknownArgumentError', 'attention_settings',
+           'model_attention_settings']
 
 LANDMARK_MODES = ('conv', 'avg')
 
@@ -68,15 +71,60 @@ FIELDS = tuple(field.name for field in dataclasses.fields(AttentionSettings))
 AUTHORS_SETTINGS = AttentionSettings()
 
 
+class UnknownArgumentError(TypeError):
+    """A keyword argument that a SOFT model or layer does not take. ``str(error)`` is one sentence: the argument, the
+    closest known name ("did you mean"), and the allowed names (a model's own arguments apart from the attention
+    settings). A TypeError, as Python's own for an unexpected keyword argument."""
+
+
+def _named(names: Sequence[str]) -> str:
+    return ', '.join(names)
+
+
+def _unknown_names(unknown: Sequence[str], known: Sequence[str]) -> str:
+    """``'arhc' (did you mean 'arch'?) and 'foo'``: each unknown name with the closest known one, if any is close."""
+    parts = []
+    for name in unknown:
+        close = difflib.get_close_matches(name, known, n=1)
+        parts.append(f"{name!r} (did you mean {close[0]!r}?)" if close else repr(name))
+    return parts[0] if len(parts) == 1 else f"{', '.join(parts[:-1])} and {parts[-1]}"
+
+
 def attention_settings(settings: AttentionSettings | Mapping[str, Any] | None = None,
                        **overrides: Any) -> AttentionSettings:
     """Build (and validate) :class:`AttentionSettings` from keywords, a dict or an instance plus overrides.
 
-    An unknown keyword raises a ``TypeError`` naming it and the allowed ones.
+    An unknown keyword raises :class:`UnknownArgumentError` naming it, the closest setting and the allowed ones.
     """
     base = dataclasses.asdict(settings) if isinstance(settings, AttentionSettings) else dict(settings or {})
     merged = {**base, **overrides}
     unknown = sorted(set(merged) - set(FIELDS))
     if unknown:
-        raise TypeError(f'unknown SOFT attention setting(s) {unknown}; allowed: {", ".join(FIELDS)}')
+        plural = 's' if len(unknown) > 1 else ''
+        raise UnknownArgumentError(f'unknown SOFT attention setting{plural} {_unknown_names(unknown, FIELDS)}; '
+                                   f'allowed: {_named(FIELDS)}')
     return AttentionSettings(**merged)
+
+
+def constructor_arguments(owner: type) -> tuple[str, ...]:
+    """The named keyword arguments of ``owner``'s constructor (not ``self``, ``*args`` or ``**kwargs``)."""
+    parameters = inspect.signature(owner.__init__).parameters.values()
+    return tuple(p.name for p in parameters if p.name != 'self' and p.kind in (
+        inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY))
+
+
+def model_attention_settings(owner: type, keywords: Mapping[str, Any]) -> AttentionSettings:
+    """The attention settings among the extra keywords of a model's constructor (its ``**attention``), validated.
+
+    A keyword that is no attention setting is a misspelled argument of the model or of the attention: it raises
+    :class:`UnknownArgumentError`, one sentence that names it, the closest name among both (first), the model's own
+    arguments and, apart, the attention settings. ``owner`` is the model's class, whose signature gives its arguments.
+    """
+    unknown = sorted(set(keywords) - set(FIELDS))
+    if unknown:
+        own = constructor_arguments(owner)
+        what = 'unexpected keyword arguments' if len(unknown) > 1 else 'an unexpected keyword argument'
+        raise UnknownArgumentError(
+            f'{owner.__name__}() got {what} {_unknown_names(unknown, own + FIELDS)}: '
+            f'its arguments are {_named(own)}, and its attention settings {_named(FIELDS)}')
+    return attention_settings(**keywords)

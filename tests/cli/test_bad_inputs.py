@@ -196,6 +196,31 @@ def test_config_naming_soft_without_custom_imports(tmp_path):
     assert 'add custom_imports' in explain(KeyError('SOFT is not in the mmdet::model registry. Please check'))
 
 
+SOFT_ARGUMENTS = ('arch, soft_norm, in_channels, out_indices, frozen_stages, norm_eval, with_cp, drop_path_rate, '
+                  'soft_block_norm, qk_init_std, compile_stages, norm_cfg, init_cfg, partial_pretrained')
+
+
+@pytest.mark.parametrize(('option', 'sentence'), [
+    ('model.backbone.arhc=tiny', "the config's RetinaNet > SOFT: SOFT() got an unexpected keyword argument 'arhc' (did "
+     f"you mean 'arch'?): its arguments are {SOFT_ARGUMENTS}, and its attention settings landmark_mode, "
+     'landmark_grid, newton_iters, newton_ridge, newton_backward.'),
+    ('model.backbone.frozen_stages=5', "the config's RetinaNet > SOFT: frozen_stages must be an int in -1..4, got 5."),
+    ('model.neck.in_channelz=3', "the config's RetinaNet > FPN: FPN.__init__() got an unexpected keyword argument "
+     "'in_channelz'."),
+])
+def test_a_bad_model_argument_through_train_is_one_sentence_and_the_traceback_on_request(tmp_path, option, sentence):
+    """--cfg-options that misspell or mis-set an argument of a class the config builds: one sentence on stderr
+    (nothing else: no traceback, no pkg_resources warnings), exit status 1; SOFT_MM_DEBUG=1 gives the traceback."""
+    pytest.importorskip('mmdet')
+    from helpers.tool_process import run_tool
+
+    args = ['tools/train.py', RETINANET_DEMO, '--work-dir', 'work', '--cfg-options', option]
+    plain = run_tool(args, tmp_path, timeout=300, check=False)
+    assert plain.returncode == 1 and plain.stderr.strip().splitlines() == [sentence], plain.stderr[-3000:]
+    debug = run_tool(args, tmp_path, timeout=300, check=False, env={'SOFT_MM_DEBUG': '1'})
+    assert debug.returncode == 1 and 'Traceback (most recent call last)' in debug.stderr
+
+
 # --- bad files given to the tools (images, checkpoints) ---------------------------------------------------------------
 
 def _bad_images(folder: Path) -> dict[str, tuple[Path, str]]:
@@ -261,6 +286,29 @@ def test_tools_refuse_another_models_checkpoint(tool_name, tmp_path, load_tool):
                                          r"are in the file \(its keys start with 'conv1\.', 'fc\.'\): pass a "
                                          r'checkpoint trained with this config\.$'):
         load_tool(tool_name).main([*args, '--device', 'cpu'])
+
+
+def test_train_refuses_another_variants_backbone_checkpoint_before_it_runs(tmp_path):
+    """SOFT-Norm-Small ImageNet weights as the Tiny demo's init_cfg: mmengine would load them with a logged warning
+    and train on; tools/train.py stops with the backbone's own sentence, before the demo data is even written."""
+    pytest.importorskip('mmdet')
+    from helpers.tool_process import run_tool
+
+    from soft_mm.models import SoftVisionTransformer
+
+    checkpoint = tmp_path / 'soft_norm_small_in1k.pth'
+    torch.save({'state_dict': SoftVisionTransformer('small', soft_norm=True).state_dict()}, checkpoint)
+    proc = run_tool(['tools/train.py', RETINANET_DEMO, '--work-dir', 'work', '--cfg-options',
+                     'model.backbone.init_cfg.type=Pretrained', f'model.backbone.init_cfg.checkpoint={checkpoint}'],
+                    tmp_path, timeout=300, check=False)
+    assert proc.returncode == 1 and proc.stderr.strip().splitlines() == [
+        f"{checkpoint} holds the backbone of SOFT arch 'small' (embed_dims (64, 128, 320, 512), depths (1, 3, 7, 4)), "
+        "which does not fit the one built here, SOFT arch 'tiny' (embed_dims (64, 128, 320, 512), depths (1, 2, 3, "
+        '2)): of its 296 backbone tensors 118 with no place in the backbone (e.g. stages.1.blocks.2.attn.'
+        "landmark_conv.weight): build arch='small' to use it, pass a checkpoint of the built backbone, or set "
+        'partial_pretrained=True on the backbone to load only the tensors that fit and keep the default '
+        'initialisation for the rest (docs/user_guides/checkpoints.md).'], proc.stderr[-3000:]
+    assert not (tmp_path / 'data').exists()
 
 
 def test_infer_process_one_line_and_debug(tmp_path):

@@ -9,6 +9,7 @@ from torch import nn
 
 from soft_mm.cli.config_loading import default_work_dir, load_config, set_work_dir
 from soft_mm.cli.errors import ConfigError, explain, one_sentence_errors
+from soft_mm.models.arch import resolve_arch
 from soft_mm.utils.checkpoint.reader import (
     CheckpointFileError,
     check_state_dict_fits,
@@ -34,6 +35,20 @@ def test_missing_folder_and_unparsable_configs(tmp_path):
     bad.write_text("custom_imports = dict(imports=['no_such_package_xyz'], allow_failed_imports=False)\n")
     with pytest.raises(ConfigError, match=r"cannot be loaded \(ModuleNotFoundError: No module named 'no_such_"):
         load_config(str(bad))
+
+
+def test_loading_a_config_with_an_mmdet_base_warns_nothing_about_pkg_resources():
+    """mmengine imports pkg_resources and reloads it twice to find the mmdet:: scope of a base; setuptools warns at
+    each: every tool printed those three warnings."""
+    pytest.importorskip('mmdet')
+    import warnings
+
+    from helpers.repo import ROOT
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        load_config(str(ROOT / 'configs/retinanet_soft_tiny_demo.py'))
+    assert not [str(w.message) for w in caught if 'pkg_resources' in str(w.message)]
 
 
 def test_soft_without_custom_imports_names_the_fix(tmp_path):
@@ -70,6 +85,55 @@ def test_one_sentence_errors_and_debug(tmp_path):
         torch.load(str(text), weights_only=True)
     with pytest.raises(ZeroDivisionError), one_sentence_errors():  # not the user's mistake: keeps its traceback
         _ = 1 / 0
+
+
+class _Head:
+    """A class some other package registers: its own argument check, deep in code that is not soft_mm's."""
+
+    def __init__(self, channels: int = 1) -> None:
+        _check_channels(channels)
+
+
+def _check_channels(channels: int) -> None:
+    if channels < 1:
+        raise ValueError(f'a problem inside another package: {channels}')
+
+
+def test_an_argument_error_of_a_class_built_from_the_config_is_one_sentence():
+    """What the registry builds from a config: soft_mm's argument checks and Python's unexpected keyword, with the
+    classes being built; another package's internal ValueError keeps its traceback."""
+    from mmengine.registry import MODELS
+
+    import soft_mm  # noqa: F401  (registers SOFT)
+
+    def sentence(cfg: dict) -> str | None:
+        with pytest.raises((TypeError, ValueError)) as error:
+            MODELS.build(cfg)
+        return explain(error.value)
+
+    assert sentence(dict(type='SOFT', arhc='tiny')).startswith(
+        "the config's SOFT: SOFT() got an unexpected keyword argument 'arhc' (did you mean 'arch'?): its arguments ")
+    assert sentence(dict(type='SOFT', arch='giant')).startswith(
+        "the config's SOFT: arch='giant' is not a SOFT architecture; valid names: tiny, small, medium, large, huge")
+    assert sentence(dict(type=_Head, channel=2)) == (
+        "the config's _Head: _Head.__init__() got an unexpected keyword argument 'channel'.")
+    assert sentence(dict(type=_Head, channels=0)) is None
+    with pytest.raises(ValueError) as outside:  # raised by soft_mm, but not while building from a config
+        resolve_arch('giant')
+    assert explain(outside.value) is None
+
+
+def test_soft_mm_debug_gives_the_traceback_back(monkeypatch, tmp_path):
+    missing = tmp_path / 'missing.pth'
+    with pytest.raises(SystemExit), one_sentence_errors():
+        read_checkpoint(missing)
+    for value in ('1', 'yes'):
+        monkeypatch.setenv('SOFT_MM_DEBUG', value)
+        with pytest.raises(CheckpointFileError), one_sentence_errors():
+            read_checkpoint(missing)
+    monkeypatch.setenv('SOFT_MM_DEBUG', '0')
+    with pytest.raises(SystemExit), one_sentence_errors():
+        read_checkpoint(missing)
 
 
 def test_work_dir_defaults():

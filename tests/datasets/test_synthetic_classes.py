@@ -88,10 +88,14 @@ def test_bad_arguments_are_named(tmp_path):
         write_classes_dataset(tmp_path, num_val_per_class=0)
 
 
-def test_ensure_writes_once(tmp_path):
+def test_ensure_writes_once(tmp_path, capsys):
     root = tmp_path / 'classes'
     assert ensure_classes_dataset(root, num_train_per_class=1, num_val_per_class=1, image_size=32)
+    said = capsys.readouterr().err.splitlines()
+    assert said[0] == (f'writing the synthetic classes data set (10 classes of 1 train and 1 val images) to {root} '
+                       '(once: later runs read it) ...') and said[1].startswith(f'wrote {root} in ') and len(said) == 2
     assert not ensure_classes_dataset(root, num_train_per_class=5)
+    assert capsys.readouterr().err == ''  # kept: nothing to say
     assert len(list((root / 'train' / 'ring').iterdir())) == 1
     assert not [p for p in tmp_path.iterdir() if p.name.startswith('.')]  # no partial folder left behind
 

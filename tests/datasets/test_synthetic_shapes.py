@@ -1,6 +1,7 @@
 """The synthetic shapes generator: exact boxes and masks, determinism, atomic concurrent writing, the mmdet class."""
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -11,6 +12,7 @@ import pytest
 from soft_mm.datasets.synthetic_shapes import (
     SHAPE_CLASSES,
     draw_image,
+    ensure_semantic_labels,
     ensure_shapes_dataset,
     shape_polygon,
     write_shapes_dataset,
@@ -131,6 +133,22 @@ def test_ensure_is_atomic_when_processes_race(tmp_path):
     assert len(_load(root, 'train')['images']) == 40 and len(os.listdir(root / 'train')) == 40
     assert oct(root.stat().st_mode & 0o777) == oct(0o755)
     assert not ensure_shapes_dataset(root), 'an existing dataset is kept'
+
+
+def test_writing_the_data_says_what_and_where_once(tmp_path, capsys):
+    """The demo's first run writes its data set for seconds: a line before, one after; nothing when it exists."""
+    root = tmp_path / 'shapes'
+    assert ensure_semantic_labels(root, num_train=3, num_val=2, image_size=96, radius_range=(8, 20))
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0] == (f'writing the synthetic shapes data set (3 train and 2 val images) to {root} (once: later runs '
+                        'read it) ...')
+    assert lines[2] == f'writing the label maps of the segmentation demo to {root / "semantic"} (once: later runs ' \
+                       'read it) ...'
+    assert re.fullmatch(rf'wrote {re.escape(str(root))} in \d+\.\d s', lines[1]) and len(lines) == 4
+    assert lines[3].startswith(f'wrote {root / "semantic"} in ')
+    assert not ensure_semantic_labels(root) and capsys.readouterr() == ('', '')
+    ensure_shapes_dataset(tmp_path / 'defaults_counted', num_val=1, image_size=96, radius_range=(8, 20), num_train=1)
+    assert '(1 train and 1 val images)' in capsys.readouterr().err
 
 
 def test_mmdet_dataset_writes_missing_data(tmp_path):

@@ -54,6 +54,18 @@ def test_pretrained_without_a_file_says_how(official_file):
         timm.create_model('soft_norm_small', pretrained=True)
 
 
+def test_pretrained_with_a_missing_file_says_so_in_one_sentence(tmp_path):
+    """timm raised a FileNotFoundError with no message."""
+    missing = tmp_path / 'missing.pth'
+    with pytest.raises(FileNotFoundError) as error:
+        timm.create_model('soft_norm_small', pretrained=True, pretrained_cfg_overlay=dict(file=str(missing)))
+    assert str(error.value) == (f"{missing} not found (the file of pretrained_cfg_overlay): pass the path of an "
+                                "existing checkpoint file (the authors' release or a soft_mm checkpoint).")
+    with pytest.raises(FileNotFoundError, match=rf'^{tmp_path} is a folder, not a checkpoint file \(the file of '
+                                                r'pretrained_cfg\): pass the path'):
+        timm.create_model('soft_tiny', pretrained=True, pretrained_cfg=dict(file=str(tmp_path)))
+
+
 def test_pretrained_overlay_file_converts_the_authors_release(official_file):
     path, _, ema = official_file
     model = timm.create_model('soft_tiny', pretrained=True, pretrained_cfg_overlay=dict(file=str(path)))

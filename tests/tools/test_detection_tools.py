@@ -262,6 +262,29 @@ def test_retinanet_demo_infer_draws_detections_in_float32_and_bfloat16(retinanet
     assert bf16_detections != detections, 'a float32 forward prints the float32 lines again'
 
 
+def test_infer_writes_its_picture_under_work_dirs(tmp_path):
+    """The README's inference command drew detections.png into the folder it ran in (the checkout's root); without
+    --out the picture goes to work_dirs/<config name>/<image name>_det.png, and nothing else is written."""
+    import torch
+    from mmdet.registry import MODELS
+    from mmengine.config import Config
+    from mmengine.registry import init_default_scope
+
+    from soft_mm.datasets.synthetic_shapes import draw_image
+
+    init_default_scope('mmdet')
+    torch.manual_seed(0)
+    checkpoint = tmp_path / 'retinanet.pth'
+    torch.save({'state_dict': MODELS.build(Config.fromfile(RETINANET_DEMO).model).state_dict()}, checkpoint)
+    image, _ = draw_image(np.random.default_rng(0), 128, 3, (10.0, 30.0))
+    cv2.imwrite(str(tmp_path / 'shapes.png'), image)
+    proc = run_tool(['tools/infer.py', 'shapes.png', RETINANET_DEMO, str(checkpoint)], tmp_path, timeout=600)
+    out = Path('work_dirs/retinanet_soft_tiny_demo/shapes_det.png')
+    assert f'wrote {out}' in proc.stdout.splitlines(), proc.stdout[-2000:]
+    assert cv2.imread(str(tmp_path / out)).shape == image.shape
+    assert sorted(path.name for path in tmp_path.iterdir()) == ['retinanet.pth', 'shapes.png', 'work_dirs']
+
+
 def test_make_demo_data_writes_once(tmp_path, load_tool):
     make_demo_data = load_tool('misc/make_demo_data')
     root = tmp_path / 'shapes'

@@ -154,7 +154,9 @@ def test_infer_overlays_a_segmentation(tmp_path):
     assert shares.min() > 0.02, f'every class predicted on some pixels: {shares}'
 
     output = tool_output(['tools/infer.py', str(image_path), config, str(checkpoint), '--opacity', '0.6'], cwd=tmp_path)
-    drawn = cv2.imread(str(tmp_path / 'shapes_seg.png'))[..., ::-1].astype(np.float64)  # RGB, as blended
+    out = tmp_path / 'work_dirs/upernet_soft_tiny_demo/shapes_seg.png'  # the default: under work_dirs/<config name>
+    assert f'wrote {out.relative_to(tmp_path)}' in output
+    drawn = cv2.imread(str(out))[..., ::-1].astype(np.float64)  # RGB, as blended
     rgb = image[..., ::-1].astype(np.float64)
     # tools/infer.py's palette for a checkpoint without one, and mmseg's blend truncated to uint8 (no labels drawn)
     palette = np.random.default_rng(0).integers(0, 256, (len(classes), 3)).astype(np.float64)

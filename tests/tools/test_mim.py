@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -94,12 +95,38 @@ def test_mim_install_editable(tmp_path: Path) -> None:
     for name in MIM_RESOURCES:
         link = ROOT / 'soft_mm' / '.mim' / name
         assert link.is_symlink() and link.resolve() == (ROOT / name).resolve(), link
-    # openmim 0.3.9 locates a package at <dist location>/soft_mm: for a PEP 660 editable install that is
-    # site-packages/soft_mm, which does not exist, unless the checkout (with its soft_mm.egg-info) comes first on
-    # sys.path, as it does for `python -m mim` run from the checkout
-    listed = subprocess.run([sys.executable, '-m', 'mim', 'search', 'soft_mm', '--valid-config'], cwd=ROOT,
-                            capture_output=True, text=True, timeout=300, check=True).stdout
+    # the README's command, as a user runs it: from any folder (top_level.txt points mim at the checkout, setup.py)
+    listed = _mim(['search', 'soft_mm', '--valid-config'], tmp_path)
     assert all(f"'{name}'" in listed for name in _metafile_names()), listed[-3000:]
+
+
+def _installer_pip_arguments() -> list[str]:
+    """The pip arguments with which tools/install.sh installs soft_mm (its last step), read from the script."""
+    step = re.search(r'^ *pip_q (.*) -e "\$ROOT"$', (ROOT / 'tools/install.sh').read_text(), re.MULTILINE)
+    assert step, 'tools/install.sh has no `pip_q ... -e "$ROOT"` line'
+    return step[1].split()
+
+
+# pip builds the editable wheel in a fresh venv (a few seconds: every requirement is already installed)
+def test_mim_search_from_another_folder_on_the_installers_editable_install(tmp_path: Path) -> None:
+    """The README's `mim search soft_mm` on soft_mm installed as tools/install.sh installs it (editable, its own pip
+    arguments), run from a folder outside the checkout. openmim 0.3.9 looks for <dist location>/soft_mm/.mim: for a
+    PEP 660 editable install site-packages/soft_mm, which does not exist (it failed with "model-index.yml ... is not
+    found, please upgrade your soft_mm"), then <dist location>/<first line of top_level.txt>: the checkout's."""
+    # no pip of its own: this interpreter's pip and setuptools (the installer's pins) build it, as in the installer
+    python, env = _venv_seeing_this_one(tmp_path, with_pip=False)
+    _run([str(python), '-m', 'pip', 'install', '--disable-pip-version-check', '-q', *_installer_pip_arguments(), '-e',
+          str(ROOT)], tmp_path, env)
+    elsewhere = tmp_path / 'elsewhere'
+    elsewhere.mkdir()
+    where = _run([str(python), '-c', 'import soft_mm; print(soft_mm.__file__)'], elsewhere, env).split()[-1]
+    assert Path(where).resolve() == (ROOT / 'soft_mm' / '__init__.py').resolve()  # the editable install, this checkout
+    listed = _run([str(python), '-m', 'mim', 'search', 'soft_mm', '--valid-config'], elsewhere, env)
+    names = _metafile_names()
+    assert len(names) == 28 and all(f"'{name}'" in listed for name in names), listed[-3000:]
+    shown = _run([str(python), '-m', 'mim', 'search', 'soft_mm', '--config', 'retinanet_soft_small_coco', '--field',
+                  'backbone', 'coco/box_ap'], elsewhere, env)
+    assert 'soft-norm-small' in shown and '42.8' in shown, shown
 
 
 MIM_RESOURCES = ('configs', 'tools', 'model-index.yml')  # what setup.py ships as soft_mm/.mim
@@ -168,11 +195,12 @@ def test_sdist_builds_a_wheel_with_the_mim_resources(tmp_path: Path) -> None:
     assert shipped == set(_shipped_files())
 
 
-def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
-    """A fresh venv that sees this interpreter's packages (torch, mmcv, mmdet, ...) with only the wheel installed in
-    it; the environment for its processes has no PYTHONPATH (conftest puts the checkout there)."""
+def _venv_seeing_this_one(tmp_path: Path, with_pip: bool = True) -> tuple[Path, dict[str, str]]:
+    """A fresh venv at ``tmp_path/venv`` that sees this interpreter's packages (torch, mmcv, mmdet, ...), its python
+    and the environment for its processes, which has no PYTHONPATH (conftest puts the checkout there)."""
     venv = tmp_path / 'venv'
-    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', str(venv)], check=True, timeout=300)
+    subprocess.run([sys.executable, '-m', 'venv', '--system-site-packages', *([] if with_pip else ['--without-pip']),
+                    str(venv)], check=True, timeout=300)
     python = venv / 'bin' / 'python'
     env = {key: value for key, value in os.environ.items() if key != 'PYTHONPATH'}
     if sys.prefix != sys.base_prefix:  # this interpreter is itself a venv: --system-site-packages misses its packages
@@ -181,6 +209,12 @@ def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
         import site
 
         Path(purelib, '_outer_site_packages.pth').write_text('\n'.join(site.getsitepackages()) + '\n')
+    return python, env
+
+
+def _venv(tmp_path: Path, wheel: Path) -> tuple[Path, dict[str, str]]:
+    """A fresh venv that sees this interpreter's packages with only the wheel installed in it (and its environment)."""
+    python, env = _venv_seeing_this_one(tmp_path)
     _run([str(python), '-m', 'pip', 'install', '--no-deps', '--disable-pip-version-check', '-q', str(wheel)],
          tmp_path, env)
     return python, env

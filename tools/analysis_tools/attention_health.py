@@ -24,7 +24,7 @@ from mmengine.registry import DefaultScope
 
 from soft_mm.cli.config_checks import check_image_files
 from soft_mm.cli.config_loading import load_config
-from soft_mm.cli.errors import one_sentence_errors
+from soft_mm.cli.errors import DEBUG_HELP, one_sentence_errors
 from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
 from soft_mm.models.attention_health import (
     DEFAULT_MAX_ITERS,
@@ -52,7 +52,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--cfg-options', nargs='+', action=DictAction,
                         help='override config entries, e.g. model.backbone.landmark_mode=conv')
     parser.add_argument('--device', default='cuda:0' if torch.cuda.is_available() else 'cpu')
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     args = parser.parse_args(argv)
     first = args.inputs[0]
     args.checkpoint = first if first.lower().endswith(CHECKPOINT_SUFFIXES) else None

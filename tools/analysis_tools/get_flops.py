@@ -28,7 +28,7 @@ from mmengine.analysis import parameter_count
 from torch import nn
 
 from soft_mm.cli.config_loading import load_config
-from soft_mm.cli.errors import one_sentence_errors
+from soft_mm.cli.errors import DEBUG_HELP, one_sentence_errors
 from soft_mm.models import ARCH_SETTINGS, AUTHORS_SETTINGS, SoftVisionTransformer, variant_name
 from soft_mm.models.checkpoint_conversion import build_classifier_from_checkpoint
 from soft_mm.models.official.layout import match_arch
@@ -178,7 +178,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--soft-norm', action='store_true', help='with --arch: the SOFT-Norm classifier')
     parser.add_argument('--shape', type=int, nargs=2, metavar=('H', 'W'),
                         help='input size (default 224 224; for configs 800 1333 (mmdet) or 512 512 (mmseg))')
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     args = parser.parse_args(argv)
     if args.soft_norm and not args.arch:
         parser.error('--soft-norm needs --arch')

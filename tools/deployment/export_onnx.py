@@ -27,7 +27,7 @@ import torch
 from torch import nn
 
 from soft_mm.cli.config_loading import load_config
-from soft_mm.cli.errors import ConfigError, one_sentence_errors
+from soft_mm.cli.errors import DEBUG_HELP, ConfigError, one_sentence_errors
 from soft_mm.ops.compat import HAS_IS_EXPORTING
 from soft_mm.utils.checkpoint.reader import CheckpointFileError, read_checkpoint, state_dict_of
 from soft_mm.utils.sizes import size_arg
@@ -190,7 +190,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument('--check', type=size_arg, nargs='*', default=list(DEFAULT_CHECK_SIZES),
                         help='sizes HxW at which onnxruntime is compared with PyTorch (none: skip)')
     parser.add_argument('--atol', type=float, default=DEFAULT_ATOL, help='largest accepted absolute difference')
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     return parser.parse_args(argv)
 
 

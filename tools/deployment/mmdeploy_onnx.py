@@ -39,7 +39,7 @@ from mmengine.config import Config, DictAction
 
 from soft_mm.cli import check_data_paths
 from soft_mm.cli.config_loading import load_config, use_checked_image_loading
-from soft_mm.cli.errors import ConfigError, one_sentence_errors
+from soft_mm.cli.errors import DEBUG_HELP, ConfigError, one_sentence_errors
 from soft_mm.cli.runner import check_model_checkpoint, read_model_checkpoint
 from soft_mm.utils.config_tree import pipeline_steps
 from soft_mm.utils.sizes import size_arg
@@ -226,7 +226,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help='further test sizes HxW for --eval (the test Resize scale; the config\'s own is always '
                              'scored)')
     parser.add_argument('--cfg-options', nargs='+', action=DictAction, help='override config entries')
-    parser.add_argument('--debug', action='store_true', help='show full tracebacks instead of one-sentence errors')
+    parser.add_argument('--debug', action='store_true', help=DEBUG_HELP)
     return parser.parse_args(argv)
 
 

@@ -28,12 +28,12 @@ def main(argv: list[str] | None = None) -> None:
         if osp.isdir(root):
             shutil.rmtree(root)
     options = ('num_train', 'num_val', 'image_size', 'max_objects', 'seed')
-    written = ensure_shapes_dataset(args.root, **{k: getattr(args, k) for k in options if getattr(args, k) is not None})
-    print(f'wrote {args.root}' if written else f'{args.root} exists; kept it (use --force to rewrite)')
-    if ensure_semantic_labels(args.root):  # the segmentation demo's label maps, drawn from the COCO polygons
-        print(f'wrote {args.root}/semantic')
-    written = ensure_classes_dataset(args.classes_root)
-    print(f'wrote {args.classes_root}' if written else f'{args.classes_root} exists; kept it (use --force to rewrite)')
+    # each writer says what it writes and when it is done
+    if not ensure_shapes_dataset(args.root, **{k: getattr(args, k) for k in options if getattr(args, k) is not None}):
+        print(f'{args.root} exists; kept it (use --force to rewrite)')
+    ensure_semantic_labels(args.root)  # the segmentation demo's label maps, drawn from the COCO polygons
+    if not ensure_classes_dataset(args.classes_root):
+        print(f'{args.classes_root} exists; kept it (use --force to rewrite)')
 
 
 if __name__ == '__main__':
