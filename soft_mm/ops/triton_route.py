@@ -27,23 +27,46 @@ import torch
 from .triton_launch import KernelLauncher, PlannedLauncher
 from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, SHARED_MEMORY_PER_BLOCK, TARGET_MIN_TRITON, TARGETS
 
-__all__ = ['PLATFORMS', 'TRITON_VERSION', 'CpuRoute', 'DeviceLimits', 'cpu_route', 'cpu_route_state', 'cuda_target',
-           'device_limits', 'device_reasons', 'gpu_launcher', 'gpu_route', 'interpreted_triton_route', 'interpreting',
-           'launch_watch', 'load_kernels', 'route_device_type', 'store_dtype', 'stubbed_triton_route', 'takes_triton',
-           'triton_available', 'watching_launches']
+__all__ = ['PLATFORMS', 'TRITON_DISTRIBUTIONS', 'TRITON_VERSION', 'CpuRoute', 'DeviceLimits', 'cpu_route',
+           'cpu_route_state', 'cuda_target', 'device_limits', 'device_reasons', 'gpu_launcher', 'gpu_route',
+           'interpreted_triton_route', 'interpreting', 'launch_watch', 'load_kernels', 'route_device_type',
+           'store_dtype', 'stubbed_triton_route', 'takes_triton', 'triton_available', 'watching_launches']
 
 PLATFORMS = ('cuda', 'rocm')
 
 
+# the distributions that install the ``triton`` package: triton's own, and PyTorch nightlies' builds of it
+TRITON_DISTRIBUTIONS = ('triton', 'pytorch-triton', 'pytorch-triton-rocm')
+_VERSION_LINE = re.compile(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", re.MULTILINE)
+
+
+def _version_tuple(version: str) -> tuple[int, ...] | None:
+    parts = re.findall(r'\d+', version)[:2]
+    return tuple(int(part) for part in parts) if len(parts) == 2 else None
+
+
 def _installed_triton() -> tuple[int, ...] | None:
-    """triton's version from its package metadata (without importing it), None when it is not installed; read once."""
-    if importlib.util.find_spec('triton') is None:
+    """triton's version without importing it (an early import would fix ``TRITON_INTERPRET`` before the tests set
+    it), None when it is not installed; read once: from the metadata of a distribution that installs it
+    (:data:`TRITON_DISTRIBUTIONS`), else from the ``__version__`` line of its package (a build from source without
+    metadata), else the oldest the kernels take (:data:`~.triton_targets.MIN_TRITON`)."""
+    spec = importlib.util.find_spec('triton')
+    if spec is None:
         return None
+    for distribution in TRITON_DISTRIBUTIONS:
+        try:
+            version = _version_tuple(importlib.metadata.version(distribution))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+        if version is not None:
+            return version
     try:
-        version = importlib.metadata.version('triton')
-    except importlib.metadata.PackageNotFoundError:  # a build without metadata (e.g. from source): assume recent
-        return MIN_TRITON
-    return tuple(int(part) for part in re.findall(r'\d+', version)[:2])
+        with open(spec.origin, encoding='utf-8') as init:
+            found = _VERSION_LINE.search(init.read())
+    except (OSError, TypeError):  # (no file: a namespace package)
+        found = None
+    version = _version_tuple(found.group(1)) if found else None
+    return MIN_TRITON if version is None else version
 
 
 @dataclasses.dataclass(frozen=True)

@@ -296,12 +296,15 @@ def decision_cell(sizes: dict, grad: bool) -> str:
     backend for all three, or each with its dtypes; the reference math with the Triton backend's reason."""
     groups: dict[str, list[str]] = {}
     for name, autocast in _AUTOCASTS:
-        backend, _ = choose(torch.float32, autocast=autocast, grad=grad, sizes=sizes)
+        backend, products = choose(torch.float32, autocast=autocast, grad=grad, sizes=sizes)
         label = 'Triton'
         if backend != 'triton':
             with pytest.raises(DispatchError) as err:
                 choose(torch.float32, autocast=autocast, grad=grad, sizes=sizes, name='triton')
-            label = f'reference ({_short_reason(str(err.value).split("backend " + repr("triton") + " ", 1)[1])})'
+            # (float16 products where no backend takes them: the whole op in float32)
+            computed = ', in float32' if name == 'float16' and products == 'float32' else ''
+            reason = _short_reason(str(err.value).split('backend ' + repr('triton') + ' ', 1)[1])
+            label = f'reference{computed} ({reason})'
         groups.setdefault(label, []).append(name)
     if len(groups) == 1:
         return next(iter(groups))
@@ -336,3 +339,68 @@ def test_the_documented_decisions_table_has_a_row_for_every_gpu_and_no_other():
     assert [row.split(' | ')[0][2:] for row in rows] == [_row_label(n, g) for n, g in TABLE_GPUS.items()]
     # every target, and every way of being declined, appears
     assert {g.target for g in TABLE_GPUS.values() if g.built_for} == set(TARGETS)
+
+
+@pytest.mark.parametrize('metadata, expected', [
+    ({'triton': '3.8.0'}, (3, 8)),
+    ({'pytorch-triton': '3.8.0+git7f8c1e2'}, (3, 8)),  # PyTorch nightlies' triton: no 'triton' distribution
+    ({}, (3, 9)),  # a build from source without metadata: the package's own __version__ line
+])
+def test_triton_s_version_is_read_where_its_metadata_is(monkeypatch, tmp_path, metadata, expected):
+    import importlib.machinery
+    import importlib.metadata
+    import importlib.util
+
+    package = tmp_path / 'triton'
+    package.mkdir()
+    (package / '__init__.py').write_text("__version__ = '3.9.0'\nraise ImportError('imported')\n")
+
+    def version(name):
+        if name not in metadata:
+            raise importlib.metadata.PackageNotFoundError(name)
+        return metadata[name]
+
+    monkeypatch.setattr(importlib.metadata, 'version', version)
+    monkeypatch.setattr(importlib.util, 'find_spec', lambda name: importlib.machinery.ModuleSpec(
+        name, None, origin=str(package / '__init__.py')) if name == 'triton' else None)
+    assert triton_route._installed_triton() == expected  # (the package itself never imported: it would raise)
+
+
+def test_the_version_of_a_blackwell_ready_triton_without_metadata_takes_blackwell(monkeypatch):
+    """A B200 with triton 3.8 from a source build (no metadata): read from its version line, not taken as the floor
+    (3.4), so the device is not refused with "found 3.4"."""
+    monkeypatch.setattr(triton_route, 'TRITON_VERSION', (3, 8))
+    assert triton_route.device_reasons(DeviceLimits('NVIDIA B200', (10, 0), 232_448), bfloat16=True) == []
+    monkeypatch.setattr(triton_route, 'TRITON_VERSION', (3, 4))
+    assert 'found 3.4' in triton_route.device_reasons(DeviceLimits('NVIDIA B200', (10, 0), 232_448), True)[0]
+
+
+def test_float16_run_in_float32_is_announced_once_per_device_and_reason(on_device, monkeypatch):
+    """A V100 (not a target) under float16 autocast: no backend there stores float16 products' sums in float32, so the
+    op runs in float32, and the automatic choice says so once, with every backend's reason."""
+    import warnings
+
+    from soft_mm.ops.soft import dispatch
+
+    monkeypatch.setattr(dispatch, '_ANNOUNCED', set())
+    monkeypatch.setattr(dispatch, '_DECISIONS', {})
+    on_device(V100)
+    policy = precision_policy('cpu', torch.float16)
+    with pytest.warns(dispatch.BackendFallbackWarning) as record:
+        backend, chosen = dispatch.decide('cuda', torch.float32, policy, 10 ** 5, True, device_index=0, **PUBLISHED)
+    assert backend.name == 'reference' and chosen.products == torch.float32
+    messages = [str(w.message) for w in record]
+    assert messages[0].startswith(
+        "soft_attention on cuda:0: float16 products are not taken here (the 'triton' backend is built and checked "
+        f"for {BUILT}, not this Tesla V100-SXM2-32GB (sm_70); the 'reference' backend has no float16 products with "
+        "float32 accumulation); the op runs in float32 (said once per device and reason"), messages
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        dispatch.decide('cuda', torch.float32, policy, 10 ** 5, False, device_index=0, **PUBLISHED)  # said already
+    # an H100 takes the float16 products: nothing to say
+    monkeypatch.setattr(dispatch, '_DECISIONS', {})
+    on_device(H100)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        assert dispatch.decide('cuda', torch.float32, policy, 10 ** 5, True, device_index=0, **PUBLISHED)[1].products \
+            == torch.float16

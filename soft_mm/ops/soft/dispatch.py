@@ -281,7 +281,8 @@ def decide(device_type: str, dtype: torch.dtype, precision: Precision, num_token
     A new decision of the automatic choice on a GPU (or on the interpreted GPU route of
     :func:`~soft_mm.ops.triton_route.interpreted_triton_route`) that passes over a higher-priority backend running on
     that device type, for a reason other than its token threshold, is announced by :func:`announce_fallback`: once
-    per device and reason.
+    per device and reason; so is one that runs a lower precision's call in a higher one (float16 products, where no
+    backend on the device takes them, in float32).
     """
     key = (device_type, device_index, dtype, precision.chain(), needs_grad, mode, name, num_landmarks, head_dim,
            value_dim, bisect.bisect_left(_TOKEN_THRESHOLDS, num_tokens),
@@ -292,6 +293,8 @@ def decide(device_type: str, dtype: torch.dtype, precision: Precision, num_token
     backend, policy, call = _select(device_type, dtype, precision, num_tokens, needs_grad, mode, name, num_landmarks,
                                     head_dim, value_dim, device_index)
     if name is None and (device_type == 'cuda' or (device_type == 'cpu' and cpu_route())):
+        if policy is not precision:
+            _announce_lower_precision_passed_over(dataclasses.replace(call, precision=precision), policy)
         _announce_passed_over(call, backend)
     if len(_DECISIONS) >= MAX_DECISIONS:
         _DECISIONS.clear()
@@ -312,18 +315,35 @@ def _announce_passed_over(call: Call, chosen: Backend) -> None:
                                   f'the {chosen.name!r} backend runs instead')
 
 
-def announce_fallback(device_type: str, device_index: int | None, passed_over: str, reason: str, instead: str,
-                      ) -> None:
-    """Warn once per device and reason (:class:`BackendFallbackWarning`) that the backend ``passed_over`` does not run
-    a call on the device, why (``reason``, in the backend's words) and what does (``instead``)."""
-    key = (device_type, device_index, passed_over, reason)
+def _announce_lower_precision_passed_over(call: Call, chosen: Precision) -> None:
+    """Announce that ``call``'s preferred policy (its products' dtype) runs as ``chosen`` instead, with every reason
+    of each backend that runs on the call's device type."""
+    reasons = [f'the {backend.name!r} backend {", ".join(refused)}' for backend in _BY_PRIORITY
+               if call.device_type in backend.devices
+               and (refused := backend.unsupported_reasons(call, forced=True))]
+    preferred, instead = (str(p.products).replace('torch.', '') for p in (call.precision, chosen))
+    _warn_once((call.device_type, call.device_index, 'precision', preferred, tuple(reasons)), call.device_type,
+               call.device_index, f'{preferred} products are not taken here ({"; ".join(reasons)}); the op runs in '
+               f'{instead}')
+
+
+def _warn_once(key: tuple, device_type: str, device_index: int | None, message: str) -> None:
+    """Warn ``message`` (a :class:`BackendFallbackWarning` about the device) once per ``key``."""
     if key in _ANNOUNCED:
         return
     if len(_ANNOUNCED) >= MAX_DECISIONS:
         _ANNOUNCED.clear()
     _ANNOUNCED.add(key)
     device = device_type if device_index is None else f'{device_type}:{device_index}'
-    warnings.warn(f'soft_attention on {device}: the {passed_over!r} backend {reason}; {instead} (said once per '
-                  'device and reason; soft_mm.ops.soft.dispatch.BackendFallbackWarning is its category)',
-                  BackendFallbackWarning, stacklevel=2)
+    warnings.warn(f'soft_attention on {device}: {message} (said once per device and reason; '
+                  'soft_mm.ops.soft.dispatch.BackendFallbackWarning is its category)', BackendFallbackWarning,
+                  stacklevel=3)
+
+
+def announce_fallback(device_type: str, device_index: int | None, passed_over: str, reason: str, instead: str,
+                      ) -> None:
+    """Warn once per device and reason (:class:`BackendFallbackWarning`) that the backend ``passed_over`` does not run
+    a call on the device, why (``reason``, in the backend's words) and what does (``instead``)."""
+    _warn_once((device_type, device_index, passed_over, reason), device_type, device_index,
+               f'the {passed_over!r} backend {reason}; {instead}')
 
