@@ -1,9 +1,9 @@
 """The prepared GPU check: the SOFT op's Triton backend tested on the device, then timed against the PyTorch paths
 and softmax attention, then SOFT-Norm-Small against Swin-T and ConvNeXt-T — one command: parts 1-5 took 219 s on an
-H200 (2026-12-04), part 7 keeps within its own budget (220 s), part 8 runs alone within its own (200 s).
+H200 (2026-12-04), part 7 keeps within its own budget (235 s), part 8 runs alone within its own (205 s).
 
     python benchmarks/device_check.py            # on a CUDA machine: parts 1-7, the tables, device_check.json
-    python benchmarks/device_check.py --parts training --out training.json   # issue 53's table: about 4 minutes
+    python benchmarks/device_check.py --parts training --out training.json   # issues 53, 58: 255 s at most
     python benchmarks/device_check.py --parts graphs --out graphs.json       # then part 8 in a process of its own
     python benchmarks/device_check.py --smoke    # tiny sizes on CPU under TRITON_INTERPRET=1: checks the script runs
 
@@ -55,16 +55,18 @@ Parts:
 6. where the eager bfloat16 forward's time goes: SOFT-Norm-Small and Swin-T under ``torch.profiler``, the operators
    with the most device time, the kernels per forward and their summed time beside the wall time;
 7. the training table (:func:`bench_training`, :mod:`device_training`), in order of value: the eager training step
-   of SOFT-Norm-Small, Swin-T and ConvNeXt-T at batch 2 x 800x1344 and 1 x 1600x2688, the op's forward+backward at
-   67k tokens, the compiled step of SOFT-Norm-Small and Swin-T, the whole RetinaNet step (torchvision's, AdamW), then
-   ConvNeXt-T compiled if time is left; bfloat16 autocast; then one summary line per target of issue 53 (met, not
-   met, not measured). The plan is printed with its estimate; a case starts only where its estimate fits the time
-   left, and stops between calls (or, inside a call, after a grace) when the part's budget is spent, keeping what it
-   measured;
+   of SOFT-Norm-Small, Swin-T and ConvNeXt-T at batch 2 x 800x1344, 1 and 2 x 1600x2688, the host's time per Triton
+   launch (the launch plans against ``kernel[grid]``), the op's forward+backward at 67k tokens, the whole RetinaNet
+   step (torchvision's, AdamW), the compiled step of Swin-T then SOFT-Norm-Small, then ConvNeXt-T compiled if time is
+   left; bfloat16 autocast; then one summary line per target of issues 53 and 58 (met, not met, not measured). The
+   plan is printed with its estimate (what does not fit is dropped first, from the end); a case starts only where its
+   estimate fits the time left, and stops between calls (or, inside a call, after a grace) when the part's budget is
+   spent, keeping what it measured;
 8. ``graphs``, only when named and best in a process of its own (:func:`bench_graphs`): SOFT-Norm-Small with
-   ``compile_stages`` trained on two sizes in turn, ``dynamic=True`` and then CUDA graphs (``mode='reduce-overhead'``,
-   ``pad_size_divisor`` where the pyramid takes it), with the graphs compiled and the CUDA graphs captured before and
-   after the sizes have been seen (recompiles, re-records).
+   ``compile_stages`` trained on two sizes in turn as CUDA graphs (``mode='reduce-overhead'``, ``pad_size_divisor``
+   where the pyramid takes it), with the graphs compiled and the CUDA graphs captured before and after the sizes have
+   been seen (recompiles, re-records); the RetinaNet step with SOFT's stages as CUDA graphs beside Swin-T's eager one;
+   then ``dynamic=True``.
 
 ``--parts correctness profile`` (any of the eight, by name) runs only those, e.g. a rerun within a short lease;
 ``--budget-s`` sets the time budget of parts 7 and 8.
@@ -402,11 +404,16 @@ def bench_training(cfg: dict, device: torch.device, report: Report, budget_s: fl
 
 
 def bench_graphs(cfg: dict, device: torch.device, report: Report, budget_s: float | None = None) -> list[dict]:
-    """Part 8, in a process of its own: SOFT-Norm-Small's compile_stages on two sizes in turn, dynamic shapes, then
-    CUDA graphs (:func:`device_training.graphs_plan`), within ``budget_s`` (default ``cfg['graphs_budget_s']``)."""
+    """Part 8, in a process of its own: SOFT-Norm-Small's compile_stages on two sizes in turn as CUDA graphs, the
+    RetinaNet step with SOFT's stages graphed beside Swin-T's eager one, then compile_stages with dynamic shapes
+    (:func:`device_training.graphs_plan`), within ``budget_s`` (default ``cfg['graphs_budget_s']``); the summary of
+    the targets its rows answer."""
     budget_s = cfg['graphs_budget_s'] if budget_s is None else budget_s
     _print_plan('the graphs plan', graphs_plan, FULL)
-    return run_plan(graphs_plan(cfg), cfg, device, budget_s, report.part('graphs'), report.save)
+    rows = run_plan(graphs_plan(cfg), cfg, device, budget_s, report.part('graphs'), report.save)
+    report.data['graphs_summary'] = summarize(rows, cfg)
+    print(format_summary(report.data['graphs_summary']), flush=True)
+    return rows
 
 
 def _print_plan(title: str, plan: Callable[[dict], list[Case]], cfg: dict) -> None:

@@ -4,14 +4,17 @@ answer the first time a GPU is lent, within its time.
 
 **What runs, in order of value** (``training_plan``; each case one row of the JSON, written as it comes):
 
-1. the eager training step of the three models at batch 2 × 800×1344, then at batch 1 × 1600×2688 (the step's time,
-   its peak memory; at the first size the kernels one step launches and their device time);
-2. the SOFT op's forward+backward at 67k tokens in bfloat16 (Triton; part 2's inputs and timing);
-3. the training step under ``torch.compile`` (inductor, default mode) of SOFT-Norm-Small and Swin-T at the first size;
-4. the whole RetinaNet step at the first size, SOFT-Norm-Small and Swin-T under the same neck and head
-   (torchvision's ``RetinaNet``, its FPN on the stride-8..32 maps with P6/P7 from C5 as mmdet's RetinaNet has them),
-   a fixed synthetic batch of boxes: forward, losses, backward, AdamW step, ``zero_grad``;
-5. if time is left, ConvNeXt-T's compiled step.
+1. the eager training step of the three models at batch 2 × 800×1344, then at batch 1 and at batch 2 × 1600×2688
+   (the step's time, its peak memory; at the first size the kernels one step launches and their device time);
+2. the host's time per Triton launch: SOFT-Norm-Small's eager step with every launch through the launch plans and
+   through ``kernel[grid]`` in turn (the difference per launch), and one add + LayerNorm call's host time with each;
+3. the SOFT op's forward+backward at 67k tokens in bfloat16 (Triton; part 2's inputs and timing);
+4. the whole RetinaNet step at the first size, SOFT-Norm-Small and Swin-T eager, under the same neck and head
+   (torchvision's ``RetinaNet``, its FPN on the stride-8..32 maps with P6/P7 from C5 as mmdet's RetinaNet has them), a
+   fixed synthetic batch of boxes: forward, losses, backward, AdamW step, ``zero_grad``;
+5. the training step under ``torch.compile`` (inductor, default mode) of Swin-T, then SOFT-Norm-Small, at the first
+   size;
+6. if time is left, ConvNeXt-T's compiled step.
 
 Then one summary table (``summarize``) answers each target of issue 53 with its figure, the target and met / not met /
 not measured; ratios are the peer's time over SOFT's in the same run:
@@ -24,12 +27,13 @@ not measured; ratios are the peer's time over SOFT's in the same run:
 
 ``graphs_plan`` (its own run, so that a failure or a long recording there cannot eat the table's time): SOFT-Norm-Small
 with ``compile_stages`` (each stage its own graph, ``soft_mm/models/compiled.py``) trained on two sizes taken in turn,
-800×1344 and 800×1216: first ``dict(dynamic=True)``, then ``dict(mode='reduce-overhead', dynamic=True)`` (CUDA
-graphs), with ``pad_size_divisor`` where the installed pyramid accepts that key (the row records which). Each row
-counts the graphs dynamo compiles (``torch._dynamo.utils.counters['stats']['unique_graphs']``, there from torch 2.0
-through 2.14) and the CUDA graphs captured (every ``torch.cuda.CUDAGraph.capture_begin``, which inductor's CUDA graph
-trees call for each recording on torch 2.11 as on 2.14), in a warm phase (three rounds of both sizes: compile, CUDA
-graphs' warm-up and recording) and in the steady phase that follows: graphs compiled there are recompiles, captures
+800×1344 and 800×1216, ``dict(mode='reduce-overhead', dynamic=True)`` (CUDA graphs); the whole RetinaNet step with
+SOFT's stages as CUDA graphs (``dict(mode='reduce-overhead', pad_size_divisor=...)``) beside Swin-T's eager one; then
+``dict(dynamic=True)``, with ``pad_size_divisor`` where the installed pyramid accepts that key (the row records which).
+Each row counts the graphs dynamo compiles (``torch._dynamo.utils.counters['stats']['unique_graphs']``, there from torch
+2.0 through 2.14) and the CUDA graphs captured (every ``torch.cuda.CUDAGraph.capture_begin``, which inductor's CUDA
+graph trees call for each recording on torch 2.11 as on 2.14), in a warm phase (three rounds of both sizes: compile,
+CUDA graphs' warm-up and recording) and in the steady phase that follows: graphs compiled there are recompiles, captures
 there are re-records (a static input at a new address, e.g. weights cast to new tensors every step).
 
 **Every call in its own autocast region**, as a training loop enters ``torch.autocast`` per step: autocast's cache of
@@ -71,17 +75,20 @@ BACKBONES = (SOFT, PEER, 'convnext_t')
 AUTOCAST_DTYPE = torch.bfloat16
 
 TRAINING_FULL = dict(
-    training_sizes=((2, (800, 1344)), (1, (1600, 2688))),  # (batch, image): the eager rows' sizes, the first also
-    # the compiled and RetinaNet rows'
+    training_sizes=((2, (800, 1344)), (1, (1600, 2688)), (2, (1600, 2688))),  # (batch, image): the eager rows'
+    # sizes, the first also the compiled, launch and RetinaNet rows'
     stage_sizes=((2, (800, 1344)), (2, (800, 1216))),  # the compile_stages rows' two sizes, taken in turn
     pad_size_divisor=128,  # for the CUDA-graphed compile_stages row, where the pyramid accepts it
     target_tokens=66816,  # the op's target: COCO's stage 1 at 1333×800
+    launch_calls=300,  # the launch row's add + LayerNorm calls timed alone with each launcher
     training_repeats=5, compile_backend='inductor',
-    # seconds of each part; a case starts only where its estimate fits what is left of them
-    training_budget_s=220, graphs_budget_s=200, hard_stop_grace_s=5, gate_on_estimates=True)
+    # seconds of each part; a case starts only where its estimate fits what is left of them (both parts, each with
+    # its process's start and the grace, within 480 s)
+    training_budget_s=235, graphs_budget_s=205, hard_stop_grace_s=5, gate_on_estimates=True)
 TRAINING_SMOKE = dict(
-    training_sizes=((1, (64, 96)), (1, (64, 128))), stage_sizes=((1, (64, 96)), (1, (64, 128))), pad_size_divisor=64,
-    target_tokens=200, training_repeats=1, compile_backend='eager',
+    training_sizes=((1, (64, 96)), (1, (64, 128)), (2, (64, 128))), stage_sizes=((1, (64, 96)), (1, (64, 128))),
+    pad_size_divisor=64,
+    target_tokens=200, training_repeats=1, compile_backend='eager', launch_calls=3,
     # (the estimates are a GPU's: on CPU only the budget itself stops a case)
     training_budget_s=900, graphs_budget_s=900, hard_stop_grace_s=10, gate_on_estimates=False)
 
@@ -108,12 +115,14 @@ OP_S = 6.0  # the op's row: its kernels mostly compiled by the eager SOFT rows (
 RETINANET_EXTRA_MS = 40.0  # FPN, head, losses and AdamW on top of the backbone's step
 WARMUP_CALLS = 2  # a compile, then a steady call before the timed ones
 WARM_ROUNDS = 3  # compile_stages rows: compile, CUDA graphs' warm-up, recording
+LAUNCH_MICRO_S = 2.0  # the launch row's add + LayerNorm calls, timed alone with each launcher
 
 
 class Case(NamedTuple):
     """One row of a plan: ``kind`` ``'eager'`` / ``'compiled'`` (a backbone's training step), ``'op'`` (the SOFT op
-    at ``tokens``), ``'retinanet'`` (the whole detector step), ``'stages'`` (``compile_stages`` on two sizes, ``mode``
-    ``'dynamic'`` or ``'reduce-overhead'``)."""
+    at ``tokens``), ``'launch'`` (the host's time per Triton launch, launch plans against ``kernel[grid]``),
+    ``'retinanet'`` (the whole detector step; ``mode='graphed'``: the backbone's stages as CUDA graphs), ``'stages'``
+    (``compile_stages`` on two sizes, ``mode`` ``'dynamic'`` or ``'reduce-overhead'``)."""
 
     kind: str
     model: str
@@ -131,8 +140,10 @@ class Case(NamedTuple):
         if self.kind == 'op':
             return f'op fwd+bwd, {self.model}, {self.tokens:,} tokens, bfloat16'
         what = {'eager': 'eager step', 'compiled': 'compiled step', 'retinanet': 'RetinaNet step',
+                'launch': 'host per Triton launch, plan against kernel[grid]',
                 'stages': f'compile_stages ({self.mode}), two sizes'}[self.kind]
-        return f'{what}, {self.model}, {self.input}'
+        graphed = ' (stages as CUDA graphs)' if self.kind == 'retinanet' and self.mode == 'graphed' else ''
+        return f'{what}{graphed}, {self.model}, {self.input}'
 
     def row(self) -> dict:
         """The fields that name the row in the JSON."""
@@ -147,16 +158,20 @@ def training_plan(cfg: dict) -> list[Case]:
     sizes = cfg['training_sizes']
     first = sizes[0]
     eager = [Case('eager', name, *size, profile=size == first) for size in sizes for name in BACKBONES]
-    compiled = [Case('compiled', name, *first) for name in (SOFT, PEER)]
+    launch = Case('launch', SOFT, *first)
+    compiled = [Case('compiled', name, *first) for name in (PEER, SOFT)]
     retinanet = [Case('retinanet', name, *first) for name in (SOFT, PEER)]
-    return [*eager, Case('op', 'triton', tokens=cfg['target_tokens']), *compiled, *retinanet,
+    return [*eager, launch, Case('op', 'triton', tokens=cfg['target_tokens']), *retinanet, *compiled,
             Case('compiled', 'convnext_t', *first)]
 
 
 def graphs_plan(cfg: dict) -> list[Case]:
-    """The graphs part's cases: SOFT-Norm-Small's compile_stages on two sizes, dynamic shapes, then CUDA graphs."""
+    """The graphs part's cases: SOFT-Norm-Small's compile_stages on two sizes as CUDA graphs, the whole RetinaNet
+    step with SOFT's stages as CUDA graphs beside Swin-T's eager one, then compile_stages with dynamic shapes."""
     batch, image = cfg['stage_sizes'][0]
-    return [Case('stages', SOFT, batch, image, mode=mode) for mode in ('dynamic', 'reduce-overhead')]
+    first = cfg['training_sizes'][0]
+    return [Case('stages', SOFT, batch, image, mode='reduce-overhead'), Case('retinanet', PEER, *first),
+            Case('retinanet', SOFT, *first, mode='graphed'), Case('stages', SOFT, batch, image, mode='dynamic')]
 
 
 def estimate_plan(cases: list[Case], cfg: dict) -> list[float]:
@@ -177,13 +192,20 @@ def estimate_plan(cases: list[Case], cfg: dict) -> list[float]:
         if case.kind == 'retinanet':
             step_s += RETINANET_EXTRA_MS / 1e3 * SLOWER_GPU
             cost += BUILD_S  # the neck and head, torchvision's import, the head's first kernels
+            if case.mode == 'graphed':  # the stages compiled and their CUDA graphs recorded
+                cost += STAGES_COMPILE_S * (CACHED_COMPILE if stages_seen else 1.0)
+                stages_seen += 1
+                calls += WARM_ROUNDS
+        elif case.kind == 'launch':
+            calls = 2 * (WARMUP_CALLS + cfg['training_repeats']) + 1
+            cost += LAUNCH_MICRO_S
         elif case.kind == 'compiled':
             cost += COMPILE_S[case.model]
         elif case.kind == 'stages':
             calls = 2 * (WARM_ROUNDS + cfg['training_repeats']) + 1
             cost += STAGES_COMPILE_S * (CACHED_COMPILE if stages_seen else 1.0)
             stages_seen += 1
-        if (case.model, case.image) not in built or case.kind == 'stages':
+        if (case.model, case.image) not in built or case.kind == 'stages' or case.mode == 'graphed':
             cost += BUILD_S
             built.add((case.model, case.image))
         if case.model == SOFT and case.image not in soft_sizes:
@@ -339,6 +361,91 @@ def step_case(case: Case, model: nn.Module, cfg: dict, device: torch.device, gua
     if case.profile:
         guard.check()
         _kernels(row, step, device)
+
+
+# --- the host's time per Triton launch
+
+class _NoLaunch:
+    """A launcher that runs nothing (the smoke run's: the kernels' values do not matter there)."""
+
+    name = 'none'
+    exact_values = False
+
+    def __call__(self, kernel: Any, grid: tuple[int, ...], args: Any, meta: Any) -> None:
+        pass
+
+
+class _Through:
+    """A route's launcher replaced by ``launcher`` (:func:`soft_mm.ops.triton_route.watching_launches`), the launches
+    counted in ``launched[0]``."""
+
+    def __init__(self, launcher: Any, launched: list[int]) -> None:
+        self.launcher, self.launched = launcher, launched
+        self.name, self.exact_values = launcher.name, launcher.exact_values
+
+    def __call__(self, kernel: Any, grid: tuple[int, ...], args: Any, meta: Any) -> None:
+        self.launched[0] += 1
+        self.launcher(kernel, grid, args, meta)
+
+
+def launch_case(case: Case, model: nn.Module, cfg: dict, device: torch.device, guard: TimeGuard, row: dict) -> None:
+    """The host's time per Triton launch, launch plans against ``kernel[grid]`` (triton's ``JITFunction.run``):
+    SOFT-Norm-Small's eager training step with every launch through one launcher and then the other (rounds
+    interleaved), the step's Triton launches counted, the difference per launch; and one add + LayerNorm call (its one
+    forward launch) made ``cfg['launch_calls']`` times without synchronising, the host's time per call with each."""
+    from soft_mm.ops.functional.add_norm import add_layer_norm
+    from soft_mm.ops.triton_launch import KernelLauncher, PlannedLauncher
+    from soft_mm.ops.triton_route import interpreted_triton_route, interpreting, watching_launches
+
+    launched = [0]
+    x = torch.randn(case.batch, 3, *case.image, device=device)
+    step = backbone_step(model, model, x)
+    # (under --smoke, CPU tensors on the interpreter's GPU route, every launch counted and none run: the rows filled)
+    on_cpu = device.type == 'cpu' and interpreting()
+    launchers = ({'plan': _NoLaunch(), 'kernel[grid]': _NoLaunch()} if on_cpu else
+                 {'plan': PlannedLauncher(), 'kernel[grid]': KernelLauncher()})
+
+    @contextlib.contextmanager
+    def through(name: str) -> Iterator[None]:
+        with interpreted_triton_route() if on_cpu else contextlib.nullcontext(), \
+                watching_launches(lambda inner: _Through(launchers[name], launched)):
+            yield
+
+    for name in launchers:
+        for _ in range(min(WARMUP_CALLS, cfg['training_repeats'])):
+            guard.check()
+            with through(name):
+                step()
+    launched[0] = 0
+    with through('plan'):
+        step()
+    row['triton_launches'] = launched[0]
+    for _ in range(cfg['training_repeats']):
+        for name in launchers:
+            guard.check()
+            with through(name):
+                seconds = timed(step, device)
+            each = row.setdefault(f'step_ms_each_{name}', [])
+            each.append(1e3 * seconds)
+            row[f'step_ms_{name}'] = statistics.median(each)
+    if row['triton_launches']:
+        row['host_us_per_launch_saved'] = 1e3 * (row['step_ms_kernel[grid]'] - row['step_ms_plan']) / \
+            row['triton_launches']
+    rows, width = (2 * 4096, 64) if device.type == 'cuda' else (64, 16)
+    branch, residual = (torch.randn(rows, width, device=device, dtype=AUTOCAST_DTYPE) for _ in range(2))
+    weight, bias = torch.ones(width, device=device), torch.zeros(width, device=device)
+    for name in launchers:
+        guard.check()
+        with torch.no_grad(), through(name):
+            add_layer_norm(branch, residual, weight, bias, 1e-5)  # (the plan made)
+            if device.type == 'cuda':
+                torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            for _ in range(cfg['launch_calls']):
+                add_layer_norm(branch, residual, weight, bias, 1e-5)
+            row[f'add_norm_call_host_us_{name}'] = 1e6 * (time.perf_counter() - start) / cfg['launch_calls']
+            if device.type == 'cuda':
+                torch.cuda.synchronize(device)
 
 
 # --- the whole RetinaNet step
@@ -556,11 +663,19 @@ def _run_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, row
         stages_case(case, cfg, device, guard, row)
         return
     key = (case.model, case.image)
-    if key not in models:
+    if case.mode == 'graphed':  # a model of its own: the stages compiled, as CUDA graphs on a GPU
         guard.check()
-        models[key] = build_backbone(case.model, case.image, stochastic_depth=True).to(device)
-    run = retinanet_case if case.kind == 'retinanet' else step_case
-    run(case, models[key], cfg, device, guard, row)
+        options = stage_options(Case('stages', case.model, mode='reduce-overhead'), cfg, device)
+        options.update(dynamic=False, pad_size_divisor=cfg['pad_size_divisor'])
+        row['options'] = dict(options)
+        model = soft_with_compiled_stages(case.image, options).to(device)
+    else:
+        if key not in models:
+            guard.check()
+            models[key] = build_backbone(case.model, case.image, stochastic_depth=True).to(device)
+        model = models[key]
+    run = {'retinanet': retinanet_case, 'launch': launch_case}.get(case.kind, step_case)
+    run(case, model, cfg, device, guard, row)
 
 
 def _error_line(err: BaseException) -> str:
@@ -593,8 +708,10 @@ def _cut_note(*rows: dict) -> str:
     return f" (cut short: {', '.join(cut)})" if cut else ''
 
 
-def _ratio_line(rows: list[dict], kind: str, size: str, target: Target) -> dict:
-    soft, peer = _find(rows, case=kind, model=SOFT, input=size), _find(rows, case=kind, model=PEER, input=size)
+def _ratio_line(rows: list[dict], kind: str, size: str, target: Target, mode: str | None = None) -> dict:
+    """Swin-T's time over SOFT's (``mode``: SOFT's row's, e.g. ``'graphed'``; Swin-T's row is the plain one)."""
+    soft, peer = _find(rows, case=kind, model=SOFT, input=size, mode=mode), _find(rows, case=kind, model=PEER,
+                                                                                  input=size, mode=None)
     line = dict(target=target.what, needed=target.needed)
     if soft is None or peer is None:
         missing = ' and '.join(name for name, row in ((SOFT, soft), (PEER, peer)) if row is None)
@@ -628,7 +745,7 @@ def _memory_line(rows: list[dict], sizes: tuple[str, ...]) -> dict:
 
 def summarize(rows: list[dict], cfg: dict) -> list[dict]:
     """One line per target (module docstring): the figure, the target, and met / not met / not measured."""
-    first, second = (f'{b}x{h}x{w}' for b, (h, w) in cfg['training_sizes'])
+    first, second = (f'{b}x{h}x{w}' for b, (h, w) in cfg['training_sizes'][:2])
     lines = [
         _ratio_line(rows, 'eager', first, Target(f'eager training step, {first}: Swin-T / SOFT', '≥ 1.2×',
                                                  lambda r: r >= 1.2)),
@@ -638,6 +755,21 @@ def summarize(rows: list[dict], cfg: dict) -> list[dict]:
                                                   lambda r: r >= 1.5)),
         _memory_line(rows, (first, second)),
     ]
+    lines += [
+        _ratio_line(rows, 'retinanet', first, Target(f'RetinaNet step, {first}: Swin-T eager / SOFT eager', '≥ 1.0×',
+                                                     lambda r: r >= 1.0)),
+        _ratio_line(rows, 'retinanet', first, Target(f'RetinaNet step, {first}: Swin-T eager / SOFT with its stages as '
+                                                     'CUDA graphs', '≥ 1.3×', lambda r: r >= 1.3), mode='graphed'),
+    ]
+    launch = next((row for row in rows if row.get('case') == 'launch' and 'host_us_per_launch_saved' in row), None)
+    line = dict(target="host time per Triton launch saved by the launch plans (SOFT's eager step)", needed='> 0 µs')
+    if launch is None:
+        lines.append(dict(line, status='not measured', measured='no launch row'))
+    else:
+        saved = launch['host_us_per_launch_saved']
+        lines.append(dict(line, figure=saved, status='met' if saved > 0 else 'not met',
+                          measured=f"{saved:.1f} µs ({launch['step_ms_kernel[grid]']:.1f} against "
+                                   f"{launch['step_ms_plan']:.1f} ms a step, {launch['triton_launches']} launches)"))
     op = _find(rows, case='op', model='triton')
     line = dict(target=f"the op's forward+backward, {cfg['target_tokens']:,} tokens, bfloat16 (Triton)",
                 needed='≤ 1.0 ms')

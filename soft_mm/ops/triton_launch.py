@@ -73,8 +73,8 @@ class KernelLauncher:
 class PlannedLauncher(KernelLauncher):
     """Launches a Triton kernel from a plan per launch signature (see the module docstring): the first launch of a
     signature through ``kernel[grid]``, which compiles and returns the ``CompiledKernel``; every later one through it
-    directly. At most :data:`MAX_PLANS` plans, none holding a tensor. On a triton older than 3.4 (no ``triton.knobs``)
-    every launch is ``kernel[grid]``."""
+    directly. At most :data:`MAX_PLANS` plans, none holding a tensor. On a triton older than 3.4 (no ``triton.knobs``),
+    and for a kernel triton's interpreter runs, every launch is ``kernel[grid]``."""
 
     name = 'plan'
 
@@ -96,7 +96,7 @@ class PlannedLauncher(KernelLauncher):
         return True
 
     def __call__(self, kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: Mapping[str, Any]) -> None:
-        if not self.direct:
+        if not self.direct or not hasattr(kernel, 'device_caches'):  # (an interpreted kernel compiles nothing)
             kernel[grid](*args, **meta)
             return
         active = self._driver.active

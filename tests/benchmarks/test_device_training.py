@@ -24,22 +24,29 @@ def check(load_benchmark):
 def test_the_gpu_plan_runs_the_eager_rows_first_and_the_targets_rows_fit_the_budget(tool, check):
     cases = tool.training_plan(check.FULL)
     kinds = [case.kind for case in cases]
-    assert kinds == ['eager'] * 6 + ['op'] + ['compiled'] * 2 + ['retinanet'] * 2 + ['compiled']
-    assert [(c.model, c.input) for c in cases[:6]] == [(m, size) for size in ('2x800x1344', '1x1600x2688')
+    assert kinds == ['eager'] * 9 + ['launch', 'op'] + ['retinanet'] * 2 + ['compiled'] * 3
+    assert [(c.model, c.input) for c in cases[:9]] == [(m, size) for size in ('2x800x1344', '1x1600x2688',
+                                                                              '2x1600x2688')
                                                        for m in ('soft_norm_small', 'swin_t', 'convnext_t')]
-    assert cases[6].tokens == 66816 and [c.model for c in cases[7:11]] == ['soft_norm_small', 'swin_t'] * 2
+    assert cases[10].tokens == 66816 and [c.model for c in cases[11:15]] == ['soft_norm_small', 'swin_t',
+                                                                             'swin_t', 'soft_norm_small']
     estimates = tool.estimate_plan(cases, check.FULL)
     assert all(e > 0 for e in estimates)
     # every row a target needs, and the RetinaNet rows, within the budget by the estimate; ConvNeXt-T's compile after
-    assert sum(estimates[:11]) <= check.FULL['training_budget_s'] < sum(estimates)
-    # with the process's start (imports, CUDA, the targets' decisions: 15 s at most) and the hard stop's grace, within
-    # 4 minutes
-    assert check.FULL['training_budget_s'] + check.FULL['hard_stop_grace_s'] + 15 <= 240
+    assert sum(estimates[:15]) <= check.FULL['training_budget_s'] < sum(estimates)
     # each compile counted at its bound: the compiled rows cost the most
-    assert min(estimates[7:9]) > max(estimates[:7])
+    assert min(estimates[13:15]) > max(estimates[:13])
     graphs = tool.graphs_plan(check.FULL)
-    assert [(c.kind, c.mode) for c in graphs] == [('stages', 'dynamic'), ('stages', 'reduce-overhead')]
-    assert sum(tool.estimate_plan(graphs, check.FULL)) <= check.FULL['graphs_budget_s']
+    # the CUDA graphs first, the detector step with SOFT's stages graphed beside Swin-T's eager one, dynamic last
+    assert [(c.kind, c.model, c.mode) for c in graphs] == [
+        ('stages', 'soft_norm_small', 'reduce-overhead'), ('retinanet', 'swin_t', ''),
+        ('retinanet', 'soft_norm_small', 'graphed'), ('stages', 'soft_norm_small', 'dynamic')]
+    graph_estimates = tool.estimate_plan(graphs, check.FULL)
+    assert sum(graph_estimates[:3]) <= check.FULL['graphs_budget_s'] < sum(graph_estimates)
+    # both parts, each with its process's start (imports, CUDA, the targets' decisions: 15 s at most) and the hard
+    # stop's grace, within 480 s
+    assert check.FULL['training_budget_s'] + check.FULL['graphs_budget_s'] + 2 * (
+        check.FULL['hard_stop_grace_s'] + 15) <= 480
     text = tool.format_plan('plan', cases, estimates, check.FULL['training_budget_s'])
     assert text.count('\n') == len(cases) and 'runs only if time is left' in text.splitlines()[-1]
 
@@ -81,7 +88,7 @@ def test_the_guard_stops_inside_a_case_which_keeps_what_it_measured(tool, monkey
     assert [len(rows) for rows in saved] == [1, 2]  # each row written as it came
     # the summary takes the cut-short figure and says so; the rows never measured are 'not measured'
     lines = tool.summarize(rows, dict(cfg, training_sizes=((1, (8, 8)), (1, (16, 16)))))
-    assert len(lines) == 5 and all(line['status'] == 'not measured' for line in lines)
+    assert len(lines) == 8 and all(line['status'] == 'not measured' for line in lines)
     assert lines[0]['measured'] == 'no swin_t row'
 
 
@@ -165,8 +172,10 @@ def rows_for_summary(soft_ms, swin_ms, soft_mib, peer_mib, op_ms):
 
 def test_the_summary_answers_each_target(tool, check):
     lines = tool.summarize(rows_for_summary(50.0, 65.0, 1800.0, 2600.0, 2.96), check.FULL)
-    assert [line['needed'] for line in lines] == ['≥ 1.2×', '≥ 1.2×', '≥ 1.5×', '< 1 each', '≤ 1.0 ms']
-    eager, compiled, large, memory, op = lines
+    assert [line['needed'] for line in lines] == ['≥ 1.2×', '≥ 1.2×', '≥ 1.5×', '< 1 each', '≥ 1.0×', '≥ 1.3×',
+                                                  '> 0 µs', '≤ 1.0 ms']
+    eager, compiled, large, memory, retinanet, graphed, launch, op = lines
+    assert retinanet['status'] == graphed['status'] == launch['status'] == 'not measured'
     assert eager['status'] == 'met' and eager['figure'] == pytest.approx(1.3) and '2x800x1344' in eager['target']
     assert compiled['status'] == 'not measured' and compiled['measured'] == 'no swin_t row'
     assert large['status'] == 'not met' and large['figure'] == pytest.approx(1.3)
@@ -174,8 +183,17 @@ def test_the_summary_answers_each_target(tool, check):
     assert op['status'] == 'not met' and op['measured'] == '2.96 ms'
     rows = rows_for_summary(50.0, 80.0, 2700.0, 2600.0, 0.9)
     rows.append(dict(case='compiled', model='swin_t', input='2x800x1344', step_ms=60.0))
-    eager, compiled, large, memory, op = tool.summarize(rows, check.FULL)
+    rows += [dict(case='retinanet', model='soft_norm_small', input='2x800x1344', step_ms=100.0),
+             dict(case='retinanet', model='soft_norm_small', input='2x800x1344', mode='graphed', step_ms=60.0),
+             dict(case='retinanet', model='swin_t', input='2x800x1344', step_ms=90.0),
+             dict(case='launch', model='soft_norm_small', input='2x800x1344', triton_launches=200,
+                  **{'step_ms_plan': 100.0, 'step_ms_kernel[grid]': 102.0}, host_us_per_launch_saved=10.0)]
+    eager, compiled, large, memory, retinanet, graphed, launch, op = tool.summarize(rows, check.FULL)
     assert eager['status'] == large['status'] == op['status'] == 'met' and memory['status'] == 'not met'
+    # the detector step: Swin-T eager / SOFT eager 0.9 (not met), / SOFT graphed 1.5 (met); 10 µs a launch saved
+    assert retinanet['status'] == 'not met' and retinanet['figure'] == pytest.approx(0.9)
+    assert graphed['status'] == 'met' and graphed['figure'] == pytest.approx(1.5)
+    assert launch['status'] == 'met' and launch['measured'].startswith('10.0 µs (102.0 against 100.0 ms a step')
     assert compiled['status'] == 'met' and compiled['measured'].endswith('(cut short: soft_norm_small after 2 calls)')
     # a pair of peak memories missing: not measured, unless another pair is already above
     rows = [row for row in rows_for_summary(50.0, 80.0, 1000.0, 2600.0, 0.9)
@@ -183,4 +201,4 @@ def test_the_summary_answers_each_target(tool, check):
     memory = tool.summarize(rows, check.FULL)[3]
     assert memory['status'] == 'not measured' and memory['measured'].endswith('not measured: convnext_t 1x1600x2688')
     table = tool.format_summary(lines)
-    assert len(table.splitlines()) == 2 + 5 and '| 2.96 ms | ≤ 1.0 ms | not met |' in table
+    assert len(table.splitlines()) == 2 + 8 and '| 2.96 ms | ≤ 1.0 ms | not met |' in table
