@@ -140,6 +140,17 @@ def _load_script(path: Path) -> ModuleType:
     return _SCRIPTS[path]
 
 
+@pytest.fixture
+def gpu_route(monkeypatch):
+    """The GPU route on CPU tensors for the test (:func:`soft_mm.ops.triton_route.interpreted_triton_route`): the
+    package's Triton kernels run in the interpreter where a CUDA tensor would take them."""
+    from soft_mm.ops.triton_route import interpreted_triton_route
+
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
+    with interpreted_triton_route():
+        yield
+
+
 @pytest.fixture(scope='session')
 def load_tool() -> Callable[[str], ModuleType]:
     """``load_tool('analysis_tools/get_flops')`` -> the module of ``tools/analysis_tools/get_flops.py``."""

@@ -21,6 +21,7 @@ from .triton_route import (
     device_limits,
     device_reasons,
     gpu_launcher,
+    gpu_route,
     interpreting,
     launch_watch,
     load_kernels,
@@ -132,8 +133,8 @@ def route_of(x: torch.Tensor, launcher: KernelLauncher | None = None) -> Route:
         return DEFERRED
     mode = graph_mode()
     device = x.device
-    if mode != 'eager':  # (nothing else is asked where a graph is traced)
-        return Route(device.type, mode)
+    if mode != 'eager':  # (nothing else is asked where a graph is traced but the device route)
+        return Route('cuda' if gpu_route(x) else device.type, mode)
     plain = eager_tensors(x)
     cpu_state = cpu_route_state() if device.type == 'cpu' else None
     if launcher is None:

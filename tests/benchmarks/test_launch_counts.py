@@ -9,16 +9,7 @@ from harness import build_backbone
 from helpers.op_checks import triton_kernels
 from launch_counts import BUDGET_SIZE, STEP_BUDGET, count_model, counting_launches
 
-from soft_mm.ops.triton_route import interpreted_triton_route
-
 pytestmark = triton_kernels
-
-
-@pytest.fixture
-def gpu_route(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-    with interpreted_triton_route():
-        yield
 
 
 def test_the_counter_counts_what_runs_a_kernel():

@@ -17,18 +17,10 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from soft_mm.models import SOFT
 from soft_mm.models.compiled import CompileStagesFallbackWarning
 from soft_mm.models.pyramid import SoftPyramid
-from soft_mm.ops.triton_route import interpreted_triton_route
 from soft_mm.testing import relative_error
 
 pytestmark = triton_kernels
 ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 2, 1, 1]}
-
-
-@pytest.fixture
-def gpu_route(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-    with interpreted_triton_route():
-        yield
 
 
 def _pyramid(drop_path_rate: float = 0.2) -> SoftPyramid:

@@ -21,13 +21,6 @@ from soft_mm.ops.triton_route import interpreted_triton_route
 pytestmark = triton_kernels
 
 
-@pytest.fixture
-def gpu_route(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-    with interpreted_triton_route():
-        yield
-
-
 @pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.cpu_float16)])
 def test_outputs_and_gradients_are_those_of_autocasts_own_casts(gpu_route, monkeypatch, dtype):
     model = pyramid_model()

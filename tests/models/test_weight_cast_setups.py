@@ -12,16 +12,8 @@ from torch import nn
 
 from soft_mm.models import weight_cast
 from soft_mm.ops.route import route_of
-from soft_mm.ops.triton_route import interpreted_triton_route
 
 pytestmark = triton_kernels
-
-
-@pytest.fixture
-def gpu_route(monkeypatch):
-    monkeypatch.setenv('TRITON_INTERPRET', '1')
-    with interpreted_triton_route():
-        yield
 
 
 def _parent(model: nn.Module, path: str) -> tuple[nn.Module, str]:
