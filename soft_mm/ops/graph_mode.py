@@ -14,9 +14,8 @@ from __future__ import annotations
 import torch
 
 from .compat import is_compiling, is_exporting
-from .triton_route import gpu_route
 
-__all__ = ['GRAPH_MODES', 'eager_cpu_inference', 'eager_tensors', 'exporting', 'graph_mode', 'tracing_dispatch']
+__all__ = ['GRAPH_MODES', 'eager_tensors', 'exporting', 'graph_mode', 'tracing_dispatch']
 
 GRAPH_MODES = ('eager', 'compile', 'export')
 
@@ -31,16 +30,6 @@ def graph_mode() -> str:
     if exporting():
         return 'export'
     return 'compile' if is_compiling() else 'eager'
-
-
-def eager_cpu_inference(*tensors: torch.Tensor | None) -> bool:
-    """True for an eager call (:func:`graph_mode`) on CPU tensors that records no gradient, off the GPU route
-    (:func:`~soft_mm.ops.triton_route.gpu_route`): where a layer may compute in place and pick kernels that have no
-    backward (the first tensor decides the device; None entries are skipped)."""
-    present = [t for t in tensors if t is not None]
-    if present[0].device.type != 'cpu' or graph_mode() != 'eager' or gpu_route(present[0]):
-        return False
-    return not (torch.is_grad_enabled() and any(t.requires_grad for t in present))
 
 
 def tracing_dispatch() -> bool:

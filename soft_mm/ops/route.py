@@ -19,13 +19,13 @@ from .triton_launch import KernelLauncher
 from .triton_route import (
     cpu_route_state,
     device_limits,
-    device_reasons,
     gpu_launcher,
     gpu_route,
     interpreting,
     launch_watch,
     load_kernels,
     triton_available,
+    triton_dtypes,
 )
 
 __all__ = ['DEFERRED', 'Route', 'decided', 'route_of']
@@ -106,25 +106,6 @@ class Route:
 DEFERRED = Route('meta', decided=False)
 
 
-def _triton_dtypes(device: torch.device, cpu_state) -> tuple[torch.dtype, ...]:
-    """The dtypes the layers' fused kernels take for tensors on ``device`` (a tuple: a symbolic trace records a route
-    as it records its arguments)."""
-    if not triton_available():
-        return ()
-    if device.type == 'cpu':
-        if cpu_state is None:
-            return ()
-        limits = cpu_state.limits
-    elif device.type == 'cuda':
-        limits = device_limits(device.index)
-    else:
-        return ()
-    if limits is not None and device_reasons(limits, False):
-        return ()
-    bfloat16 = limits is None or not device_reasons(limits, True)
-    return (torch.float32, torch.float16, torch.bfloat16) if bfloat16 else (torch.float32, torch.float16)
-
-
 def route_of(x: torch.Tensor, launcher: KernelLauncher | None = None) -> Route:
     """The :class:`Route` of a forward whose input is ``x`` (a tensor; anything else, a symbolic trace's proxy, gets
     :data:`DEFERRED`). ``launcher``: what launches the Triton kernels (None: the route's own, or the one given to
@@ -141,7 +122,7 @@ def route_of(x: torch.Tensor, launcher: KernelLauncher | None = None) -> Route:
         launcher = (cpu_state.launcher if cpu_state is not None else None) or gpu_launcher()
     autocast = autocast_dtype(device.type)
     if cpu_state is not None and cpu_state.target is not None:  # a stand-in GPU behind triton's real launch path
-        return Route('cuda', mode, plain, autocast, _triton_dtypes(device, cpu_state), False, cpu_state.target,
+        return Route('cuda', mode, plain, autocast, triton_dtypes(device), False, cpu_state.target,
                      launcher)
     interpret = interpreting()
     if device.type != 'cuda' and cpu_state is None:  # (a forced Triton backend still launches, interpreted)
@@ -149,7 +130,7 @@ def route_of(x: torch.Tensor, launcher: KernelLauncher | None = None) -> Route:
     target = None
     if not interpret and device.type == 'cuda' and triton_available():
         target = device_limits(device.index).target
-    return Route('cuda', mode, plain, autocast, _triton_dtypes(device, cpu_state), interpret, target, launcher)
+    return Route('cuda', mode, plain, autocast, triton_dtypes(device), interpret, target, launcher)
 
 
 def decided(route: Route | None, x: torch.Tensor) -> Route:

@@ -29,8 +29,8 @@ from .triton_targets import BFLOAT16_MIN_TARGET, MIN_TRITON, SHARED_MEMORY_PER_B
 
 __all__ = ['PLATFORMS', 'TRITON_DISTRIBUTIONS', 'TRITON_VERSION', 'CpuRoute', 'DeviceLimits', 'cpu_route',
            'cpu_route_state', 'cuda_target', 'device_limits', 'device_reasons', 'gpu_launcher', 'gpu_route',
-           'interpreted_triton_route', 'interpreting', 'launch_watch', 'load_kernels', 'route_device_type',
-           'store_dtype', 'stubbed_triton_route', 'takes_triton', 'triton_available', 'watching_launches']
+           'interpreted_triton_route', 'interpreting', 'launch_watch', 'load_kernels', 'store_dtype',
+           'stubbed_triton_route', 'triton_available', 'triton_dtypes', 'watching_launches']
 
 PLATFORMS = ('cuda', 'rocm')
 
@@ -274,11 +274,6 @@ def gpu_route(tensor: torch.Tensor) -> bool:
     return tensor.device.type == 'cuda' or (tensor.device.type == 'cpu' and _ROUTE['cpu'] is not None)
 
 
-def route_device_type(tensor: torch.Tensor) -> str:
-    """The device type whose route ``tensor`` takes: ``'cuda'`` on the GPU route (:func:`gpu_route`), else its own."""
-    return 'cuda' if gpu_route(tensor) else tensor.device.type
-
-
 def device_reasons(limits: DeviceLimits, bfloat16: bool) -> list[str]:
     """Every reason why the package's Triton kernels do not run on the device of ``limits`` (empty if they do), whatever
     the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`~.triton_targets.TARGETS`, a triton older
@@ -305,22 +300,28 @@ def cuda_target(device: torch.device) -> int:
     return device_limits(device.index).target
 
 
-def takes_triton(*tensors: torch.Tensor) -> bool:
-    """Whether a fused Triton kernel of the package's layers takes ``tensors``: a usable triton, and either CPU
-    tensors inside :func:`interpreted_triton_route` or CUDA tensors on a device :func:`device_reasons` finds nothing
-    against (an NVIDIA GPU of :data:`~.triton_targets.TARGETS`, bfloat16 ones only from
-    :data:`~.triton_targets.BFLOAT16_MIN_TARGET`; the SOFT op's backend checks its own calls, shared memory
-    included)."""
-    if not triton_available() or not tensors:
-        return False
-    device = tensors[0].device
-    bfloat16 = any(t.dtype == torch.bfloat16 for t in tensors)
+def triton_dtypes(device: torch.device) -> tuple[torch.dtype, ...]:
+    """The dtypes the fused Triton kernels of the package's layers take for tensors on ``device`` (empty: none): with
+    a usable triton, CPU tensors inside :func:`interpreted_triton_route` (all) or :func:`stubbed_triton_route` (as its
+    stand-in GPU), CUDA tensors on a device :func:`device_reasons` finds nothing against (an NVIDIA GPU of
+    :data:`~.triton_targets.TARGETS`, bfloat16 only from :data:`~.triton_targets.BFLOAT16_MIN_TARGET`; the SOFT op's
+    backend checks its own calls, shared memory included). A tuple: a symbolic trace records a route as it records
+    its arguments."""
+    if not triton_available():
+        return ()
     if device.type == 'cpu':
         route = _ROUTE['cpu']
-        return route is not None and (route.target is None or not device_reasons(route.limits, bfloat16))
-    if device.type != 'cuda':
-        return False
-    return not device_reasons(device_limits(device.index), bfloat16)
+        if route is None:
+            return ()
+        limits = route.limits
+    elif device.type == 'cuda':
+        limits = device_limits(device.index)
+    else:
+        return ()
+    if limits is not None and device_reasons(limits, False):
+        return ()
+    bfloat16 = limits is None or not device_reasons(limits, True)
+    return (torch.float32, torch.float16, torch.bfloat16) if bfloat16 else (torch.float32, torch.float16)
 
 
 def store_dtype(dtype: torch.dtype, interpret: bool | None = None) -> torch.dtype:

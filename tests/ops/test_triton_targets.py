@@ -257,15 +257,14 @@ def test_the_layers_fused_kernels_run_on_the_same_targets(monkeypatch, capabilit
     monkeypatch.setattr(triton_route, '_read_limits',
                         lambda index: triton_route.DeviceLimits('a GPU', capability, 101_376))
     cuda = torch.device('cuda', 0)
-    float32, bfloat16 = (SimpleNamespace(device=cuda, dtype=dtype) for dtype in (torch.float32, torch.bfloat16))
-    assert triton_route.takes_triton(float32) is takes_float32
-    assert triton_route.takes_triton(bfloat16, float32) is takes_bfloat16
-    assert triton_route.takes_triton(float32, float32) is takes_float32
+    taken = triton_route.triton_dtypes(cuda)
+    assert (torch.float32 in taken, torch.float16 in taken, torch.bfloat16 in taken) == (
+        takes_float32, takes_float32, takes_bfloat16)
     # and never an AMD GPU, whatever capability it reports
     monkeypatch.setattr(triton_route, '_DEVICES', {})
     monkeypatch.setattr(triton_route, '_read_limits', lambda index: DeviceLimits('an AMD GPU', capability, 65_536,
                                                                                'rocm', 'gfx90a'))
-    assert not triton_route.takes_triton(float32)
+    assert triton_route.triton_dtypes(cuda) == ()
 
 
 # The decisions table of docs/advanced/precision_and_backends.md: each row a GPU (the names its first column gives)
