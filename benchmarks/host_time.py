@@ -87,7 +87,9 @@ DEFAULT_LAUNCHERS = ('plan', 'kernel[grid]')
 # the NVIDIA GPU the stand-in driver is (sm_90: H100 / H200, the project's GPU machines)
 STUB_TARGET = 90
 SOFT = BACKBONE_MODELS[0]
-PARTS = ('backbones', 'retinanet')
+PARTS = ('backbones', 'retinanet', 'chains')
+# the chains part: nodes a chain, and the launches of each node (forward and backward)
+CHAIN_NODES = 40
 CPU_ROUTE = ', CPU route'
 # channel divisors that keep every head whole (the models' head dims are 32) and every width a whole number
 WIDTH_DIVISORS = (1, 2, 4, 8, 16)
@@ -462,6 +464,74 @@ def retinanet_rows(args: argparse.Namespace, hw: tuple[int, int], described: dic
     return _timed_rows('retinanet', hw, cases, args, DETECTORS[0])
 
 
+def _chain(node: Callable[[torch.Tensor, Any], torch.Tensor], x: torch.Tensor, nodes: int) -> Callable[[], None]:
+    """``nodes`` calls of ``node(y, route)``, each on the last one's output, forward and backward (a projection's sum),
+    the route made once for the chain (as a model's forward makes it)."""
+    from soft_mm.ops.route import route_of
+
+    weights = torch.randn(x.shape, generator=torch.Generator().manual_seed(1)).to(x.dtype)
+
+    def run() -> None:
+        route = route_of(x)
+        y = x
+        for _ in range(nodes):
+            y = node(y, route)
+        (y.float() * weights.float()).sum().backward()
+    return run
+
+
+def chain_rows(args: argparse.Namespace) -> list[dict]:
+    """The chains part: :data:`CHAIN_NODES` SOFT op calls (batch 2, 2 heads, 64 tokens, d = 8, 16 landmarks,
+    SOFT-Norm, bfloat16 products) and as many add + LayerNorm nodes (512 rows of 8 channels, bfloat16, the branch's
+    bias), each the last one's output in, forward and backward, on the GPU route with each launcher, beside the
+    PyTorch forms (the op's reference backend; ``layer_norm(x + r)``): host µs a node and a launch."""
+    import torch.nn.functional as F
+
+    from soft_mm.ops import soft_attention
+    from soft_mm.ops.functional.add_norm import add_layer_norm
+
+    gen = torch.Generator().manual_seed(0)
+    q = (0.5 * torch.randn(2, 2, 64, 8, generator=gen)).to(torch.bfloat16).requires_grad_()
+    landmarks = (0.5 * torch.randn(2, 2, 16, 8, generator=gen)).requires_grad_()
+    rows_in = torch.randn(512, 8, generator=gen).to(torch.bfloat16).requires_grad_()
+    residual = torch.randn(512, 8, generator=gen).to(torch.bfloat16)
+    weight, bias, branch_bias = (torch.randn(8, generator=gen).requires_grad_() for _ in range(3))
+
+    def soft(backend: str | None) -> Callable[[torch.Tensor, Any], torch.Tensor]:
+        return lambda x, route: soft_attention(x, landmarks, x, soft_norm=True, ridge=0.01, precision='bfloat16',
+                                               backend=backend, route=route)
+
+    chains = {
+        'SOFT op': _chain(soft(None), q, CHAIN_NODES),
+        'SOFT op (reference backend)': _chain(soft('reference'), q, CHAIN_NODES),
+        'add + LayerNorm': _chain(lambda x, route: add_layer_norm(x, residual, weight, bias, 1e-5,
+                                                                  branch_bias=branch_bias, route=route),
+                                  rows_in, CHAIN_NODES),
+        'layer_norm(x + r) (ATen)': _chain(lambda x, route: F.layer_norm(residual + x + branch_bias.to(x.dtype), (8,),
+                                                                         weight, bias, 1e-5).to(x.dtype),
+                                           rows_in, CHAIN_NODES),
+    }
+    cases: dict[str, Callable[[], object]] = {}
+    described: dict[str, tuple[str, str, int]] = {}
+    for name, run in chains.items():
+        with gpu_route(_route_of(args.launchers[0])) as launched:  # (the Triton launches of one chain, counted)
+            run()
+        launches = sum(launched.values()) // CHAIN_NODES
+        for launcher in (args.launchers if launches else args.launchers[:1]):
+            case = name if launcher == args.launchers[0] else f'{name} ({launcher})'
+            cases[case] = on_route(run, _route_of(launcher))
+            described[case] = name, launcher, launches
+    times = interleaved_medians(cases, args.rounds, args.repeats, torch.device('cpu'))
+    rows = []
+    for case, seconds in times.items():
+        name, launcher, launches = described[case]
+        node_us = 1e6 * seconds / CHAIN_NODES
+        rows.append(dict(part='chains', case=case, model=name, launcher=launcher if launches else '—',
+                         nodes=CHAIN_NODES, us_per_node=node_us, launches_per_node=launches,
+                         us_per_launch=node_us / launches if launches else None))
+    return rows
+
+
 # --- the command line
 
 def _launchers(value: str) -> str:
@@ -494,7 +564,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if 'empty' in args.launchers and len(args.launchers) > 1:
         parser.error('--launchers: \'empty\' runs alone (the interpreter\'s route; the others need it off)')
     if args.parts is None:
-        args.parts = list(PARTS) if mmdet_available() is None else ['backbones']
+        args.parts = list(PARTS) if mmdet_available() is None else ['backbones', 'chains']
     elif 'retinanet' in args.parts:
         missing = mmdet_available()
         if missing is not None:
@@ -521,6 +591,15 @@ def tables(rows: list[dict], described: dict[str, Any]) -> str:
             lines.append(f"| {r['hw'][0]}x{r['hw'][1]} | {r['model']} | {r['route'].upper()} | {launcher} | "
                          f"{r['ms']:.2f} | {r['ratio']:.2f} | {r['aten_ms']:.2f} | {r['non_aten_ms']:.2f} | "
                          f"{launches} | {r['us_per_launch']:.1f} |")
+    chain_rows_ = [r for r in rows if r['part'] == 'chains']
+    if chain_rows_:
+        title = f'## Chains of {CHAIN_NODES} nodes, forward and backward (host µs a node, and a Triton launch)'
+        lines += ['', title, '',
+                  '| node | launcher | µs a node | Triton launches a node | µs a launch |', '|---|---|---|---|---|']
+        for r in chain_rows_:
+            per_launch = '—' if r['us_per_launch'] is None else f"{r['us_per_launch']:.1f}"
+            lines.append(f"| {r['model']} | {r['launcher']} | {r['us_per_node']:.1f} | {r['launches_per_node']} | "
+                         f"{per_launch} |")
     for name, description in described.items():
         lines.append(f'\n{name}: ' + ', '.join(f'{key} {value}' for key, value in description.items()))
     return '\n'.join(lines).lstrip('\n') + '\n'
@@ -547,6 +626,8 @@ def main(argv: list[str] | None = None) -> int:
                 rows += backbone_rows(args, hw)
             if 'retinanet' in args.parts:
                 rows += retinanet_rows(args, hw, described)
+        if 'chains' in args.parts:
+            rows += chain_rows(args)
     finally:
         torch.set_num_threads(threads)
         torch.set_flush_denormal(False)

@@ -274,18 +274,20 @@ def gpu_route(tensor: torch.Tensor) -> bool:
     return tensor.device.type == 'cuda' or (tensor.device.type == 'cpu' and _ROUTE['cpu'] is not None)
 
 
+_BUILT = ', '.join(f'sm_{t}' for t in TARGETS)
+
+
 def device_reasons(limits: DeviceLimits, bfloat16: bool) -> list[str]:
     """Every reason why the package's Triton kernels do not run on the device of ``limits`` (empty if they do), whatever
     the call's sizes: an AMD GPU (ROCm), an NVIDIA capability not in :data:`~.triton_targets.TARGETS`, a triton older
     than the target is checked with (:data:`~.triton_targets.TARGET_MIN_TRITON`), bfloat16 below
     :data:`~.triton_targets.BFLOAT16_MIN_TARGET`. The SOFT op's backend adds its kernels' shared memory
     (``soft_mm/ops/soft/backends/triton/nystrom_limits.py``)."""
-    built = ', '.join(f'sm_{t}' for t in TARGETS)
     if limits.platform == 'rocm':
-        return [f'is built and checked for NVIDIA GPUs ({built}), not this {limits}: an AMD GPU, whatever capability '
+        return [f'is built and checked for NVIDIA GPUs ({_BUILT}), not this {limits}: an AMD GPU, whatever capability '
                 f'torch reports for it ({limits.capability[0]}.{limits.capability[1]})']
     if limits.target not in TARGETS:
-        return [f'is built and checked for {built}, not this {limits}']
+        return [f'is built and checked for {_BUILT}, not this {limits}']
     needed = TARGET_MIN_TRITON.get(limits.target)
     if needed is not None and TRITON_VERSION is not None and needed > TRITON_VERSION:
         found, needed = ('.'.join(map(str, v)) for v in (TRITON_VERSION, needed))

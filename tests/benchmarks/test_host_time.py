@@ -136,6 +136,18 @@ def test_empty_launches_leave_every_tensor_as_it_was(load_benchmark):
     assert seen == launched and sum(seen.values()) > 100, (seen, launched)
 
 
+def test_the_chains_part_times_each_node_with_each_launcher(tmp_path, load_benchmark):
+    tool = load_benchmark('host_time')
+    assert tool.main(['--parts', 'chains', '--rounds', '1', '--repeats', '1', '--launchers', 'empty',
+                      '--out', str(tmp_path)]) == 0
+    rows = {r['case']: r for r in json.loads((tmp_path / 'host_time.json').read_text())['rows']}
+    assert list(rows) == ['SOFT op', 'SOFT op (reference backend)', 'add + LayerNorm', 'layer_norm(x + r) (ATen)']
+    assert rows['SOFT op']['launches_per_node'] == 9 and rows['add + LayerNorm']['launches_per_node'] == 2
+    assert all(r['nodes'] == tool.CHAIN_NODES and r['us_per_node'] > 0 for r in rows.values())
+    assert rows['SOFT op']['us_per_launch'] == pytest.approx(rows['SOFT op']['us_per_node'] / 9)
+    assert '## Chains of 40 nodes' in (tmp_path / 'host_time.md').read_text()
+
+
 def test_an_empty_launch_counts_and_computes_nothing(load_benchmark):
     tool = load_benchmark('host_time')
     launched: Counter = Counter()
@@ -213,4 +225,4 @@ def test_retinanet_part_needs_mmdet(load_benchmark, capsys, monkeypatch):
     with pytest.raises(SystemExit):
         tool.parse_args(['--parts', 'retinanet'])
     assert "--parts retinanet needs mmdet and mmcv's compiled ops (ModuleNotFoundError" in capsys.readouterr().err
-    assert tool.parse_args([]).parts == ['backbones']
+    assert tool.parse_args([]).parts == ['backbones', 'chains']

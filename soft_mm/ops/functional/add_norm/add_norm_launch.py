@@ -41,13 +41,19 @@ def fuses_add_norm(branch: Tensor, residual: Tensor | None, weight: Tensor | Non
     if weight is None:
         return False
     route = decided(route, branch)
-    if not (route.gpu and route.fused(branch) and type(branch) in _PLAIN and type(weight) in _PLAIN):
+    dtypes = route.triton_dtypes
+    if not (route.gpu and branch.dtype in dtypes and type(branch) in _PLAIN and type(weight) in _PLAIN):
         return False
     return branch.shape[-1] <= MAX_ADD_NORM_WIDTH and (
-        residual is None or (branch.shape == residual.shape and route.fused(residual) and type(residual) in _PLAIN))
+        residual is None or (branch.shape == residual.shape and residual.dtype in dtypes and type(residual) in _PLAIN))
 
 
 _PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    """``t`` in ``dtype`` (itself where it is already)."""
+    return t if t.dtype == dtype else t.to(dtype)
 
 
 def _rows(t: Tensor) -> Tensor:
@@ -137,14 +143,14 @@ class _AddLayerNorm(torch.autograd.Function):
                       (x, r, bb, sc), (weight, bias), stats, partials, (rows, width, per_sample), per_program),
                      _backward_meta(tile_rows, padded, *flags, grad_total is not None))
         grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
-        grad_branch = grad_x.to(branch_dtype).view(shape)
+        grad_branch = _as(grad_x, branch_dtype).view(shape)
         grad_residual = None
         if has_residual:
-            grad_residual = grad_sum.to(residual_dtype).view(shape)
+            grad_residual = _as(grad_sum, residual_dtype).view(shape)
             if not has_scale and branch_dtype == residual_dtype:
                 grad_branch = grad_residual  # one tensor for both addends' equal gradients
-        return (grad_branch, grad_residual, grad_weight.to(weight.dtype), grad_bias.to(bias.dtype),
-                None if branch_bias_dtype is None else grad_branch_bias.to(branch_bias_dtype), None, None, None, None,
+        return (grad_branch, grad_residual, _as(grad_weight, weight.dtype), _as(grad_bias, bias.dtype),
+                None if branch_bias_dtype is None else _as(grad_branch_bias, branch_bias_dtype), None, None, None, None,
                 None, None)
 
 
