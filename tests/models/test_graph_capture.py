@@ -5,6 +5,7 @@ that makes no host synchronisation (no ``.item()``, no data-dependent shape, no 
 stochastic depth's masks drawn as tensor operations); a stage whose compile fails runs eagerly with one warning."""
 from __future__ import annotations
 
+import copy
 import random
 import warnings
 
@@ -40,28 +41,45 @@ def _stage_inputs(model: SoftPyramid, x: torch.Tensor) -> list[torch.Tensor]:
     return inputs
 
 
-def test_each_stage_traces_whole_forward_and_backward_with_the_eager_results(gpu_route):
+def _run_stage(stage, norm, x, weights, bfloat16: bool) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The stage's output for ``x`` and its parameters' gradients for the output gradient ``weights``."""
+    with torch.autocast('cpu', dtype=torch.bfloat16, enabled=bfloat16):
+        out, _ = stage(x, None, norm)
+    grads = torch.autograd.grad((out.to(weights.dtype) * weights).sum(), list(stage.parameters()))
+    return out.detach(), grads
+
+
+def test_each_stage_traces_whole_forward_and_backward_with_the_eager_results(monkeypatch):
+    from soft_mm.ops.triton_route import interpreted_triton_route
+
+    monkeypatch.setenv('TRITON_INTERPRET', '1')
     model = _pyramid(drop_path_rate=0.0)
     inputs = _stage_inputs(model, torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(1)))
     for i, (stage, x) in enumerate(zip(model.stages, inputs)):
-        final = i == len(model.stages) - 1
-        norm = model.norm if final else None
-        results = []
-        for run in (stage, torch.compile(stage, fullgraph=True, backend='aot_eager')):
-            with torch.autocast('cpu', dtype=torch.bfloat16):
-                out, _ = run(x, None, norm)
-            weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(i))
-            grads = torch.autograd.grad((out.float() * weights).sum(), list(stage.parameters()))
-            results.append((out.detach(), grads))
-        (eager, eager_grads), (graphed, graphed_grads) = results
-        # (the graph takes the reference forms of the fused kernels and autocast's own casts: bfloat16 rounding apart)
-        assert relative_error(graphed, eager) < 2e-2, f'stage {i + 1}'
-        # (not the biases of the convs before a training-mode BatchNorm: their gradient is zero in exact arithmetic,
-        # the norm taking the mean out, and rounding noise in both runs)
-        errors = {name: relative_error(a, b) for (name, _), a, b in zip(stage.named_parameters(), graphed_grads,
-                                                                        eager_grads)
-                  if not (name.startswith('downsample') and name.endswith('conv.bias'))}
-        assert max(errors.values()) < 3e-2, (f'stage {i + 1}', errors)
+        norm = model.norm if i == len(model.stages) - 1 else None
+        with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
+            shape = stage(x, None, norm)[0].shape
+        weights = torch.randn(shape, generator=torch.Generator().manual_seed(i))
+        # each bfloat16 run measured against float64: plain PyTorch's (the CPU route: the fused kernels' reference
+        # forms under autocast, which the graph takes too), the eager GPU route's (Triton kernels interpreted) and
+        # the graph's on the GPU route, which may be at most twice the larger of the first two (seen: 1.2 times, AMD
+        # EPYC; the fused kernels' LayerNorm gradients are 3-6 times more exact than plain PyTorch's)
+        reference = copy.deepcopy(stage).double()
+        exact = _run_stage(reference, copy.deepcopy(norm).double() if norm else None, x.double(), weights.double(),
+                           bfloat16=False)
+        plain = _run_stage(stage, norm, x, weights, bfloat16=True)
+        with interpreted_triton_route():
+            eager = _run_stage(stage, norm, x, weights, bfloat16=True)
+            graphed = _run_stage(torch.compile(stage, fullgraph=True, backend='aot_eager'), norm, x, weights,
+                                 bfloat16=True)
+        names = ['output'] + [name for name, _ in stage.named_parameters()]
+        for name, ref, *runs in zip(names, [exact[0], *exact[1]], *([r[0], *r[1]] for r in (plain, eager, graphed))):
+            # (not the biases of the convs before a training-mode BatchNorm: their gradient is zero in exact
+            # arithmetic, the norm taking the mean out, and rounding noise in every run)
+            if not (name.startswith('downsample') and name.endswith('conv.bias')):
+                plain_error, eager_error, graphed_error = (relative_error(r, ref) for r in runs)
+                assert graphed_error <= 2 * max(plain_error, eager_error) + 1e-3, (
+                    f'stage {i + 1}', name, plain_error, eager_error, graphed_error)
         torch._dynamo.reset()
 
 
