@@ -1,11 +1,10 @@
 """The Triton backend's kernels compiled ahead of time for GPUs this machine need not have: registers, spills and shared
 memory, and the table of shared memory the dispatcher decides with.
 
-Every kernel that :mod:`soft_mm.ops.soft.backends.triton.nystrom_launch` can launch (``nystrom_fwd_kernel_context``,
-``nystrom_fwd_kernel_o``, ``nystrom_bwd_kernel_dq_dv_dl`` in every dtype combination the precision policy hands them,
-``LAUNCH_DTYPES``; ``nystrom_middle_fwd_kernel_mid_inv`` and ``nystrom_middle_bwd_kernel_dl``, the m×m part and its
-backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the three float32 kernels
-that finish the split reductions, ``GROUP_KERNELS``) is
+Every kernel the SOFT op declares (``KERNELS`` of :mod:`soft_mm.ops.soft.backends.triton.nystrom_config`: the token
+kernels, ``TOKEN_KERNELS``, in every dtype combination the precision policy hands them, ``LAUNCH_DTYPES``; the m×m
+kernel and its backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the float32
+kernels that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
 architecture (by default every capability the backend is built for that the installed triton is checked with: sm_75
 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, and from triton 3.8 sm_100, sm_103, sm_120 and sm_121
@@ -37,8 +36,8 @@ request per target, padded size, kernel and products dtype as the module the dis
 (:mod:`soft_mm.ops.soft.backends.triton.nystrom_limits`); ``tests/ops/test_triton_cubins.py`` compiles the same and
 holds it.
 
-``--layers`` compiles the blocks' fused add + LayerNorm kernels instead
-(:mod:`soft_mm.ops.functional.add_norm.add_norm_kernels`, forward and backward, in each flag set the models launch,
+``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (``KERNELS`` of
+:mod:`soft_mm.ops.functional.add_norm.add_norm_config`, in each flag set the models launch,
 ``LAYER_VARIANTS``, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
 that :mod:`soft_mm.ops.functional.add_norm.add_norm_config` gives each width.
 """
@@ -57,9 +56,9 @@ import tempfile
 import types
 from pathlib import Path
 
-__all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'KERNELS',
-           'LAUNCH_DTYPES', 'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS',
-           'MIDDLE_VARIANTS',
+__all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'LAUNCH_DTYPES',
+           'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS',
+           'TOKEN_KERNELS',
            'format_shared_memory', 'format_table', 'layer_resource_usage', 'limit', 'resource_usage',
            'shared_memory_table', 'table_module']
 
@@ -110,7 +109,7 @@ ARCHS = _TARGETS.TARGETS
 # the targets the installed triton is checked with (triton_targets.TARGET_MIN_TRITON: Blackwell from triton 3.8), the
 # default
 CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _TARGETS.TARGET_MIN_TRITON.get(arch, (0,)))
-KERNELS = _CONFIG.KERNELS
+TOKEN_KERNELS = _CONFIG.TOKEN_KERNELS
 LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES
 # the m×m kernels' rows: (the name in the table, SOFT_NORM); their tensors are float32 whatever the inputs' dtype
 MIDDLE_VARIANTS = _CONFIG.MIDDLE_KERNELS
@@ -121,7 +120,7 @@ DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
 _TABLE_FILE = _TRITON_BACKEND / 'nystrom_shared_memory.py'
 _ADD_NORM = _load('ops.functional.add_norm.add_norm_config')
-LAYER_KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
+LAYER_KERNELS = _ADD_NORM.KERNELS
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
 LAYER_WIDTHS = (64, 128, 320, _ADD_NORM.MAX_ADD_NORM_WIDTH)
 # the tensors of the stream (the addends but the branch's bias, the output and their gradients) in the stream's dtype
@@ -205,13 +204,14 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     kernels = _load(_KERNELS)
     launches = []  # (table name, kernel, q, v, products, arch, signature, constants, warps, stages)
     for arch in archs:
-        for name in KERNELS:
+        for name in TOKEN_KERNELS:
             fn = getattr(kernels, name)
             for q, v, products in LAUNCH_DTYPES:
                 launches.append((name, fn, q, v, products, arch,
                                  *_signature(fn, q, v, products, num_landmarks, head_dim, arch), _CONFIG.NUM_WARPS,
                                  _CONFIG.kernel_stages(name, arch)))
-        middle, middle_backward = kernels.nystrom_middle_fwd_kernel_mid_inv, kernels.nystrom_middle_bwd_kernel_dl
+        middle, middle_backward = (getattr(kernels, variants[0][0]) for variants in (MIDDLE_VARIANTS,
+                                                                                      MIDDLE_BACKWARD_VARIANTS))
         for (label, soft_norm), fn in [*((variant, middle) for variant in MIDDLE_VARIANTS),
                                        *((variant, middle_backward)
                                          for variant in MIDDLE_BACKWARD_VARIANTS),
@@ -309,7 +309,7 @@ def _compiles_for(arch: int) -> bool:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    fn = _load(_KERNELS).nystrom_middle_fwd_kernel_mid_inv
+    fn = getattr(_load(_KERNELS), MIDDLE_VARIANTS[0][0])
     try:
         triton.compile(ASTSource(fn, *_middle_signature(fn, False, 16, 16)), target=GPUTarget('cuda', arch, 32))
     except Exception:  # (triton raises several kinds: no such target, ptxas failing)
@@ -417,8 +417,9 @@ def shared_memory_table(rows: list[dict]) -> dict[tuple[int, int, int], dict[str
     each kernel asks for, by products dtype (``'float32'``, ``'bfloat16'``, ``'float16'``; the largest over the dtypes
     of q) for the three token kernels, one figure for each m×m kernel (the larger of plain and SOFT-Norm)."""
     table: dict[tuple[int, int, int], dict[str, object]] = {}
-    middle_names = {name: 'nystrom_middle_fwd_kernel_mid_inv' for name, _ in MIDDLE_VARIANTS}
-    middle_names.update({name: 'nystrom_middle_bwd_kernel_dl' for name, _ in MIDDLE_BACKWARD_VARIANTS})
+    # each m×m kernel's rows under its own name (the first of its variants' names)
+    middle_names = {name: variants[0][0] for variants in (MIDDLE_VARIANTS, MIDDLE_BACKWARD_VARIANTS)
+                    for name, _ in variants}
     middle_names.update({name: name for name in GROUP_KERNELS})
     for row in rows:
         key = (int(row['arch'][3:]), _CONFIG.padded(row['num_landmarks']), _CONFIG.padded(row['head_dim']))

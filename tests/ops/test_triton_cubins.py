@@ -15,13 +15,13 @@ from triton_cubins import (
     DECLARED_HEAD_DIMS,
     DECLARED_LANDMARKS,
     GROUP_KERNELS,
-    KERNELS,
     LAUNCH_DTYPES,
     LAYER_KERNELS,
     LAYER_VARIANTS,
     LAYER_WIDTHS,
     MIDDLE_BACKWARD_VARIANTS,
     MIDDLE_VARIANTS,
+    TOKEN_KERNELS,
     format_layer_table,
     format_shared_memory,
     format_table,
@@ -54,7 +54,8 @@ SPILL_FREE_TRITON = {75: (3, 8), 80: (3, 6), 86: (3, 6), 89: (3, 6), 90: (3, 6),
 WGMMA_TARGETS, TCGEN05_TARGETS = (90,), (100, 103)
 PUBLISHED = (49, 32)  # the sizes every variant runs at: m = 49 landmarks (a 7×7 grid), head dim 32
 # 28 a size and target: 3 token kernels × 7 dtype combinations, 2 + 2 m×m ones, 3 that finish the split sums
-LAUNCHES = len(KERNELS) * len(LAUNCH_DTYPES) + len(MIDDLE_VARIANTS) + len(MIDDLE_BACKWARD_VARIANTS) + len(GROUP_KERNELS)
+LAUNCHES = (len(TOKEN_KERNELS) * len(LAUNCH_DTYPES) + len(MIDDLE_VARIANTS) + len(MIDDLE_BACKWARD_VARIANTS)
+            + len(GROUP_KERNELS))
 _PRODUCTS = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 
 
@@ -120,7 +121,7 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
         return
     published = [r for r in rows if (r['num_landmarks'], r['head_dim']) == PUBLISHED]
     archs = tuple(f'sm_{t}' for t in CHECKED_ARCHS)
-    expected = {(kernel, *dtypes, arch) for kernel in KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
+    expected = {(kernel, *dtypes, arch) for kernel in TOKEN_KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
     # the m×m kernel and its backward (float32 whatever the inputs), plain and SOFT-Norm
     group_names = [*(name for name, _ in MIDDLE_VARIANTS + MIDDLE_BACKWARD_VARIANTS), *GROUP_KERNELS]
     expected |= {(name, 'fp32', '-', 'fp32', arch) for name in group_names for arch in archs}

@@ -1,25 +1,38 @@
-"""soft_mm.ops.triton_interpreter and the kernels' signatures: no kernel takes an interpreter-only constant or more than
-16 arguments; the interpreter's switch follows TRITON_INTERPRET as triton_route.load_kernels loads the kernels, and a
+"""soft_mm.ops.triton_interpreter and the kernels' signatures: each Triton op declares its kernels (``KERNELS`` of its
+``<op>_config.py``), none takes an interpreter-only constant, and no kernel or helper function takes more than 16
+arguments; the interpreter's switch follows TRITON_INTERPRET as triton_route.load_kernels loads the kernels, and a
 run-time loop bound reaches ``range`` as a Python int under the interpreter (triton 3.6 with numpy >= 2.4)."""
 from __future__ import annotations
+
+import importlib
+from pathlib import Path
 
 import pytest
 import torch
 from helpers.op_checks import triton_kernels
 
+import soft_mm
 from soft_mm.ops import triton_route
 
 pytestmark = triton_kernels
 
-KERNEL_MODULES = ('soft_mm.ops.soft.backends.triton.nystrom_kernels',
-                  'soft_mm.ops.functional.add_norm.add_norm_kernels')
-MAX_KERNEL_ARGUMENTS = 16
+# every Triton op's kernel module (``<op>_kernels.py``, found where it lies) and its declared kernels (``KERNELS`` of
+# the ``<op>_config.py`` beside it)
+_PACKAGE = Path(soft_mm.__file__).parent
+KERNEL_MODULES = tuple(sorted('soft_mm.' + '.'.join(path.relative_to(_PACKAGE).with_suffix('').parts)
+                              for path in _PACKAGE.rglob('*_kernels.py')))
+MAX_ARGUMENTS = 16
 
 
-def kernels_of(module):
-    """The kernels of a kernel module (``<op>_<fwd|bwd>_kernel_<outputs>``), by name."""
+def declared_kernels(module: str) -> tuple[str, ...]:
+    """``KERNELS`` of the op whose kernel module is ``module``."""
+    return importlib.import_module(module.removesuffix('_kernels') + '_config').KERNELS
+
+
+def jit_functions(module):
+    """The ``@triton.jit`` functions defined in a kernel module (kernels and helpers), by name."""
     return {name: fn for name, fn in vars(module).items()
-            if '_kernel_' in name and name.split('_')[0] in ('nystrom', 'add') and hasattr(fn, 'arg_names')}
+            if hasattr(fn, 'arg_names') and getattr(fn.fn, '__module__', None) == module.__name__}
 
 
 @pytest.fixture(autouse=True)
@@ -27,21 +40,26 @@ def interpreter(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
 
 
-def test_no_kernel_takes_an_interpreter_constant_or_more_than_16_arguments():
+def test_each_op_declares_its_kernels_and_none_takes_an_interpreter_constant_or_more_than_16_arguments():
+    assert len(KERNEL_MODULES) == 2, KERNEL_MODULES  # the SOFT op's and add + LayerNorm's
     counts = {}
     for module in KERNEL_MODULES:
-        for name, fn in kernels_of(triton_route.load_kernels(module)).items():
+        functions = jit_functions(triton_route.load_kernels(module))
+        kernels = {name for name in functions if '_kernel_' in name}
+        assert kernels == set(declared_kernels(module)), (module, sorted(kernels))
+        for name, fn in functions.items():
             assert not [arg for arg in fn.arg_names if arg.startswith('INTERPRET')], (name, fn.arg_names)
             counts[name] = len(fn.arg_names)
-    assert len(counts) == 10, counts  # 8 of the SOFT op, 2 of add + LayerNorm
-    # the largest: the SOFT op's backward (27 arguments before they were grouped), then add + LayerNorm's backward (25)
-    assert max(counts.values()) <= MAX_KERNEL_ARGUMENTS, counts
+    assert max(counts.values()) <= MAX_ARGUMENTS, counts
+    # the largest: the backwards, kernels and block helpers (22 arguments each before they took their state in tuples)
     assert counts['nystrom_bwd_kernel_dq_dv_dl'] == 14 and counts['add_norm_bwd_kernel_dx'] == 15, counts
+    assert counts['bwd_block'] == 11 and counts['add_norm_bwd_block'] == 15, counts
 
 
 def test_the_interpreter_switch_follows_the_setting_the_kernels_are_loaded_under(monkeypatch):
     import soft_mm.ops.triton_interpreter as interpreter
-    other, name = KERNEL_MODULES
+    name = 'soft_mm.ops.functional.add_norm.add_norm_kernels'
+    other = 'soft_mm.ops.soft.backends.triton.nystrom_kernels'
     triton_route.load_kernels(other)
     interpreted = triton_route.load_kernels(name)
     assert interpreter.INTERPRET and interpreted.loop_bound is interpreter.loop_bound

@@ -18,15 +18,14 @@ import torch
 from helpers.repo import ROOT
 
 from soft_mm.ops import triton_launch
+from soft_mm.ops.functional.add_norm import add_norm_config
+from soft_mm.ops.soft.backends.triton import nystrom_config
 from soft_mm.ops.triton_launch import MAX_PLANS, PlannedLauncher, specialization
 from soft_mm.testing.stub_driver import stub_triton_driver
 
 SCRIPT = ROOT / 'tests' / 'helpers' / 'launch_parity.py'
-# the kernels of a training step: the SOFT op's nine and add + LayerNorm's two
-STEP_KERNELS = {'nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_mc', 'nystrom_fwd_kernel_o',
-                'nystrom_middle_fwd_kernel_mid_inv', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dq_dv_dl',
-                'nystrom_bwd_kernel_dl_sum', 'nystrom_middle_bwd_kernel_dl', 'add_norm_fwd_kernel_y',
-                'add_norm_bwd_kernel_dx'}
+# the kernels of a training step: every kernel the SOFT op and add + LayerNorm declare
+STEP_KERNELS = {*nystrom_config.KERNELS, *add_norm_config.KERNELS}
 
 
 def _parity(*args: str) -> dict:

@@ -15,9 +15,9 @@ import soft_mm.ops.soft.backends.triton.backend as triton_backend
 from soft_mm.ops import triton_route
 from soft_mm.ops.precision.soft_policy import precision_policy
 from soft_mm.ops.soft.backends.triton.nystrom_config import (
-    KERNELS,
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
+    TOKEN_KERNELS,
     kernel_block,
     kernel_stages,
 )
@@ -73,7 +73,7 @@ def test_the_table_covers_every_target_and_declared_corner():
     assert {(m, d) for _, m, d in SHARED_MEMORY} == {(m, d) for m in (16, 64) for d in (16, 32, 64)}
     for entry in SHARED_MEMORY.values():
         assert set(entry) == set(launched_kernels(needs_grad=True))
-        for kernel in KERNELS:  # the token kernels by products dtype, the m×m ones one figure each
+        for kernel in TOKEN_KERNELS:  # the token kernels by products dtype, the m×m ones one figure each
             assert set(entry[kernel]) == {'float32', 'bfloat16', 'float16'}
 
 

@@ -4,9 +4,11 @@ launches them.
 """
 from __future__ import annotations
 
-__all__ = ['BACKWARD_PROGRAMS', 'LAUNCH_VARIANTS', 'MAX_ADD_NORM_WIDTH', 'TILE_ELEMENTS', 'add_norm_rows',
+__all__ = ['BACKWARD_PROGRAMS', 'KERNELS', 'LAUNCH_VARIANTS', 'MAX_ADD_NORM_WIDTH', 'TILE_ELEMENTS', 'add_norm_rows',
            'padded_width']
 
+# every kernel of the op (the kernels of add_norm_kernels), by name
+KERNELS = ('add_norm_fwd_kernel_y', 'add_norm_bwd_kernel_dx')
 MAX_ADD_NORM_WIDTH = 1024  # the widest row the kernels take (SOFT's post-norm blocks: 64-352 channels)
 # elements of the (rows, padded width) tile a program holds at a time: at 2,048 the backward spills registers at 512
 # channels and more on every target; at 1,024 no kernel spills at any width up to 1,024 on any target

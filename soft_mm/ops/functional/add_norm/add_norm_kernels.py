@@ -99,11 +99,17 @@ def add_norm_fwd_kernel_y(addends, norm, y_ptr, sum_ptr, stats_ptr, sizes, eps, 
 
 
 @triton.jit
-def add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, addends, stats_ptr, ds_ptr, dx_ptr, block, R, C, T,
-                       ROWS: tl.constexpr, CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr,
+def add_norm_bwd_block(sums, wb, grads_in, grads_out, addends, stats_ptr, block, sizes, ROWS: tl.constexpr,
+                       CP: tl.constexpr, HAS_RESIDUAL: tl.constexpr, HAS_BRANCH_BIAS: tl.constexpr,
                        HAS_SCALE: tl.constexpr, GELU: tl.constexpr, HAS_DSUM: tl.constexpr):
     """Rows ``block * ROWS ..`` of :func:`add_norm_bwd_kernel_dx`: stores their ``ds`` (and ``dx``), returns
-    ``(dw, db, dbb)`` with their share added."""
+    ``sums = (dw, db, dbb)`` with their share added; ``wb = (w, b)``, the norm's float32 ``(CP,)`` tiles; the other
+    arguments as the kernel takes them."""
+    dw, db, dbb = sums
+    w, b = wb
+    dy_ptr, dsum_ptr = grads_in
+    ds_ptr, dx_ptr = grads_out
+    R, C, T = sizes
     rows = block * ROWS + tl.arange(0, ROWS)
     row_ok = rows < R
     cols = tl.arange(0, CP)
@@ -145,9 +151,7 @@ def add_norm_bwd_kernel_dx(grads_in, grads_out, addends, norm, stats_ptr, part_p
     ``ds_ptr`` (the gradient of ``s``, its own dtype), and ``sc * ds`` to ``dx_ptr`` where ``HAS_SCALE``. The
     program's float32 sums over its rows of ``dy * xh``, ``dy`` and the branch's gradient go to ``part_ptr[p, 0]``,
     ``[p, 1]`` and ``[p, 2]`` (``(programs, 3, CP)``)."""
-    R, C, T = sizes
-    dy_ptr, dsum_ptr = grads_in
-    ds_ptr, dx_ptr = grads_out
+    C = sizes[1]
     w_ptr, b_ptr = norm
     p = tl.program_id(0)
     cols = tl.arange(0, CP)
@@ -158,8 +162,8 @@ def add_norm_bwd_kernel_dx(grads_in, grads_out, addends, norm, stats_ptr, part_p
     dbb = tl.zeros((CP,), dtype=tl.float32)
     block = p * blocks_per_program
     for _ in range(0, loop_bound(blocks_per_program)):
-        dw, db, dbb = add_norm_bwd_block(dw, db, dbb, w, b, dy_ptr, dsum_ptr, addends, stats_ptr, ds_ptr, dx_ptr, block,
-                                         R, C, T, ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE, GELU, HAS_DSUM)
+        dw, db, dbb = add_norm_bwd_block((dw, db, dbb), (w, b), grads_in, grads_out, addends, stats_ptr, block, sizes,
+                                         ROWS, CP, HAS_RESIDUAL, HAS_BRANCH_BIAS, HAS_SCALE, GELU, HAS_DSUM)
         block += 1
     tl.store(part_ptr + (p * 3) * CP + cols, dw)
     tl.store(part_ptr + (p * 3 + 1) * CP + cols, db)

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 __all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'DEFAULT_STAGES', 'GROUP_KERNELS', 'KERNELS', 'KERNEL_BLOCKS',
            'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS', 'MIDDLE_KERNELS', 'NUM_WARPS',
-           'PRODUCTS_CODES', 'SPLIT_PROGRAMS', 'TARGET_BLOCKS', 'TARGET_STAGES', 'kernel_block', 'kernel_stages',
-           'middle_warps', 'padded', 'split_count']
+           'PRODUCTS_CODES', 'SPLIT_PROGRAMS', 'TARGET_BLOCKS', 'TARGET_STAGES', 'TOKEN_KERNELS', 'kernel_block',
+           'kernel_stages', 'middle_warps', 'padded', 'split_count']
 
 BLOCK_N = 64  # tokens per block of the forward kernels (context, o)
 BLOCK_N_BACKWARD = 16  # tokens per block of the backward kernel
@@ -36,7 +36,8 @@ MAX_HEAD_DIM = 64
 # streaming multiprocessor of a large GPU (132 on an H100/H200), so the partial sums are a few per group, not one per
 # block
 SPLIT_PROGRAMS = 512
-KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
+# the token kernels: a block of tokens a program, launched in every dtype combination of LAUNCH_DTYPES
+TOKEN_KERNELS = ('nystrom_fwd_kernel_context', 'nystrom_fwd_kernel_o', 'nystrom_bwd_kernel_dq_dv_dl')
 # the m×m kernel and its backward, each in the cubin tables under two names: plain and SOFT-Norm (their SOFT_NORM
 # constant)
 MIDDLE_KERNELS = (('nystrom_middle_fwd_kernel_mid_inv', False), ('nystrom_middle_fwd_kernel_mid_inv_norm', True))
@@ -44,6 +45,8 @@ MIDDLE_BACKWARD_KERNELS = (('nystrom_middle_bwd_kernel_dl', False), ('nystrom_mi
 # the kernels that finish a split reduction, one program per (sample, head) group, float32: the forward's context and
 # middle_context, the backward's m×m and m×d gradients, the landmarks' gradient
 GROUP_KERNELS = ('nystrom_fwd_kernel_mc', 'nystrom_bwd_kernel_dmid_dctx', 'nystrom_bwd_kernel_dl_sum')
+# every kernel of the op (the kernels of nystrom_kernels), by name
+KERNELS = (*TOKEN_KERNELS, MIDDLE_KERNELS[0][0], MIDDLE_BACKWARD_KERNELS[0][0], *GROUP_KERNELS)
 KERNEL_BLOCKS = {'nystrom_fwd_kernel_context': BLOCK_N, 'nystrom_fwd_kernel_o': BLOCK_N,
                  'nystrom_bwd_kernel_dq_dv_dl': BLOCK_N_BACKWARD}
 # the targets whose blocks differ from KERNEL_BLOCKS: at 64 tokens a block, sm_75's forward kernels spill 152-264 B
@@ -94,12 +97,12 @@ def split_count(num_tokens: int, block: int, groups: int) -> int:
 
 
 def kernel_block(kernel: str, target: int | None) -> int:
-    """Tokens per block of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (a capability of
+    """Tokens per block of ``kernel`` (a name of :data:`TOKEN_KERNELS`) on ``target`` (a capability of
     :data:`soft_mm.ops.triton_targets.TARGETS`; None: the interpreter, which takes the default blocks)."""
     return TARGET_BLOCKS.get(target, {}).get(kernel, KERNEL_BLOCKS[kernel])
 
 
 def kernel_stages(kernel: str, target: int | None) -> int:
-    """Pipeline stages (triton's ``num_stages``) of ``kernel`` (a name of :data:`KERNELS`) on ``target`` (None: the
-    interpreter, which ignores them)."""
+    """Pipeline stages (triton's ``num_stages``) of ``kernel`` (a name of :data:`TOKEN_KERNELS`) on ``target`` (None:
+    the interpreter, which ignores them)."""
     return TARGET_STAGES.get(target, {}).get(kernel, DEFAULT_STAGES)

@@ -234,12 +234,18 @@ def nystrom_fwd_kernel_o(q, o, l_ptr, mc_ptr, sizes, BLOCK: tl.constexpr, MP: tl
 
 
 @triton.jit
-def bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q, v, do, dq, dv, l_ptr, mc_ptr, dctx_ptr, blk, N, M, D, DV,
-              BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr, DVP: tl.constexpr, PRODUCTS: tl.constexpr):
+def bwd_block(sums, scales, tokens, group_ptrs, blk, sizes, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
+              DVP: tl.constexpr, PRODUCTS: tl.constexpr):
     """Block ``blk`` of the group: stores its grad q and grad v, returns the landmark gradient's partial sums
-    ``(dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s loop.
-    Every tensor is at the group; ``dctx_scale`` and ``mc_scale``: float16's power-of-two scales of the grad-context
-    and middle-context tiles (the same for every block)."""
+    ``sums = (dl_sum, dl_colsum)`` with the block's share added: the body of :func:`nystrom_bwd_kernel_dq_dv_dl`'s
+    loop. ``tokens = (q, v, do, dq, dv)`` and ``group_ptrs = (l_ptr, mc_ptr, dctx_ptr)``, each at the group;
+    ``scales = (dctx_scale, mc_scale)``: float16's power-of-two scales of the grad-context and middle-context tiles
+    (the same for every block); ``sizes = (H, N, M, D, DV)``."""
+    dl_sum, dl_colsum = sums
+    dctx_scale, mc_scale = scales
+    q, v, do, dq, dv = tokens
+    l_ptr, mc_ptr, dctx_ptr = group_ptrs
+    _, N, M, D, DV = sizes
     q_tile, lm, k, rows, row_ok = kernel_block(q, l_ptr, blk, N, M, D, BLOCK, MP, DP)
     # the order keeps few tiles alive at once (0 spills): the m×d tiles loaded where they are used, grad v first,
     # then grad K1 one product at a time
@@ -300,8 +306,8 @@ def nystrom_bwd_kernel_dq_dv_dl(q, v, do, dq, dv, l_ptr, factors, partials, size
     blk = split
     trips = tl.cdiv(tl.cdiv(N, BLOCK) - split, splits)
     for _ in range(0, loop_bound(trips)):
-        dl_sum, dl_colsum = bwd_block(dl_sum, dl_colsum, dctx_scale, mc_scale, q, v, do, dq, dv, l_ptr, mc_ptr,
-                                      dctx_ptr, blk, N, M, D, DV, BLOCK, MP, DP, DVP, PRODUCTS)
+        dl_sum, dl_colsum = bwd_block((dl_sum, dl_colsum), (dctx_scale, mc_scale), (q, v, do, dq, dv),
+                                      (l_ptr, mc_ptr, dctx_ptr), blk, sizes, BLOCK, MP, DP, DVP, PRODUCTS)
         blk += splits
     marks = tl.arange(0, MP)
     slot = g * splits + split  # one partial sum per program

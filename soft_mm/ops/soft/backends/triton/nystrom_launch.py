@@ -54,11 +54,11 @@ from ...dispatch import announce_fallback
 from ...newton import alpha_floor
 from ...products_op import products_op
 from .nystrom_config import (
-    KERNELS,
     MAX_HEAD_DIM,
     MAX_LANDMARKS,
     NUM_WARPS,
     PRODUCTS_CODES,
+    TOKEN_KERNELS,
     kernel_block,
     kernel_stages,
     middle_warps,
@@ -70,7 +70,7 @@ from .nystrom_reference import middle_backward_reference, products_backward_refe
 
 __all__ = ['TRITON_NAME', 'triton_nystrom_middle', 'triton_nystrom_products', 'triton_soft_attention']
 
-_CONTEXT, _OUTPUT, _BACKWARD = KERNELS
+_CONTEXT, _OUTPUT, _BACKWARD = TOKEN_KERNELS
 TRITON_NAME = 'triton'  # the backend's name (soft_attention(..., backend='triton')), which its fallbacks give
 _PRODUCTS_NAMES = {code: name for name, code in PRODUCTS_CODES.items()}
 

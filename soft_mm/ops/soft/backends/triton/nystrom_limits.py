@@ -34,15 +34,23 @@ import torch
 
 from ....triton_route import DeviceLimits, device_reasons
 from ...dispatch import forget_decisions
-from .nystrom_config import GROUP_KERNELS, KERNELS, MAX_HEAD_DIM, MAX_LANDMARKS, padded
+from .nystrom_config import (
+    GROUP_KERNELS,
+    MAX_HEAD_DIM,
+    MAX_LANDMARKS,
+    MIDDLE_BACKWARD_KERNELS,
+    MIDDLE_KERNELS,
+    TOKEN_KERNELS,
+    padded,
+)
 from .nystrom_shared_memory import SHARED_MEMORY
 
 __all__ = ['dtype_name', 'failed_launch', 'launch_failures', 'launch_reasons', 'launched_kernels', 'out_of_resources',
            'record_launch_failure', 'shared_memory_needed']
 
-_CONTEXT, _OUTPUT, _BACKWARD = KERNELS
+_CONTEXT, _OUTPUT, _BACKWARD = TOKEN_KERNELS
 _MC, _DMID, _DL_SUM = GROUP_KERNELS
-_MIDDLE, _MIDDLE_BACKWARD = 'nystrom_middle_fwd_kernel_mid_inv', 'nystrom_middle_bwd_kernel_dl'
+_MIDDLE, _MIDDLE_BACKWARD = MIDDLE_KERNELS[0][0], MIDDLE_BACKWARD_KERNELS[0][0]
 _TABLE_LANDMARKS = sorted({m for _, m, _ in SHARED_MEMORY})
 _TABLE_HEAD_DIMS = sorted({d for _, _, d in SHARED_MEMORY})
 # (device type, device index, padded m, padded d, products, backward) -> the reason, for each launch that failed
