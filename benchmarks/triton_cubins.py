@@ -6,9 +6,8 @@ kernels, ``TOKEN_KERNELS``, in every dtype combination the precision policy hand
 kernel and its backward, float32, plain and SOFT-Norm: ``MIDDLE_VARIANTS``, ``MIDDLE_BACKWARD_VARIANTS``; the float32
 kernels that finish the split reductions, ``GROUP_KERNELS``) is
 compiled by ``triton.compile(ASTSource(...), target=GPUTarget('cuda', arch, 32))`` to a cubin for each target
-architecture (by default every capability the backend is built for that the installed triton is checked with: sm_75
-Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, and from triton 3.8 sm_100, sm_103, sm_120 and sm_121
-Blackwell, ``triton_targets.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of
+architecture (by default every target of ``triton_targets.TARGETS`` that the installed triton is checked with,
+``triton_targets.TARGET_MIN_TRITON``), each with its own launch configuration (the blocks of
 ``nystrom_config.kernel_block``, the pipeline stages of ``nystrom_config.kernel_stages``) — the real GPU code, with the
 real bfloat16 branches, not the interpreter's emulation — and ``cuobjdump --dump-resource-usage`` (shipped in triton's
 wheel, as ``ptxas`` is) reads each cubin's registers per thread and the bytes of stack frame (where ptxas puts spilled
@@ -27,9 +26,8 @@ published sizes on sm_80, sm_86 and sm_90).
     python benchmarks/triton_cubins.py --layers [--width 64 128 320 1024]   # the blocks' add + LayerNorm kernels
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
-(``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block (a T4's 65,536 B,
-an RTX 3090's, 4090's or 5090's 101,376, an A100's 166,912, an H100's or B200's 232,448); cuobjdump reports only the
-static part.
+(``metadata.shared``): what a launch asks for, which must fit the device's opt-in limit per block
+(``triton_targets.SHARED_MEMORY_PER_BLOCK``); cuobjdump reports only the static part.
 Several sizes give every (m, d) corner and a second table of the largest request per corner. ``--write-table``
 compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
@@ -106,8 +104,7 @@ _TARGETS = _load('ops.triton_targets')
 _CONFIG = _load('ops.soft.backends.triton.nystrom_config')
 _KERNELS = 'ops.soft.backends.triton.nystrom_kernels'
 ARCHS = _TARGETS.TARGETS
-# the targets the installed triton is checked with (triton_targets.TARGET_MIN_TRITON: Blackwell from triton 3.8), the
-# default
+# the targets the installed triton is checked with (triton_targets.TARGET_MIN_TRITON), the default
 CHECKED_ARCHS = tuple(arch for arch in ARCHS if _installed_triton() >= _TARGETS.TARGET_MIN_TRITON.get(arch, (0,)))
 TOKEN_KERNELS = _CONFIG.TOKEN_KERNELS
 LAUNCH_DTYPES = _CONFIG.LAUNCH_DTYPES

@@ -7,8 +7,8 @@ A target is a compute capability as ``10 * major + minor`` (sm_89 is 89).
 """
 from __future__ import annotations
 
-__all__ = ['BFLOAT16_MIN_TARGET', 'MIN_TRITON', 'SHARED_MEMORY_PER_BLOCK', 'TARGETS', 'TARGET_GPUS',
-           'TARGET_MIN_TRITON']
+__all__ = ['BFLOAT16_MIN_TARGET', 'BLACKWELL_TARGETS', 'MIN_TRITON', 'SHARED_MEMORY_PER_BLOCK', 'TARGETS',
+           'TARGET_GPUS', 'TARGET_MIN_TRITON']
 
 # The oldest triton the kernels are proven with (tools/misc/torch_matrix.sh: triton 3.4 of torch 2.8 passes; triton
 # 3.0 of torch 2.4 gives NaN in its interpreter; torch 2.1 ships triton 2.1, which lacks tl.dot's input_precision).
@@ -17,13 +17,14 @@ MIN_TRITON = (3, 4)
 # tests/ops/test_triton_cubins.py: 0 spills at the published sizes): sm_75 Turing, sm_80 / sm_86 Ampere, sm_89 Ada,
 # sm_90 Hopper, sm_100 / sm_103 data-centre Blackwell, sm_120 / sm_121 GeForce and workstation Blackwell. A device of
 # another capability (a V100, a Jetson Orin's sm_87), and any AMD GPU under ROCm, runs the PyTorch forms.
-TARGETS = (75, 80, 86, 89, 90, 100, 103, 120, 121)
+BLACKWELL_TARGETS = (100, 103, 120, 121)
+TARGETS = (75, 80, 86, 89, 90, *BLACKWELL_TARGETS)
 # bfloat16 arithmetic from sm_80 (Turing has none)
 BFLOAT16_MIN_TARGET = 80
 # The oldest triton each target is checked with, where it is newer than MIN_TRITON: the Blackwell targets were compiled
 # and checked at 0 spills with triton 3.8 (ptxas 12.9, the first that knows sm_103 and sm_121); with an older triton
 # such a device runs the PyTorch forms.
-TARGET_MIN_TRITON = {100: (3, 8), 103: (3, 8), 120: (3, 8), 121: (3, 8)}
+TARGET_MIN_TRITON = {target: (3, 8) for target in BLACKWELL_TARGETS}
 # the opt-in shared memory per block of each target (CUDA programming guide, compute capabilities table), bytes: what
 # the ahead-of-time tables compare against; a device's own limit is read from the device itself at run time
 SHARED_MEMORY_PER_BLOCK = {75: 65_536, 80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448,

@@ -16,11 +16,9 @@ from typing import Any
 
 import torch
 
-__all__ = ['RecordingLauncher', 'StubDriver', 'stub_triton_driver']
+from ..ops.triton_targets import SHARED_MEMORY_PER_BLOCK
 
-_SHARED_MEMORY = {75: 65_536, 80: 166_912, 86: 101_376, 89: 101_376, 90: 232_448, 100: 232_448, 103: 232_448,
-                  120: 101_376, 121: 101_376}
-# (what a stand-in device reports; the package's own figures are soft_mm.ops.triton_targets.SHARED_MEMORY_PER_BLOCK)
+__all__ = ['RecordingLauncher', 'StubDriver', 'stub_triton_driver']
 
 
 class RecordingLauncher:
@@ -41,7 +39,7 @@ class RecordingLauncher:
 
 class _Utils:
     def __init__(self, target: int) -> None:
-        self.shared = _SHARED_MEMORY.get(target, 101_376)
+        self.shared = SHARED_MEMORY_PER_BLOCK.get(target, 101_376)
 
     def load_binary(self, name: str, kernel: bytes, shared: int, device: int) -> tuple[int, int, int, int, int]:
         return 1, 1, 0, 0, 1024  # (module, function, registers, spills, threads a block)

@@ -1,7 +1,7 @@
 """triton_cubins: every Triton kernel the backend launches (the m×m one included), in every dtype
 combination the precision policy hands it, compiled on this CPU machine to real cubins for every target the backend is
-built for (sm_75 Turing, sm_80 and sm_86 Ampere, sm_89 Ada, sm_90 Hopper, sm_100 / sm_103 / sm_120 / sm_121 Blackwell
-from triton 3.8), each with its own blocks and pipeline stages — the GPU code with the real bfloat16 branches, not the
+built for (``triton_targets.TARGETS``, each from the triton of ``TARGET_MIN_TRITON``), each with its own blocks and
+pipeline stages — the GPU code with the real bfloat16 branches, not the
 interpreter's emulation — with 0 spilled registers at the published sizes from triton 3.6 (sm_75 and Blackwell: 3.8;
 older code generation spills 8-88 B in the backward: correct, slower) wherever the kernels are taken, and at every size
 the backend declares the shared memory each kernel asks for, which the dispatcher's table holds and decides with."""

@@ -1,19 +1,20 @@
 """The launch configuration of the SOFT op's Triton kernels (:mod:`.nystrom_kernels`): tile sizes, warps, pipeline
 stages per target, the kernels' names and the dtypes they are launched with, in one place for the launches
 (:mod:`.nystrom_launch`), the dispatcher's device check (:mod:`.nystrom_limits`) and their ahead-of-time compilation
-(``benchmarks/triton_cubins.py``, which runs without torch and loads this file by its path). Plain Python: nothing
-imported. The targets themselves and their limits are :mod:`soft_mm.ops.triton_targets`'.
+(``benchmarks/triton_cubins.py``, which runs without torch and loads this file by its path). Plain Python: it imports
+only the targets, :mod:`soft_mm.ops.triton_targets` (plain Python too), the one home of the targets and their limits.
 
 The tile sizes, warps and pipeline stages hold every kernel at 0 spilled registers at the published sizes (m = 49,
 d = 32) on every target, in every dtype the target runs (``python benchmarks/triton_cubins.py`` prints the table;
 ``tests/ops/test_triton_cubins.py`` holds it). The backward holds the most at once (the kernel block, its gradient, q,
 v, grad_out and four m×d tiles), hence its smaller blocks; they cost no memory traffic, since its partial sums are one
-per program, not one per block. Turing (sm_75), the GeForce-class Ampere and Ada parts (sm_86, sm_89) and the Blackwell
-parts (sm_100, sm_103, sm_120, sm_121), with fewer registers' worth of work per thread at the same code, take smaller
-forward blocks (:data:`TARGET_BLOCKS`); on Blackwell the backward also runs its loop unpipelined
-(:data:`TARGET_STAGES`: its 16-token block is already ``tl.dot``'s smallest).
+per program, not one per block. The targets with fewer registers' worth of work per thread at the same code take smaller
+forward blocks (:data:`TARGET_BLOCKS`); on Blackwell the backward also runs its loop unpipelined (:data:`TARGET_STAGES`:
+its 16-token block is already ``tl.dot``'s smallest).
 """
 from __future__ import annotations
+
+from ....triton_targets import BLACKWELL_TARGETS
 
 __all__ = ['BLOCK_N', 'BLOCK_N_BACKWARD', 'DEFAULT_STAGES', 'GROUP_KERNELS', 'KERNELS', 'KERNEL_BLOCKS',
            'LAUNCH_DTYPES', 'MAX_HEAD_DIM', 'MAX_LANDMARKS', 'MIDDLE_BACKWARD_KERNELS', 'MIDDLE_KERNELS', 'NUM_WARPS',
@@ -66,7 +67,7 @@ TARGET_BLOCKS = {75: {'nystrom_fwd_kernel_context': 32, 'nystrom_fwd_kernel_o': 
 # flight (sm_100: 24-32 B at 2 or 3 stages, bfloat16 or float16 q; sm_120: 8-16 B, bfloat16 q) and none without
 DEFAULT_STAGES = 3
 _UNPIPELINED_BACKWARD = {'nystrom_bwd_kernel_dq_dv_dl': 1}
-TARGET_STAGES = {target: _UNPIPELINED_BACKWARD for target in (100, 103, 120, 121)}
+TARGET_STAGES = {target: _UNPIPELINED_BACKWARD for target in BLACKWELL_TARGETS}
 # (q, v, products) of every launch the precision policy can make, by triton's dtype names: float32 everything;
 # bfloat16 or float16 products with q in float32 (under autocast), bfloat16 or float16 (the inputs' dtype, whichever
 # products are forced) and v cast to the products' dtype

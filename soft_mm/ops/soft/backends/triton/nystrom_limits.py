@@ -5,13 +5,11 @@ that failed.
 A call goes to the kernels only where
 
 * the device is an NVIDIA GPU whose capability is one the kernels are compiled and checked for
-  (:data:`soft_mm.ops.triton_targets.TARGETS`: sm_75, sm_80, sm_86, sm_89, sm_90, sm_100, sm_103, sm_120, sm_121),
-  each with its own launch configuration (:func:`~.nystrom_config.kernel_block`,
-  :func:`~.nystrom_config.kernel_stages`), under a triton it is checked with (Blackwell: >= 3.8); an AMD GPU under ROCm,
-  whose capability torch reports as if it were one (an MI250X's 9.0), is declined as what it is
-  (:func:`soft_mm.ops.triton_route.device_reasons`);
-* its dtypes run there: no bfloat16 below :data:`~soft_mm.ops.triton_targets.BFLOAT16_MIN_TARGET` (Turing has no
-  bfloat16 arithmetic);
+  (:data:`soft_mm.ops.triton_targets.TARGETS`), each with its own launch configuration
+  (:func:`~.nystrom_config.kernel_block`, :func:`~.nystrom_config.kernel_stages`), under a triton it is checked with
+  (:data:`~soft_mm.ops.triton_targets.TARGET_MIN_TRITON`); an AMD GPU under ROCm, whose capability torch reports as
+  if it were one (an MI250X's 9.0), is declined as what it is (:func:`soft_mm.ops.triton_route.device_reasons`);
+* its dtypes run there: no bfloat16 below :data:`~soft_mm.ops.triton_targets.BFLOAT16_MIN_TARGET`;
 * every kernel the call launches (the forward's context, output and m×m kernels and the one that sums the context;
   with a backward the backward's) fits the device's shared memory per block, as the table of
   :mod:`.nystrom_shared_memory` gives it (each kernel's dynamic shared memory from its compiled metadata, per target,
