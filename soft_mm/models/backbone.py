@@ -72,48 +72,32 @@ def conv_norm_layer(norm_cfg: Mapping[str, Any]) -> NormLayer:
 class SOFT(SoftPyramid, BaseModule):
     """SOFT pyramid backbone: ``(B, C_in, H, W) ->`` tuple of NCHW maps at strides 4/8/16/32 for ``out_indices``.
 
-    Stages 1-3 use SOFT attention (linear in the number of tokens, so 1333x800 detection and 2048x512 segmentation
-    inputs are cheap), stage 4 softmax attention. No cls token.
+    SOFT attention (linear in the tokens) in stages 1-3, softmax attention in stage 4, no cls token. Built with its
+    default initialisation; ``init_cfg`` goes through :meth:`init_weights`, which mmengine's runner calls before
+    training. Every argument with its default: docs/user_guides/detection_segmentation.md.
 
     Args:
         arch: ``'tiny'``, ``'small'``, ``'medium'``, ``'large'``, ``'huge'`` or a dict (see ``resolve_arch``).
         soft_norm: SOFT-Norm attention (the published detection/segmentation backbones).
         in_channels: input image channels.
-        out_indices: stages whose maps are returned (0-3; channels ``arch['embed_dims']``, strides 4, 8, 16, 32).
-        frozen_stages: -1 freezes nothing; 0 freezes the conv stem and the stage-1 position embedding; k >= 1
-            freezes stages 1..k entirely (k = 4 also freezes the final norm). Frozen parts stay in eval mode.
-        norm_eval: keep every BatchNorm in eval mode during training (frozen running statistics).
-        with_cp: gradient checkpointing of every block (same outputs and gradients, less memory).
+        out_indices: stages whose maps are returned (0-3; channels ``arch['embed_dims']``).
+        frozen_stages: -1 freezes nothing; 0 the conv stem and the stage-1 position embedding; k >= 1 also stages
+            1..k (4: and the final norm). Frozen parts stay in eval mode.
+        norm_eval: keep every BatchNorm in eval mode during training.
+        with_cp: gradient checkpointing of every block.
         drop_path_rate: stochastic depth, rising linearly from 0 to this value over all blocks.
-        soft_block_norm: ``'post'`` (the authors') or ``'pre'`` norm blocks in the SOFT stages (see ``SoftPyramid``).
-        qk_init_std: initial std of the SOFT layers' q/k projection (the authors' 0.02; from-scratch training only).
-        norm_cfg: the norm of the conv stem and of the downsampling convs, mmcv's config as mmdet's backbones take it
-            (``type``, ``requires_grad`` and the layer's keywords; default ``dict(type='BN', requires_grad=True)``);
-            ``dict(type='SyncBN', requires_grad=True)`` for distributed training (mmengine's runner reverts SyncBN to
-            BatchNorm when not distributed). The state-dict keys stay ``...downsample(.k).bn.*``; the blocks' norms
-            are LayerNorms, fixed by the arch.
-        compile_stages: None (eager), True or a dict of ``torch.compile`` keywords: each stage compiled as its own
-            graph on its first forward, forward and backward (``True``: ``dict(dynamic=True)``, one graph for every
-            image size mmdet's batches come in; ``dict(mode='reduce-overhead')`` adds CUDA graphs, one per size).
-            The neck, heads and losses stay eager (see :mod:`soft_mm.models.compiled`).
-        **attention: the SOFT attention settings, keywords of :class:`~soft_mm.models.settings.AttentionSettings`
-            (``landmark_mode``, ``landmark_grid``, ``newton_iters``, ``newton_ridge``, ``newton_backward``); the
-            defaults are the authors'.
-        init_cfg: e.g. ``dict(type='Pretrained', checkpoint='checkpoints/soft_norm_small_in1k.pth')``; the
-            checkpoint of a classifier (its ``cls_token``, ``cls_pos_embed`` and ``head`` are not the backbone's and
-            are left alone) or a detector (add ``prefix='backbone.'``), or the authors' release file as it is (its
-            ``state_dict``, renamed on load for this arch by ``SoftPyramid._load_from_state_dict``). Applied by
-            :meth:`init_weights`, over the default initialisation. Its backbone tensors must be this backbone's,
-            every one with its shape: the checkpoint of another variant is refused in one sentence
-            (:mod:`soft_mm.models.checkpoint_fit`).
-        partial_pretrained: load a ``Pretrained`` checkpoint whose backbone tensors are not all this backbone's on
-            purpose (another ``in_channels``, other landmark strides, ``landmark_mode='avg'``, fine-tuning from
-            another variant): the tensors whose name and shape match are loaded, the rest keep the default
-            initialisation, and a warning counts both.
-
-    The default initialisation runs when the model is built (as the timm classifier's; so a seed draws the same
-    weights as every earlier release, and the demos' learning curves hold); ``init_cfg`` goes through
-    :meth:`init_weights`, which mmengine's runner calls before training, as for mmdet's backbones.
+        soft_block_norm: ``'post'`` (the authors') or ``'pre'`` norm blocks in the SOFT stages.
+        qk_init_std: initial std of the SOFT layers' q/k projection (the authors' 0.02).
+        compile_stages: None (eager), True (``dict(dynamic=True)``) or a dict of ``torch.compile`` keywords: each
+            stage compiled as its own graph (:mod:`soft_mm.models.compiled`).
+        norm_cfg: mmcv's config of the conv stem's and the downsampling convs' norm (``dict(type='SyncBN',
+            requires_grad=True)`` for distributed training).
+        init_cfg: e.g. ``dict(type='Pretrained', checkpoint=..., prefix='backbone.')``; its backbone tensors must be
+            this backbone's (:mod:`soft_mm.models.checkpoint_fit`).
+        partial_pretrained: load only the tensors of a ``Pretrained`` checkpoint whose name and shape match; the rest
+            keep the default initialisation, and a warning counts both.
+        **attention: the SOFT attention settings (:class:`~soft_mm.models.settings.AttentionSettings`; the defaults
+            are the authors').
     """
 
     def __init__(self, arch: str | dict[str, Any] = 'tiny', soft_norm: bool = False, in_channels: int = 3,

@@ -1,39 +1,15 @@
 """A stage's GEMM weights cast once per forward under autocast on the GPU route, instead of once per layer call.
 
-Autocast casts a float32 weight to the autocast dtype at every linear and conv call it meets, and the backward casts its
-gradient back: two launches per weight and step, about 370 for SOFT-Norm-Small, the largest item of an eager GPU step
-whose time goes to launches. On the GPU route (:func:`~soft_mm.ops.triton_route.gpu_route`) under autocast, in eager
-runs, :func:`weights_cast_once` casts the weights and biases of a stage's linear layers, of its SOFT layers' landmark
-convs and, in training mode, of its downsampling convs in a few :func:`~soft_mm.ops.functional.flat_cast.flat_cast`
-launches, forward and backward, and hands each layer its cast tensors for the forward: the same values autocast would
-have given it, so the outputs and gradients are the same. The projections that read the same input come out as one
-matrix (a SOFT layer's query/key and value projections, ``(2C, C)``, with SOFT's ``d^-1/4`` scale folded into the query
-rows, the product rounded once as :meth:`~soft_mm.models.attention.SoftAttention.queries` does it; the softmax stage's
-query and key/value projections, ``(3C, C)``), which the layers run as one GEMM.
-
-What training needs of it, and how it is met:
-
-* **one cast per stage** (:class:`~soft_mm.models.pyramid.SoftStage` enters it), so the stage's weight gradients are
-  ready when the backward leaves the stage: DDP's buckets of the later stages go out while the earlier stages'
-  backward runs;
-* **frozen weights apart**: the weights that need no gradient (``frozen_stages``, a frozen backbone,
-  ``requires_grad_(False)`` on any subset) are cast in a cast of their own, whose outputs need no gradient, so nothing
-  of a frozen stage is kept for the backward or computed in it;
-* **gradient checkpointing of the blocks** (``with_cp``): each checkpointed block is handed its cast weights as
-  inputs, so its recomputation in the backward runs on the very tensors of the forward and their gradients flow back
-  through the stage's cast;
-* **layers replaced after the first step** (``attn.v = nn.Linear(...)``, a LoRA wrapper): the plan is remade when any
-  module of the stage is no longer where it was; only plain ``nn.Linear`` and ``nn.Conv2d`` layers are cast (another
-  module in their place is called as it is, under autocast's own casts);
-* **standing aside** where it would be wrong or is not wanted: outside eager runs (compiled and exported graphs, where
-  the compiler fuses the casts), on CPU runs (not launch-bound), where saved-tensor hooks are active around the stage
-  (an outside checkpoint wrapper that will recompute the forward, or activation offloading), where a weight is not a
-  plain tensor or parameter (FSDP2's ``DTensor``, which casts its own), and where a layer's weight is not a parameter
-  it holds (FSDP1, which swaps its parameters for views of its flat parameter during the forward).
-
-Left to autocast: the downsampling convs whose BatchNorm folds into their weight (in eval mode) and the value convs
-(autocast casts each head's filter after repeating it over the head's channels, so the filter's gradient sums those
-channels in float32; cast before the repeat, the sum would run in the low dtype).
+On the GPU route (:func:`~soft_mm.ops.triton_route.gpu_route`) under autocast, in eager runs, :func:`weights_cast_once`
+casts the weights and biases of a stage's linear layers, of its SOFT layers' landmark convs and, in training mode, of
+its downsampling convs in a few :func:`~soft_mm.ops.functional.flat_cast.flat_cast` launches, forward and backward,
+and hands each layer its cast tensors: the values autocast would have given it, so the outputs and gradients are the
+same. The projections that read the same input come out as one matrix, run as one GEMM (a SOFT layer's query/key and
+value projections, ``(2C, C)``, the query rows scaled by SOFT's ``d^-1/4`` as
+:meth:`~soft_mm.models.attention.SoftAttention.queries` does it; the softmax stage's query and key/value projections,
+``(3C, C)``). Frozen weights are cast apart, checkpointed blocks are handed their cast weights as inputs, and the cast
+stands aside where it would be wrong (graphs, CPU runs, saved-tensor hooks, ``DTensor`` or FSDP1 parameters):
+docs/advanced/precision_and_backends.md (the weights cast once per stage) says why each.
 """
 from __future__ import annotations
 

@@ -45,59 +45,32 @@ def soft_attention(q: Tensor, landmarks: Tensor, v: Tensor, num_iters: int = 20,
                    ridge: float = 0.0, backward: str = 'implicit', *, backend: str | None = None,
                    precision: str | Precision | None = None, tile_size: int | None = None,
                    normalize: bool | None = None, route: Route | None = None) -> Tensor:
-    """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``S @ v`` with ``S = K(q, q)``.
+    """Softmax-free attention ``K1 @ (A^+ @ (K1^T @ v))``, the Nyström approximation of ``K(q, q) @ v``.
 
-    ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` is :func:`gaussian_kernel`, ``K1 = K(q, landmarks)`` is N×m and ``A =
-    K(landmarks, landmarks)`` is m×m; ``A^+`` is :func:`newton_inverse` of ``A`` (``num_iters``, ``ridge`` and
-    ``backward`` are passed on). The product order costs O(N m d + m^2 d) and never forms an N×N or N×m×m tensor. The
-    N×m products run in a backend of :mod:`soft_mm.ops.soft.backends` (``'reference'``: the plain math, ``K1`` held in
-    full, what exported graphs get; ``'tiled'``: CPU, above ``AUTO_TILING_MIN_TOKENS`` tokens, each block of ``K1``
-    built, used and dropped in cache and rebuilt in the backward, so no N×m tensor is stored; ``'triton'``: fused GPU
-    kernels, the block of ``K1`` in registers). All backends give the same result up to rounding. With every token as a
-    landmark (m = N, well-conditioned A, converged inverse) the result is exactly ``S @ v``.
-
-    The caller must already have scaled ``q`` and ``landmarks`` by ``d ** -0.25``, which turns the unit bandwidth into
-    SOFT's ``exp(-||q_i - q_j||^2 / (2 sqrt(d)))``. There is no row normalisation of the kernel (no softmax).
-
-    ``soft_norm=True`` is SOFT-Norm: ``A^+`` is replaced by ``D^-1/2 A^+ D^-1/2`` with ``D = diag(A 1)``, the row sums
-    of the un-ridged ``A`` (applied to the m×d intermediate, so it costs O(m d)).
-
-    Precision (:func:`~soft_mm.ops.precision.soft_policy.precision_policy`): autocast is disabled inside, and the dtype
-    of each step follows the inputs' dtype and the autocast state. float32 inputs run wholly in float32 (float64 in
-    float64); bfloat16 inputs, or inputs under bfloat16 autocast, run the N×m products in bfloat16 with float32
-    accumulation, and the kernel exponent, the Newton–Schulz inverse and the SOFT-Norm scaling in float32; float16
-    inputs, or inputs under float16 autocast, likewise in float16 on a backend that stores its sums in float32 (the
-    Triton kernels), else wholly in float32 (the module :mod:`soft_mm.ops.precision.soft_policy` gives the reasons for
-    each choice). The result is cast back to the promoted dtype of the inputs, or under autocast to the autocast dtype
-    (as a matmul's output), so float16/bfloat16 inputs give finite float16/bfloat16 outputs. float32 means IEEE float32:
-    the op's GEMMs, forward and backward, ignore a global ``allow_tf32`` / ``float32_matmul_precision`` setting (set
-    back to the caller's after each step; eager calls, the compiled graph's custom ops).
+    ``K(a, b) = exp(-0.5 * ||a_i - b_j||^2)`` (:func:`gaussian_kernel`, no row normalisation), ``K1 = K(q, landmarks)``
+    (N×m), ``A = K(landmarks, landmarks)`` (m×m) and ``A^+`` its :func:`newton_inverse`, in O(N m d + m^2 d) without an
+    N×N or N×m×m tensor; with every token a landmark (m = N, converged inverse) it is ``K(q, q) @ v`` exactly. The N×m
+    products run on a backend of :mod:`soft_mm.ops.soft.backends`, each step in the dtype that
+    :func:`~soft_mm.ops.precision.soft_policy.precision_policy` gives it (docs/advanced/precision_and_backends.md).
 
     Args:
-        q: ``(B, h, N, d)`` scaled queries (= keys: SOFT shares the projection).
-        landmarks: ``(B, h, m, d)`` scaled landmark (bottleneck) tokens, usually pooled from ``q``; m >= 1.
-        v: ``(B, h, N, d_v)`` values (``d_v`` is usually ``d``).
+        q: ``(B, h, N, d)`` queries (= keys), already scaled by ``d ** -0.25`` (SOFT's bandwidth ``sqrt(d)``).
+        landmarks: ``(B, h, m, d)`` landmark tokens scaled as ``q`` (usually pooled from it), m >= 1.
+        v: ``(B, h, N, d_v)`` values.
         num_iters: Newton–Schulz iterations for ``A^+``, an int >= 0.
-        soft_norm: apply SOFT-Norm (``normalize=``, its earlier name, still works with a FutureWarning).
-        ridge: ``ridge * I`` added to ``A`` before inversion, a float >= 0 (see :func:`newton_inverse`; 1e-3 to 1e-2
-            guards against nearly duplicated landmarks).
-        backward: ``'implicit'`` (exact-inverse gradient at the final iterate) or ``'unrolled'``.
-        backend: None (automatic) or a backend name of :func:`soft_mm.ops.soft.dispatch.backends` to force; a backend
-            that cannot take the call raises :class:`~soft_mm.ops.soft.dispatch.DispatchError` with the reason. The
-            automatic choice of an eager call is kept per call signature
-            (:func:`~soft_mm.ops.soft.dispatch.decide`); where it passes over the Triton kernels on a GPU, a
-            :class:`~soft_mm.ops.soft.dispatch.BackendFallbackWarning` says why, once per device and reason, and where
-            a kernel cannot launch after all (``OutOfResources``), the call runs again on the next backend.
-        precision: None (automatic), ``'highest'`` (float32 products even under autocast), ``'bfloat16'``
-            (bfloat16 products), ``'float16'`` (float16 products, the Triton backend only) or a
+        soft_norm: SOFT-Norm, ``D^-1/2 A^+ D^-1/2`` in place of ``A^+`` with ``D = diag(A 1)`` of the un-ridged ``A``.
+        ridge: ``ridge * I`` added to ``A`` before inversion, a float >= 0 (:func:`newton_inverse`).
+        backward: ``'implicit'`` (the exact inverse's gradient at the final iterate) or ``'unrolled'``.
+        backend: None (automatic) or the name of a backend (:func:`soft_mm.ops.soft.dispatch.backends`) to force; one
+            that cannot take the call raises :class:`~soft_mm.ops.soft.dispatch.DispatchError` with the reason.
+        precision: None (automatic), ``'highest'``, ``'bfloat16'``, ``'float16'`` (the Triton backend only) or a
             :class:`~soft_mm.ops.precision.soft_policy.Precision`.
-        tile_size: tokens per tile when the ``'tiled'`` backend runs (None: its default, ``DEFAULT_TILE_SIZE``).
-        route: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``q``). An eager call on plain
-            tensors keeps its checks and its backend's decision per call signature, and where the backend runs the
-            whole op as one autograd node (:attr:`~soft_mm.ops.soft.dispatch.Backend.eager`) takes it.
+        tile_size: tokens per tile of the ``'tiled'`` backend (None: its ``DEFAULT_TILE_SIZE``).
+        normalize: deprecated alias of ``soft_norm`` (a FutureWarning).
+        route: the forward's :class:`~soft_mm.ops.route.Route` (None: the route of ``q``).
 
     Returns:
-        ``(B, h, N, d_v)`` attention output.
+        ``(B, h, N, d_v)``, in the inputs' promoted dtype (under autocast, the autocast dtype).
     """
     if normalize is not None:
         soft_norm = renamed_soft_norm('soft_attention', normalize)

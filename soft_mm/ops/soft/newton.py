@@ -124,49 +124,21 @@ def check_newton_arguments(num_iters: int, ridge: float, backward: str, fn_name:
 def newton_inverse(mat: Tensor, num_iters: int = 20, ridge: float = 0.0, backward: str = 'implicit') -> Tensor:
     """Moore–Penrose inverse of every matrix in a batch by the Newton–Schulz iteration.
 
-    Iterates ``V_{k+1} = 2 V_k - V_k P V_k`` with ``P = mat + ridge * I``, starting from ``V_0 = alpha * P^T`` with
-    one ``alpha = 1.8 / (||mat||_1 ||mat||_inf)`` per matrix, computed from ``mat`` before the ridge. For a symmetric
-    matrix with positive entries this is SOFT's ``0.9 * 2 / max_row_sum^2``, so the outputs reproduce the authors'.
-    Because alpha is per matrix, each result depends only on its own matrix, never on the rest of the batch.
-
-    Convergence: the iteration converges to ``P^+`` when ``alpha * sigma_max(P)^2 < 2``. Since
-    ``sigma_max(mat)^2 <= ||mat||_1 ||mat||_inf``, that holds for ``ridge <= 0.05 * sqrt(||mat||_1 ||mat||_inf)``;
-    a Gaussian kernel matrix has a unit diagonal and positive entries, so ``ridge <= 0.05`` is always safe for it.
-    Beyond that bound alpha is shrunk to ``1.8 / (20 * ridge)^2`` so the iteration still converges; a zero matrix
-    gives a zero (ridge = 0) or finite result, never NaN.
-
-    Accuracy: for symmetric ``P`` the iterate is ``V_k = P^-1 (I - (I - alpha P^2)^(2^k))``, a spectral filter: an
-    eigen-direction with ``alpha * lambda^2 = y`` is inverted once ``2^k y`` is large, so its error first only halves
-    per iteration and then vanishes quadratically. The iterations needed grow like ``2 log2(cond) + 6`` (measured in
-    float64 to a relative error of 1e-6: 11 for condition number 10, 18 for 100, 32 for 1e4, 45 for 1e6, 52 for 1e7),
-    so the default 20 suffices up to a condition number of about 100 while ill-conditioned matrices (1e4–1e7) need
-    30–55. With fewer, the directions of small eigenvalues are not yet inverted and the result is a truncated
-    (regularised) pseudo-inverse. In floating point, the numerically-zero eigen-directions of a rank-deficient PSD
-    matrix (e.g. the kernel of nearly duplicated landmarks) carry rounding noise that also doubles every iteration,
-    so many extra iterations blow it up (to ~1e14 after 100 and to inf/NaN after 200 in float64) instead of
-    converging to ``mat^+``; exact duplicates are harmless (their rows and columns stay bit-identical, so no noise
-    enters). A small ``ridge`` (1e-3 to 1e-2) makes ``P`` positive definite with eigenvalues >= ridge, and the
-    iteration then converges to ``(mat + ridge I)^-1``, whose entries are bounded by ``1 / ridge``, after about
-    ``2 log2(1 / ridge) + 10`` iterations.
-
-    Precision: the iteration runs with autocast disabled in at least float32 (float16/bfloat16 are promoted,
-    float64 stays float64), and the result is cast back to the dtype of ``mat``. Its float32 GEMMs, forward and
-    backward, run in IEEE float32 whatever the global TF32 / ``float32_matmul_precision`` setting (restored after).
-
-    Backward: ``'implicit'`` does not backpropagate through the iterations; it treats the final iterate ``V`` as the
-    exact inverse and returns ``grad_mat = -V^T grad_V V^T`` (memory: one M×M matrix instead of one per iteration).
-    This equals the gradient of the unrolled iteration only once it has converged: at 20 iterations on a
-    well-conditioned matrix they agree to ~1e-9 in float64, at 5 iterations they differ by O(1). It is the custom op
-    ``soft_mm::newton_inverse`` (:data:`NEWTON_OP`; one node under ``torch.compile``), first order only (a double
-    backward raises). ``'unrolled'`` is plain autograd through the iterations (including alpha), the exact derivative
-    of the truncated iteration. A graph being exported (:func:`~soft_mm.ops.graph_mode.exporting`: ONNX, torch.export,
-    jit trace) holds the iterations as plain matmuls whatever ``backward`` says, the same forward.
+    ``V_{k+1} = 2 V_k - V_k P V_k`` with ``P = mat + ridge * I``, from ``V_0 = alpha * P^T`` with one ``alpha = 1.8 /
+    (||mat||_1 ||mat||_inf)`` per matrix (SOFT's ``0.9 * 2 / max_row_sum^2`` on a kernel matrix; ``1.8 / (20 *
+    ridge)^2`` where the ridge is too large for that to converge), so each result depends on its own matrix only. Runs
+    with autocast off in at least float32, its float32 GEMMs in IEEE float32. Convergence, the iterations a condition
+    number needs and the ridge against nearly duplicated landmarks: docs/advanced/precision_and_backends.md (the
+    Newton–Schulz inverse).
 
     Args:
         mat: ``(..., M, M)`` floating-point matrices.
         num_iters: number of Newton–Schulz iterations, an int >= 0.
         ridge: ``ridge * I`` is added to every matrix before the iteration, a float >= 0.
-        backward: ``'implicit'`` or ``'unrolled'``.
+        backward: ``'implicit'``: the final iterate ``V`` taken as the exact inverse, ``grad_mat = -V^T grad_V V^T``
+            (the custom op :data:`NEWTON_OP`, one node under ``torch.compile``, first order only), the unrolled
+            gradient once converged; ``'unrolled'``: autograd through the iterations. A graph being exported holds the
+            iterations as plain matmuls either way.
 
     Returns:
         ``(..., M, M)`` approximations of ``(mat + ridge I)^+`` in the dtype of ``mat``.

@@ -1,17 +1,8 @@
 """The Triton kernels of the SOFT op's Triton backend, launched by :mod:`.nystrom_launch` (imported on first use:
 ``TRITON_INTERPRET`` is read when a kernel is decorated, so this module is re-imported when that setting changes).
 
-Kernels, named by op, direction and output:
-
-* :func:`nystrom_fwd_kernel_context` — partial sums of ``K1^T x`` (the forward's ``context = K1^T v``; the backward
-  launches it for ``K1^T grad_out``);
-* :func:`nystrom_fwd_kernel_o` — ``o = K1 @ middle_context``;
-* :func:`nystrom_bwd_kernel_dq_dv_dl` — grad q, grad v and partial sums of grad landmarks;
-* :func:`nystrom_middle_fwd_kernel_mid_inv` — the m×m middle matrix and the inverse (Newton–Schulz) in one program;
-* :func:`nystrom_middle_bwd_kernel_dl` — the landmarks' gradient through the middle matrix, in one program;
-* :func:`nystrom_fwd_kernel_mc`, :func:`nystrom_bwd_kernel_dmid_dctx`, :func:`nystrom_bwd_kernel_dl_sum` — what
-  follows a split reduction, one program per group: its partial sums summed and the m-sized products formed
-  (``middle_context``; ``grad_middle`` and ``grad_context``; the landmarks' gradient).
+The kernels, named ``nystrom_<fwd|bwd>_kernel_<outputs>`` and declared by the op (``KERNELS`` of
+:mod:`.nystrom_config`), each state their grid and what they compute; what follows is what they share.
 
 ``K1`` is the Gaussian kernel of the tokens against the m landmarks; every kernel rebuilds its block of ``K1`` in
 registers from q and the landmarks (:func:`kernel_block`), so no N×m tensor is ever written to memory. A group ``g =
@@ -28,7 +19,7 @@ and its exponent are float32 in every case. Under the interpreter (:data:`~soft_
 constant of the module, not an argument) the bfloat16 rounding is emulated in float32. Every loop whose bound is known
 only at run time is one ``for`` loop over :func:`~soft_mm.ops.triton_interpreter.loop_bound` of it, which a GPU
 pipelines (its loads prefetched with ``cp.async``; a ``while`` loop is not pipelined), and each block helper has one
-call site."""
+call site and takes the kernel's state once, in the tuples the kernel holds it in."""
 import triton
 import triton.language as tl
 
@@ -190,11 +181,11 @@ def context_block(acc, q, l_ptr, x, blk, N, M, D, DV, BLOCK: tl.constexpr, MP: t
 def nystrom_fwd_kernel_context(q, x, l_ptr, part_ptr, sizes, BLOCK: tl.constexpr, MP: tl.constexpr, DP: tl.constexpr,
                                DVP: tl.constexpr, PRODUCTS: tl.constexpr):
     """Partial sums of ``K1^T x``: ``x`` is v in the forward (the context), grad_out in the backward.
-Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split, split +
-splits, ...`` of ``BLOCK`` tokens of group ``g``, each block's kernel rebuilt in registers, into one ``(MP, DVP)``
-float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers); a later kernel sums the
-``splits`` partials (deterministic: the split depends on the sizes
-    only; no atomics).
+
+    Grid ``(splits, B * H)``, a split reduction over the tokens: program ``(split, g)`` sums the blocks ``split, split
+    + splits, ...`` of ``BLOCK`` tokens of group ``g``, each block's kernel rebuilt in registers, into one ``(MP, DVP)``
+    float32 tile written to ``part_ptr[g, split]`` (padded: an unmasked store, fewer registers); a later kernel sums
+    the ``splits`` partials (deterministic: the split depends on the sizes only; no atomics).
 
     Inputs: q ``(B, H, N, D)`` and x ``(B, H, N, DV)``, each ``(pointer, strides)``, in any float dtype; the landmarks
     contiguous ``(B*H, M, D)`` float32; ``sizes = (H, N, M, D, DV)``. The products with x in the ``PRODUCTS`` dtype,

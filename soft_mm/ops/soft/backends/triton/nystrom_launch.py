@@ -1,43 +1,20 @@
-"""The launches of the SOFT op's Triton kernels (:mod:`.nystrom_kernels`) and the custom ops around them, with their
-backward: ``soft_mm::triton_nystrom_products`` (the N×m products) and ``soft_mm::triton_nystrom_middle`` (the m×m
-middle matrix), which the ``'triton'`` backend (:mod:`.backend`) runs (CUDA; on CPU only under ``TRITON_INTERPRET=1``,
-for tests).
-
-Every kernel program takes one block of ``BLOCK_N`` tokens of one (sample, head) and builds that block's Gaussian
-kernel against all m landmarks in registers, ``exp(min(q . l - |q|^2 / 2 - |l|^2 / 2, 0))`` (float32; the norm terms
-cancel, so the exponent never runs in a lower dtype), and uses it at once; no N×m tensor is ever written to memory.
-
-* ``nystrom_fwd_kernel_context``: the partial sums of ``K1^T x`` (``x = v`` in the forward, ``grad_out`` in the
-  backward): a split reduction, each program summing every ``splits``-th block of its (sample, head) in registers and
-  writing one ``(m, d_v)`` tile, summed in torch afterwards (deterministic: the split depends on the sizes only; no
-  atomics);
-* ``nystrom_fwd_kernel_o``: ``out = K1 @ middle_context`` for the block, written in the output's memory layout;
-* ``nystrom_bwd_kernel_dq_dv_dl``: for the block, ``grad K1 = grad_out middle_context^T + v grad_context^T``, ``grad v =
-  K1 grad_context``, ``grad_s = grad K1 * K1`` and from it ``grad q = grad_s l - q rowsum(grad_s)`` and the partial sums
-  of the landmark gradient, ``grad_s^T q`` and ``colsum(grad_s)``, split as in the context kernel. Every tensor is read
-  and written through its own strides: grad q and grad v are laid out as ``empty_like`` makes them (q's and v's layout
-  when those are dense, contiguous when they are views with gaps, e.g. ``x[..., :32]`` of a wider tensor).
-
-The m×m middle matrix (``A^+``, or ``D^-1/2 A^+ D^-1/2``) is one more kernel (``nystrom_middle_fwd_kernel_mid_inv``:
-the landmark kernel and the Newton–Schulz iteration in one program per (sample, head)), its gradient another
-(``nystrom_middle_bwd_kernel_dl``). Products with v run with bfloat16 operands when the precision policy says so, with
-float32 accumulation, or float16 ones likewise (the m×d factor scaled into float16's range by a power of two per
-tile); otherwise in float32 (``input_precision='ieee'``: no TF32). Under the interpreter, whose cast to bfloat16 is
-wrong, the operands' rounding to the low dtype is emulated in float32 (the same values, still summed in float32) and
-bfloat16 results are written as float32 and cast by torch. Any N (masked tails), m and head dims up to 64 (what fits
-an A100's shared memory: :mod:`.nystrom_config`; a GPU with less takes the calls whose kernels fit it, and only the
-GPUs the kernels are built for take any: :mod:`.nystrom_limits`); batch and heads are the second grid axis; inputs may
-be strided views.
+"""The launches of the SOFT op's Triton kernels (:mod:`.nystrom_kernels`, which says what each computes) and the custom
+ops around them, with their backward: ``soft_mm::triton_nystrom_products`` (the N×m products) and
+``soft_mm::triton_nystrom_middle`` (the m×m middle matrix), which the ``'triton'`` backend (:mod:`.backend`) runs (CUDA;
+on CPU only under ``TRITON_INTERPRET=1``, for tests). Any N, m up to :data:`~.nystrom_config.MAX_LANDMARKS`, head dims
+up to :data:`~.nystrom_config.MAX_HEAD_DIM` (which GPUs take which calls: :mod:`.nystrom_limits`), inputs in any
+layout (strided views read in place; the output and the gradients of q and v laid out as ``empty_like`` makes them);
+where the interpreter runs the kernels, bfloat16 results are written as float32 and cast by torch.
 
 A kernel that cannot launch on the device after all (triton's ``OutOfResources`` at its first launch) is recorded
-(:func:`~.nystrom_limits.record_launch_failure`), so the backend refuses such calls from then on: a forward's error
-reaches ``soft_attention``, which runs an eager automatic call again on the next backend; a backward's is answered
-here, by the same gradients in PyTorch (:mod:`.nystrom_reference`: the tiled backend's math for the products, the
-implicit gradient for the m×m part), with a :class:`~soft_mm.ops.soft.dispatch.BackendFallbackWarning`.
+(:func:`~.nystrom_limits.record_launch_failure`) and the backend refuses such calls from then on: a forward's error
+reaches ``soft_attention``, which runs an eager automatic call again on the next backend; a backward's is answered here
+by the same gradients in PyTorch (:mod:`.nystrom_reference`), with a
+:class:`~soft_mm.ops.soft.dispatch.BackendFallbackWarning` (docs/advanced/precision_and_backends.md).
 
-The kernels (``nystrom_kernels.py``) are imported on first use, and again when ``TRITON_INTERPRET`` has changed
-since (triton reads it when a kernel is decorated). To interpret, set it before triton is first imported at all:
-triton decorates its own library functions (``tl.sum``) then; ``tests/conftest.py`` does so where there is no GPU.
+The kernel module is loaded on first use, and again when ``TRITON_INTERPRET`` has changed since
+(:func:`soft_mm.ops.triton_route.load_kernels`); to interpret, set it before triton is first imported
+(``tests/conftest.py`` does).
 """
 from __future__ import annotations
 
