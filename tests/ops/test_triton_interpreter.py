@@ -51,7 +51,7 @@ def test_each_op_declares_its_kernels_and_none_takes_an_interpreter_constant_or_
             assert not [arg for arg in fn.arg_names if arg.startswith('INTERPRET')], (name, fn.arg_names)
             counts[name] = len(fn.arg_names)
     assert max(counts.values()) <= MAX_ARGUMENTS, counts
-    # the largest: the backwards, kernels and block helpers (22 arguments each before they took their state in tuples)
+    # the largest: the backwards, kernels and block helpers (the helpers take the kernels' state in tuples)
     assert counts['nystrom_bwd_kernel_dq_dv_dl'] == 14 and counts['add_norm_bwd_kernel_dx'] == 15, counts
     assert counts['bwd_block'] == 11 and counts['add_norm_bwd_block'] == 15, counts
 

@@ -10,9 +10,9 @@ docs/benchmarks/layer_kernels.md), so 3×3 filters take PyTorch's own backward.
 
 On a CUDA device a channels-last depthwise conv goes to cuDNN, whose kernel for large filters is slower than
 PyTorch's own depthwise kernel on contiguous NCHW maps even with the copies in and out, while for small filters
-cuDNN's channels-last kernel is the faster (``benchmarks/eager_launches.py``; the times:
-docs/benchmarks/runs/2026-12-04_h200_eager_launches/). So from k = :data:`CUDA_NCHW_MIN_KERNEL` (between the measured
-sizes) the map is copied to NCHW for the conv on CUDA, and the result handed back channels-last.
+cuDNN's channels-last kernel is the faster (``benchmarks/eager_launches.py``; its runs: docs/benchmarks/README.md).
+So from k = :data:`CUDA_NCHW_MIN_KERNEL` (between the measured sizes) the map is copied to NCHW for the conv on CUDA,
+and the result handed back channels-last.
 """
 from __future__ import annotations
 

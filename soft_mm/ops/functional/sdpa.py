@@ -3,7 +3,7 @@ float32 in CPU inference.
 
 PyTorch's CPU flash-attention kernel gains nothing from bfloat16 at SOFT's head dim (32): its bfloat16 GEMMs over
 32-wide heads are no faster than its float32 ones, and its softmax works in float32 either way. Run on the float32
-copies of bfloat16 ``q``, ``k`` and ``v`` (three ``(N, C)`` casts, a small fraction of the N×N work) it was faster at
+copies of bfloat16 ``q``, ``k`` and ``v`` (three ``(N, C)`` casts, a small fraction of the N×N work) it is faster at
 stage 4's token counts of detection inputs (``benchmarks/softmax_attention.py``), and the attention itself is then
 float32 math: the result differs from float64 by the final bfloat16 rounding only, where the bfloat16 kernel also
 rounds the N×N probabilities and its sums. Training (a gradient recorded), graphs (``torch.compile``, export) and other

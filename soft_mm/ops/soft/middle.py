@@ -11,8 +11,8 @@ __all__ = ['Middle', 'renamed_soft_norm']
 
 
 def renamed_soft_norm(function: str, normalize: bool) -> bool:
-    """The value of the op's SOFT-Norm switch given by its earlier name, ``normalize=``, with a FutureWarning: SOFT-Norm
-    is ``soft_norm`` everywhere (the op, the layers, the backbone and the configs)."""
+    """The value of the op's SOFT-Norm switch given by its deprecated name, ``normalize=``, with a FutureWarning:
+    SOFT-Norm is ``soft_norm`` everywhere (the op, the layers, the backbone and the configs)."""
     warnings.warn(f'{function}(normalize=...) is now {function}(soft_norm=...), the name SOFT-Norm has everywhere in '
                   'soft_mm; normalize= will be removed', FutureWarning, stacklevel=3)
     return bool(normalize)

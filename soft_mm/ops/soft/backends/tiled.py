@@ -37,7 +37,7 @@ from ..products_op import products_op
 __all__ = ['AUTO_TILING_MIN_TOKENS', 'DEFAULT_TILE_SIZE', 'TILED', 'tiled_nystrom_products', 'tiled_products_backward']
 
 # Tokens per tile: a 4096 × 49 float32 block per head is 0.8 MB, and the Python loop over tiles costs little next to
-# the matmuls (docs/benchmarks/runs/2026-11-30_attention_soft_op/).
+# the matmuls (``benchmarks/attention.py``; its runs: docs/benchmarks/README.md).
 DEFAULT_TILE_SIZE = 4096
 # The automatic threshold: below it the reference's N×m temporaries still fit in cache and the reference is as fast
 # with less Python overhead.
