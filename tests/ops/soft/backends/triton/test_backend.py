@@ -178,8 +178,8 @@ def test_split_count_follows_the_sizes_only():
 
 
 def test_the_kernels_products_constants_are_the_launch_codes():
-    # the kernels name their PRODUCTS values; the launches pass nystrom_config.PRODUCTS_CODES (the config imports
-    # nothing, so it cannot read them from the kernels' module): the two must agree
+    # the kernels name their PRODUCTS values; the launches pass nystrom_config.PRODUCTS_CODES (the config is plain
+    # Python, without triton, so it cannot read them from the kernels' module): the two must agree
     from soft_mm.ops.soft.backends.triton import nystrom_config as config
     from soft_mm.ops.soft.backends.triton import nystrom_launch
 
