@@ -14,7 +14,9 @@ import sys
 import types
 import warnings
 
-__all__ = ['MOVED', 'SPLIT', 'MovedModuleFinder', 'install', 'new_path']
+__all__ = ['MOVED', 'REMOVED_IN', 'SPLIT', 'MovedModuleFinder', 'install', 'new_path']
+
+REMOVED_IN = '0.3.0'  # the release that removes every old path below (moved in 0.2.0 or before)
 
 # old module path -> new module path (a package moves its submodules too; a new path that moved again is followed)
 MOVED = {
@@ -87,7 +89,7 @@ def new_path(name: str) -> str | None:
 
 
 def _warn(old: str, new: str) -> None:
-    warnings.warn(f'{old} moved to {new}: import it from there (the old path will be removed in a later release)',
+    warnings.warn(f'{old} moved to {new}: import it from there (the old path will be removed in soft_mm {REMOVED_IN})',
                   FutureWarning, stacklevel=3)
 
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 import soft_mm
-from soft_mm.moved import MOVED, SPLIT, MovedModuleFinder, new_path
+from soft_mm.moved import MOVED, REMOVED_IN, SPLIT, MovedModuleFinder, new_path
 
 
 def fresh_import(name: str):
@@ -21,7 +21,8 @@ def fresh_import(name: str):
 @pytest.mark.parametrize('old', sorted(MOVED))
 def test_an_old_path_is_the_new_module_with_a_future_warning(old):
     new = new_path(old)
-    with pytest.warns(FutureWarning, match=rf'{old} moved to {new}: import it from there'):
+    told = rf'{old} moved to {new}: import it from there \(the old path will be removed in soft_mm {REMOVED_IN}\)'
+    with pytest.warns(FutureWarning, match=told):
         module = fresh_import(old)
     assert module is importlib.import_module(new)
     parent, _, leaf = old.rpartition('.')
