@@ -94,6 +94,7 @@ LEFT = {
     'soft_mm.ops.soft.backends.triton.targets': {'device_limits': 'soft_mm.ops.triton_route'},
     # modules still there
     'soft_mm.models.pyramid': dict.fromkeys(('STEM_CHANNELS', 'like_input'), 'soft_mm.models.conv'),
+    'soft_mm.ops.compat': dict.fromkeys(('FunctionOp', 'custom_op', 'recorded_calls'), 'soft_mm.ops.custom_ops'),
 }
 
 
