@@ -1,9 +1,10 @@
 """Import paths that moved, and where to: an old path still imports, with a FutureWarning that names the new one.
 
 ``import soft_mm`` installs :class:`MovedModuleFinder` first in ``sys.meta_path``; it answers only for the old paths
-below, so every other import is untouched. An old path gives the new module object itself (``soft_mm.ops.layers.gelu``
-is ``soft_mm.ops.functional.gelu``: one module, one set of globals); a moved package moves its submodules with it. A
-module whose names went to several modules (:data:`SPLIT`) gives a module that holds all of their public names.
+below and the modules still there of :data:`LEFT` (loaded by their own loader), so every other import is untouched. An
+old path gives the new module object itself (``soft_mm.ops.layers.gelu`` is ``soft_mm.ops.functional.gelu``: one module,
+one set of globals); a moved package moves its submodules with it. A module whose names went to several modules
+(:data:`SPLIT`) gives a module that holds all of their public names.
 
 A name that left a module (:data:`LEFT`: an old path above whose module no longer holds it, or a module still there)
 still imports from it, with a FutureWarning that names its new home: the module it resolves to answers the name
