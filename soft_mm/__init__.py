@@ -37,10 +37,11 @@ if HAS_TIMM:
     from .models import SoftVisionTransformer
 if HAS_MMENGINE:
     from . import engine  # noqa: F401  (registers the checkpoint and invalid-loss hooks)
-    from .models import SOFT
     from .registry import register_all
 
-    register_all()
+    register_all(models=HAS_TIMM)
+    if HAS_TIMM:
+        from .models import SOFT
 
 __all__ = ['SOFT', 'SoftVisionTransformer', '__version__', 'models']
 

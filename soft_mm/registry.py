@@ -74,18 +74,20 @@ def register_backbone(registry: Registry, name: str, cls: type) -> None:
     registry.register_module(name=name, module=cls, force=held is not None)
 
 
-def register_all() -> None:
+def register_all(models: bool = True) -> None:
     """Register soft_mm's backbone, datasets and image loading and allow-list mmengine's checkpoint globals
-    (idempotent)."""
-    from .models.backbone import SOFT
+    (idempotent); ``models=False`` (timm is not installed) leaves out the backbone and the mmpretrain classifier."""
     from .utils.checkpoint import allow_mmengine_checkpoint_globals
 
-    for registry in (MMENGINE_MODELS, MODELS):
-        register_backbone(registry, 'SOFT', SOFT)
+    if models:
+        from .models.backbone import SOFT
+
+        for registry in (MMENGINE_MODELS, MODELS):
+            register_backbone(registry, 'SOFT', SOFT)
     for name in LAZY_DATASETS:  # every soft_mm dataset writes its data when it is missing
         if MMENGINE_DATASETS.get(name) is None:
             MMENGINE_DATASETS.register_module(name=name, module=_lazy(name, generates_missing_data=True))
-    for registry, names in ((MMENGINE_MODELS, LAZY_MODELS), (MMENGINE_TRANSFORMS, LAZY_TRANSFORMS)):
+    for registry, names in ((MMENGINE_MODELS, LAZY_MODELS if models else {}), (MMENGINE_TRANSFORMS, LAZY_TRANSFORMS)):
         for name in names:
             if registry.get(name) is None:
                 registry.register_module(name=name, module=_lazy(name))

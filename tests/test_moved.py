@@ -1,15 +1,19 @@
 """soft_mm.moved: every old import path of a moved module still imports, warns once with the new path, and gives the
-new module object itself (or, for a split module, all of its names); nothing else is intercepted."""
+new module object itself (or, for a split module, all of its names); every public name an old path had imports from it
+(tests/moved_names.txt, the names frozen from git history), a name that left its module with a warning naming its new
+home; nothing else is intercepted."""
 from __future__ import annotations
 
 import importlib
 import subprocess
 import sys
+import warnings
 
 import pytest
+from helpers.repo import ROOT
 
 import soft_mm
-from soft_mm.moved import MOVED, SPLIT, MovedModuleFinder, new_path
+from soft_mm.moved import LEFT, MOVED, REMOVED_IN, SPLIT, MovedModuleFinder, new_path
 
 
 def fresh_import(name: str):
@@ -21,7 +25,8 @@ def fresh_import(name: str):
 @pytest.mark.parametrize('old', sorted(MOVED))
 def test_an_old_path_is_the_new_module_with_a_future_warning(old):
     new = new_path(old)
-    with pytest.warns(FutureWarning, match=rf'{old} moved to {new}: import it from there'):
+    told = rf'{old} moved to {new}: import it from there \(the old path will be removed in soft_mm {REMOVED_IN}\)'
+    with pytest.warns(FutureWarning, match=told):
         module = fresh_import(old)
     assert module is importlib.import_module(new)
     parent, _, leaf = old.rpartition('.')
@@ -65,11 +70,82 @@ def test_a_split_module_holds_the_public_names_of_its_parts(old):
         assert module.save_converted_checkpoint is save_converted_checkpoint
 
 
+def frozen_names() -> dict[str, tuple[list[str], list[str]]]:
+    """tests/moved_names.txt: module -> (the public names it had, those removed since: no module holds them)."""
+    names = {}
+    for line in (ROOT / 'tests' / 'moved_names.txt').read_text().splitlines():
+        if line.strip() and not line.startswith('#'):
+            module, _commit, *listed = line.split()
+            names[module] = ([n for n in listed if not n.startswith('-')], [n[1:] for n in listed if n.startswith('-')])
+    return names
+
+
+FROZEN_NAMES = frozen_names()
+
+
+def test_the_frozen_names_cover_every_old_path_and_every_module_names_left():
+    assert set(MOVED) | set(SPLIT) | set(LEFT) <= set(FROZEN_NAMES)
+    for module, left in LEFT.items():
+        assert set(left) <= set(FROZEN_NAMES[module][0]), module
+
+
+def is_old_path(module: str) -> bool:
+    return module in SPLIT or new_path(module) is not None
+
+
+@pytest.mark.parametrize('old', sorted(FROZEN_NAMES))
+def test_every_name_an_old_path_had_imports_from_it_with_a_future_warning_naming_its_home(old):
+    """``from OLD import NAME`` for every public name OLD had: the object of the module that holds it now, with a
+    FutureWarning that names that module and the release that removes the old path; a module still there warns for
+    the names that left it alone."""
+    names, removed = FROZEN_NAMES[old]
+    homes = [new_path(old)] if old in MOVED or old not in SPLIT else list(SPLIT[old])
+    for name in names:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter('always')
+            module = fresh_import(old) if is_old_path(old) else importlib.import_module(old)
+            value = getattr(module, name)
+        told = [str(w.message) for w in caught if w.category is FutureWarning]
+        home = LEFT.get(old, {}).get(name)
+        if home is not None:  # the name left the module the old path gives
+            said = f'moved to {home}.{name}: import it from there'
+            assert any(f'{old}.{name}' in m and said in m for m in told), told
+            assert value is getattr(importlib.import_module(home), name), (old, name)
+        elif is_old_path(old):
+            assert told and told[0].startswith(f'{old} moved to {" and ".join(homes)}: import it from there'), told
+            assert any(getattr(importlib.import_module(h), name, None) is value for h in homes if h), (old, name)
+        else:  # a module still there holds the name itself
+            assert not told, told
+            assert value is vars(module)[name]
+        assert all(f'will be removed in soft_mm {REMOVED_IN})' in m for m in told), told
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', FutureWarning)
+        module = importlib.import_module(old)
+        assert not [name for name in removed if hasattr(module, name)], 'a removed name is back: list it as moved'
+
+
+def test_a_module_names_left_keeps_its_own_loader_and_answers_them_after_a_reload():
+    code = ('import importlib, warnings, soft_mm.models.pyramid as pyramid\n'
+            'loader = type(pyramid.__spec__.loader).__name__\n'
+            'assert pyramid.__loader__ is pyramid.__spec__.loader and loader == "SourceFileLoader", loader\n'
+            'assert importlib.reload(pyramid) is pyramid and pyramid.__spec__.loader is pyramid.__loader__\n'
+            'from soft_mm.models.conv import like_input\n'
+            'with warnings.catch_warnings(record=True) as caught:\n'
+            '    warnings.simplefilter("always")\n'
+            '    from soft_mm.models.pyramid import like_input as old\n'
+            'assert old is like_input and "pyramid.like_input moved to" in str(caught[0].message), caught\n'
+            'print("ok")\n')
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
+
+
 def test_only_old_paths_are_answered_and_the_finder_is_installed_once():
     finder = MovedModuleFinder()
     assert finder.find_spec('soft_mm.ops.functional.gelu') is None
     assert finder.find_spec('torch') is None
     assert finder.find_spec('soft_mm.models.health').name == 'soft_mm.models.health'
+    spec = finder.find_spec('soft_mm.models.pyramid', soft_mm.models.__path__)  # a module still there, names left it
+    assert spec.origin.endswith('pyramid.py') and type(spec.loader).__name__ == '_LeftNamesLoader'
     soft_mm.moved.install()
     assert sum(isinstance(f, MovedModuleFinder) for f in sys.meta_path) == 1
 

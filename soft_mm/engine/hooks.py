@@ -5,6 +5,9 @@ scope once ``soft_mm`` is imported (``custom_imports=dict(imports=['soft_mm'])``
 
     default_hooks = dict(checkpoint=dict(type='AtomicCheckpointHook', interval=1, max_keep_ckpts=3))
     custom_hooks = [dict(type='InvalidLossHook'), dict(type='AttentionHealthHook', interval=50)]
+
+They import with mmengine alone (``import soft_mm`` without timm registers them too); ``AttentionHealthHook`` reads
+the model's SOFT layers through :mod:`soft_mm.models.attention_health` (timm) when training starts.
 """
 from __future__ import annotations
 
@@ -19,9 +22,13 @@ from mmengine.fileio import LocalBackend
 from mmengine.hooks import CheckpointHook, Hook
 from mmengine.registry import HOOKS
 
-from ..models.attention_health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
-from ..models.settings import is_int
+from ..ops.soft.kernel_health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
+
+
+def _count(value: object) -> bool:
+    """An int >= 1 (not a bool)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
 
 
 @HOOKS.register_module()
@@ -151,12 +158,12 @@ class AttentionHealthHook(Hook):
 
     def __init__(self, interval: int = 50, target_residual: float = DEFAULT_TARGET_RESIDUAL,
                  max_iters: int = DEFAULT_MAX_ITERS, log_table: bool = True) -> None:
-        if not is_int(interval, 1):
+        if not _count(interval):
             raise ValueError(f'AttentionHealthHook: interval must be an int >= 1, got {interval!r}')
         if isinstance(target_residual, bool) or not isinstance(target_residual, (int, float)) \
                 or not target_residual > 0:
             raise ValueError(f'AttentionHealthHook: target_residual must be a number > 0, got {target_residual!r}')
-        if not is_int(max_iters, 1):
+        if not _count(max_iters):
             raise ValueError(f'AttentionHealthHook: max_iters must be an int >= 1, got {max_iters!r}')
         self.interval = interval
         self.target_residual = float(target_residual)

@@ -42,7 +42,7 @@ from .arch import resolve_arch
 from .attention import SoftAttention, SoftmaxAttention
 from .blocks import Block, TanhGELU, drop_path_scales
 from .compiled import BUCKET_KEYWORD, CompiledStages, check_compile_stages, padded_input
-from .conv import STEM_CHANNELS, ConvBNAct, NormLayer, conv_stem, like_input  # noqa: F401 (where they were)
+from .conv import ConvBNAct, NormLayer, conv_stem
 from .official.layout import is_official_layout, migrate_official_keys
 from .settings import AUTHORS_SETTINGS, AttentionSettings
 from .weight_cast import CastWeights, cast_once_applies, weights_cast_once

@@ -3,10 +3,9 @@
 Each fact is read once, at import, so that the code ``torch.compile`` traces calls nothing dynamo cannot trace
 (dynamo in torch 2.7–2.11 refuses ``torch._C._is_autocast_available`` and ``importlib.util.find_spec``):
 
-* :func:`custom_op` — an op of the ``soft_mm`` namespace with its fake and its backward: a ``torch.library`` custom
-  op where torch has them (>= 2.4: one opaque node under ``torch.compile``), otherwise the same kernels behind an
-  ``autograd.Function`` (same forward, same first-order backward; ``torch.compile`` traces into it instead);
-* :func:`recorded_calls` — the arguments of every call of such an op (a dispatch mode, or the fallback's own hook);
+* :data:`HAS_CUSTOM_OP` (``torch.library.custom_op``, 2.4), whose absence :mod:`soft_mm.ops.custom_ops` meets with
+  an ``autograd.Function``, and :func:`eager_without_custom_ops`: the code calling such ops run eagerly by
+  ``torch.compile`` on older torch;
 * :func:`is_exporting` (``torch.compiler.is_exporting``, 2.7) and :func:`is_compiling`;
 * :func:`autocast_enabled` / :func:`autocast_dtype_of` (``torch.is_autocast_enabled(device_type)`` and
   ``torch.get_autocast_dtype``, 2.4) and :func:`autocast_available` (``torch.amp.is_autocast_available``);
@@ -19,18 +18,16 @@ The tests use the same names, so a feature's absence is decided here and nowhere
 """
 from __future__ import annotations
 
-import contextlib
 import re
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 __all__ = ['CPU_FLOAT16_AUTOCAST', 'CPU_FLOAT16_MATMUL', 'GELU_BACKWARD_TAKES_STRIDED_GRADS', 'HAS_CUSTOM_OP',
-           'HAS_IS_EXPORTING', 'HAS_SAFE_GLOBALS', 'TORCH_VERSION', 'FunctionOp', 'autocast_available',
-           'autocast_dtype_of', 'autocast_enabled', 'custom_op', 'dense_grad', 'eager_without_custom_ops',
-           'float32_precision_switches', 'is_compiling', 'is_exporting', 'matmul', 'recorded_calls']
+           'HAS_IS_EXPORTING', 'HAS_SAFE_GLOBALS', 'TORCH_VERSION', 'autocast_available', 'autocast_dtype_of',
+           'autocast_enabled', 'dense_grad', 'eager_without_custom_ops', 'float32_precision_switches', 'is_compiling',
+           'is_exporting', 'matmul']
 
 TORCH_VERSION: tuple[int, int] = tuple(int(part) for part in re.match(r'(\d+)\.(\d+)', torch.__version__).groups())
 HAS_CUSTOM_OP = hasattr(torch.library, 'custom_op')  # torch >= 2.4
@@ -188,86 +185,7 @@ def _fp32_switches() -> dict[str, object]:
 
 _FP32_SWITCHES = _fp32_switches()
 
-# --- custom ops ------------------------------------------------------------------------------------------------------
-
-
-class FunctionOp:
-    """A custom op of soft_mm as called: in an eager call on plain tensors, its real kernel run directly, under an
-    ``autograd.Function`` when a backward is registered (no ``torch.library`` dispatch: tens of microseconds a call
-    fewer where an eager GPU step waits for Python); wherever a graph is traced, compiled or exported, or tensors are
-    fake, the ``torch.library`` custom op ``library_op`` (torch >= 2.4: one node, its fake kernel). On torch < 2.4
-    there is no ``library_op``: the kernel runs eagerly everywhere and ``torch.compile`` breaks its graph there.
-    ``name`` is the op's qualified name; ``eager_call(args)`` tells an eager call on plain tensors
-    (:func:`soft_mm.ops.custom_ops.plain_eager_call`; None: every call takes ``library_op`` where there is one)."""
-
-    def __init__(self, name: str, forward: Callable, backward: Callable | None,
-                 setup_context: Callable | None, library_op: Callable | None = None,
-                 eager_call: Callable[[tuple], bool] | None = None) -> None:
-        self.name = name
-        self.forward = forward
-        self.library_op = library_op
-        self.eager_call = eager_call
-        self.function = None if backward is None else _autograd_function(name, forward, backward, setup_context)
-        self.recorders: list[list[tuple]] = []  # :func:`recorded_calls`
-        if library_op is None:  # dynamo < 2.4 cannot trace these kernels: a graph break, the op run eagerly
-            self._run = torch._dynamo.disable(self._run)
-
-    def __call__(self, *args):
-        for calls in self.recorders:
-            calls.append(args)
-        if self.library_op is not None and not (self.eager_call is not None and self.eager_call(args)):
-            return self.library_op(*args)
-        return self._run(*args)
-
-    def _run(self, *args):
-        if self.function is None:
-            with torch.no_grad():
-                return self.forward(*args)
-        return self.function.apply(*args)
-
-    def __repr__(self) -> str:
-        return f'FunctionOp({self.name!r})'
-
-
-def _autograd_function(name: str, forward: Callable, backward: Callable, setup_context: Callable) -> type:
-    def forward_fn(ctx, *args):
-        output = forward(*args)
-        setup_context(ctx, args, output)
-        return output
-
-    @torch.autograd.function.once_differentiable  # first order only, as the custom op's backward
-    def backward_fn(ctx, *grads):
-        return backward(ctx, *grads)
-
-    return type(name.replace('::', '_'), (torch.autograd.Function,),
-                {'forward': staticmethod(forward_fn), 'backward': staticmethod(backward_fn)})
-
-
-class _RecordCalls(TorchDispatchMode):
-    def __init__(self, overload, calls: list[tuple]) -> None:
-        super().__init__()
-        self.overload, self.calls = overload, calls
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        if func is self.overload:
-            self.calls.append(args)
-        return func(*args, **(kwargs or {}))
-
-
-@contextlib.contextmanager
-def recorded_calls(op) -> Iterator[list[tuple]]:
-    """The arguments of every call of the op ``op`` (what :func:`custom_op` returned) made inside the block, in
-    order: seen by the op itself (a :class:`FunctionOp`), or by a dispatch mode on a bare custom op."""
-    calls: list[tuple] = []
-    if isinstance(op, FunctionOp):
-        op.recorders.append(calls)
-        try:
-            yield calls
-        finally:
-            op.recorders.remove(calls)
-    else:
-        with _RecordCalls(op._opoverload, calls):
-            yield calls
+# --- custom ops on torch < 2.4 -----------------------------------------------------------------------------------
 
 
 def eager_without_custom_ops(fn: Callable) -> Callable:
@@ -275,24 +193,3 @@ def eager_without_custom_ops(fn: Callable) -> Callable:
     dynamo there cannot trace the ops that stand in for the custom ops, and a graph break inside ``fn``'s own
     ``with`` blocks crashes its bytecode rewriting on Python 3.11 (torch 2.1: ``InternalTorchDynamoError``)."""
     return fn if HAS_CUSTOM_OP else torch._dynamo.disable(fn)
-
-
-def custom_op(name: str, forward: Callable, schema: str, fake: Callable, backward: Callable | None = None,
-              setup_context: Callable | None = None, eager_call: Callable[[tuple], bool] | None = None):
-    """Register ``forward`` as the op ``name`` (``'soft_mm::...'``) with the schema ``schema``, its fake (shape-only)
-    kernel ``fake`` and, optionally, its first-order backward: ``setup_context(ctx, inputs, output)`` saves what
-    ``backward(ctx, *grads) -> grads of the inputs`` needs (``torch.library.register_autograd``'s contract). The
-    fake gives the real kernel's output layouts.
-
-    Returns the callable op, a :class:`FunctionOp`: calls that ``eager_call(args)`` calls eager run the kernels
-    directly; on torch >= 2.4 its ``library_op`` is the ``torch.library`` custom op (one node under
-    ``torch.compile``, checked by ``torch.library.opcheck``) that the other calls (traced, compiled, exported) take.
-    :func:`recorded_calls` sees every call.
-    """
-    if not HAS_CUSTOM_OP:
-        return FunctionOp(name, forward, backward, setup_context)
-    op = torch.library.custom_op(name, forward, mutates_args=(), schema=schema)
-    op.register_fake(fake)
-    if backward is not None:
-        op.register_autograd(backward, setup_context=setup_context)
-    return FunctionOp(name, forward, backward, setup_context, library_op=op, eager_call=eager_call)

@@ -14,7 +14,7 @@ from mmengine.analysis.jit_handles import get_shape
 from torch import nn
 
 from ..ops import NEWTON_OP, newton_inverse_macs
-from ..ops.compat import recorded_calls
+from ..ops.custom_ops import recorded_calls
 
 __all__ = ['SDPA_OP', 'analyze', 'newton_macs', 'sdpa_flop_jit']
 

@@ -5,7 +5,8 @@ import pytest
 import torch
 from torch import Tensor
 
-from soft_mm.ops.compat import HAS_CUSTOM_OP, FunctionOp
+from soft_mm.ops.compat import HAS_CUSTOM_OP
+from soft_mm.ops.custom_ops import FunctionOp
 from soft_mm.ops.triton_route import TRITON_VERSION
 
 # A test that runs the Triton kernels (under the interpreter on CPU). Skipped where triton is missing (which fails
@@ -37,9 +38,9 @@ cpu_float16 = pytest.mark.cpu_float16
 def check_custom_op(op, args: tuple) -> None:
     """``torch.library.opcheck`` on torch >= 2.4 (schema, fake kernel against the real one: shapes, dtypes, memory
     layouts; autograd registration; a dynamic-shape AOT trace). On older torch the op is a
-    :class:`~soft_mm.ops.compat.FunctionOp`: its outputs equal its kernel's bit for bit, its backward gives every input
-    that requires grad a gradient of that input's shape and dtype, and for float64 inputs the gradient of the first
-    output equals the numerical one (``torch.autograd.gradcheck``)."""
+    :class:`~soft_mm.ops.custom_ops.FunctionOp`: its outputs equal its kernel's bit for bit, its backward gives every
+    input that requires grad a gradient of that input's shape and dtype, and for float64 inputs the gradient of the
+    first output equals the numerical one (``torch.autograd.gradcheck``)."""
     assert isinstance(op, FunctionOp), op
     if HAS_CUSTOM_OP:
         results = torch.library.opcheck(op.library_op, args)

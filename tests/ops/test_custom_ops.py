@@ -5,13 +5,17 @@ dynamic-shape AOT trace), ``torch.compile`` records each as one node and gives t
 export keeps plain ATen operators."""
 from __future__ import annotations
 
+import re
+
 import pytest
 import torch
 from helpers.compile_recording import RecordingBackend
 from helpers.op_checks import check_custom_op
+from helpers.repo import ROOT
 
 from soft_mm.ops import NEWTON_OP, newton_inverse, soft_attention
-from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING, recorded_calls
+from soft_mm.ops.compat import HAS_CUSTOM_OP, HAS_IS_EXPORTING
+from soft_mm.ops.custom_ops import recorded_calls
 from soft_mm.ops.soft.backends.tiled import AUTO_TILING_MIN_TOKENS, _tiled_products
 from soft_mm.ops.soft.backends.triton.nystrom_launch import _triton_products
 from soft_mm.ops.soft.dispatch import DispatchError
@@ -147,7 +151,7 @@ def test_double_backward_through_the_custom_op_is_refused():
 
 
 def test_recorded_calls_sees_every_call_of_the_op_on_every_torch():
-    """compat.recorded_calls (what the FLOP counter reads): a dispatch mode on a custom op, the op's own hook on the
+    """custom_ops.recorded_calls (what the FLOP counter reads): a dispatch mode on a custom op, the op's own hook on the
     autograd.Function fallback; nothing recorded outside the block."""
     mats = [torch.eye(n, dtype=torch.float64) * 2 + 0.1 for n in (3, 5)]
     with recorded_calls(NEWTON_OP) as calls:
@@ -156,3 +160,13 @@ def test_recorded_calls_sees_every_call_of_the_op_on_every_torch():
     assert [(tuple(args[0].shape), args[1]) for args in calls] == [((3, 3), 7), ((5, 5), 7)]
     newton_inverse(mats[0], 7, 0.01)
     assert len(calls) == 2
+
+
+def test_custom_ops_live_in_one_module():
+    """soft_mm/ops/custom_ops.py is the one module that registers ``torch.library`` ops (and holds their
+    ``autograd.Function`` stand-in for torch < 2.4): every op of soft_mm goes through ``differentiable_op`` or
+    ``custom_op``."""
+    registering = re.compile(r'torch\.library\.(custom_op|define|impl|Library|register_\w+)\(')
+    modules = [str(path.relative_to(ROOT)) for path in sorted((ROOT / 'soft_mm').rglob('*.py'))
+               if registering.search(path.read_text())]
+    assert modules == ['soft_mm/ops/custom_ops.py']

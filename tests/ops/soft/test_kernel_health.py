@@ -1,4 +1,4 @@
-"""soft_mm.models.attention_health: the landmark kernel's conditioning, effective rank and Newton convergence, against
+"""soft_mm.ops.soft.kernel_health: the landmark kernel's conditioning, effective rank and Newton convergence, against
 hand-built kernels of known spectrum and independent float64 references."""
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from soft_mm.models.attention_health import landmark_kernel_health, newton_residuals
 from soft_mm.ops import gaussian_kernel, newton_inverse
+from soft_mm.ops.soft.kernel_health import landmark_kernel_health, newton_residuals
 
 
 def test_coincident_landmarks_sit_at_the_ridge_ceiling():
