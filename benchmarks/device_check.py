@@ -115,14 +115,15 @@ from soft_mm.ops.triton_route import device_limits, triton_available
 from soft_mm.testing import outputs_and_grads, relative_error, rule_errors, rule_inputs
 from soft_mm.utils.atomic import atomic_write_text
 
-FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), op_tokens=(16384, 66816, 267264),
-            batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5,
+FULL = dict(check_cases=((1, 1), (63, 49), (300, 1), (300, 49), (4097, 49)), corner_tokens=300,
+            op_tokens=(16384, 66816, 267264), batch=2, heads=2, head_dim=32, landmarks=49, image=(800, 1344), repeats=5,
             **TRAINING_FULL)  # parts 7 and 8 (device_training.py)
-SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), op_tokens=(200,), batch=1, heads=2, head_dim=32, landmarks=9,
-             image=(64, 96), repeats=1, **TRAINING_SMOKE)
-# (N, m, d) at the Triton backend's declared limits: the largest tiles (every kernel's shared memory at its most) and
-# the smallest; run after the check cases, in both modes
-CORNER_CASES = ((300, MAX_LANDMARKS, MAX_HEAD_DIM), (300, 1, 16))
+SMOKE = dict(check_cases=((1, 1), (63, 9), (130, 1)), corner_tokens=130, op_tokens=(200,), batch=1, heads=2,
+             head_dim=32, landmarks=9, image=(64, 96), repeats=1, **TRAINING_SMOKE)
+# (m, d) at the Triton backend's declared limits: the largest tiles (every kernel's shared memory at its most) and the
+# smallest; run after the check cases at cfg['corner_tokens'] (a partial last block of every kernel: 300 on the GPU,
+# 130 under --smoke, where the interpreter's time grows with the tokens)
+CORNER_CASES = ((MAX_LANDMARKS, MAX_HEAD_DIM), (1, 16))
 SETTINGS = dict(soft_norm=True, ridge=0.01)  # SOFT-Norm with the published models' ridge
 BACKBONES = ('soft_norm_small', 'swin_t', 'convnext_t')
 
@@ -227,7 +228,8 @@ def check_correctness(cfg: dict, device: torch.device, report: Report) -> list[d
     (``ok`` False, its error) and the next one runs; the report is saved after each case."""
     rows = report.part('correctness')
     device = torch.device(device)
-    cases = [(tokens, landmarks, cfg['head_dim']) for tokens, landmarks in cfg['check_cases']] + list(CORNER_CASES)
+    cases = ([(tokens, landmarks, cfg['head_dim']) for tokens, landmarks in cfg['check_cases']]
+             + [(cfg['corner_tokens'], landmarks, head_dim) for landmarks, head_dim in CORNER_CASES])
     for tokens, landmarks, head_dim in cases:
         row = dict(tokens=tokens, landmarks=landmarks, head_dim=head_dim)
         refused = triton_refusal(device, tokens, landmarks, head_dim, None, True) if device.type == 'cuda' else None

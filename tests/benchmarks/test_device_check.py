@@ -141,7 +141,7 @@ def test_a_failing_case_is_recorded_and_the_check_goes_on(load_benchmark, tmp_pa
     report.run_part('correctness', lambda: tool.check_correctness(tool.SMOKE, 'cpu', report))
     rows = json.loads((tmp_path / 'report.json').read_text())['correctness']
     # the smoke cases at d = 32, then the declared corners: the largest tiles and the smallest
-    assert calls == [(1, 1, 32), (63, 9, 32), (130, 1, 32), (300, MAX_LANDMARKS, MAX_HEAD_DIM), (300, 1, 16)]
+    assert calls == [(1, 1, 32), (63, 9, 32), (130, 1, 32), (130, MAX_LANDMARKS, MAX_HEAD_DIM), (130, 1, 16)]
     assert [row['ok'] for row in rows] == [True, False, True, True, True]
     assert [row['head_dim'] for row in rows] == [32, 32, 32, MAX_HEAD_DIM, 16]
     assert rows[1]['error'] == 'RuntimeError: CUDA error: an illegal memory access was encountered'
@@ -163,7 +163,7 @@ def test_a_corner_this_gpu_does_not_fit_is_recorded_with_the_dispatchers_reason(
     monkeypatch.setattr(tool, 'check_case', lambda *args: calls.append(args[:3]) or dict(ok=True))
     report = tool.Report(str(tmp_path / 'report.json'), device='an RTX 4090')
     rows = tool.check_correctness(tool.SMOKE, 'cuda', report)
-    assert (300, MAX_LANDMARKS, MAX_HEAD_DIM) not in calls and len(calls) == 4
+    assert (130, MAX_LANDMARKS, MAX_HEAD_DIM) not in calls and len(calls) == 4
     (corner,) = [row for row in rows if row['landmarks'] == MAX_LANDMARKS]
     assert corner['ok'] and corner['refused'] == reason
 

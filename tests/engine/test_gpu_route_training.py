@@ -45,10 +45,13 @@ class CPUFloat16AmpOptimWrapper(AmpOptimWrapper):
 # One image of 96x96 a batch, the demo's 128x128 shrunk: the interpreter's time grows with the tokens (a step here
 # takes 20-40 s on 2 cores). Not 64x64: there stage 4's 2x2 map makes a 1x1 P6, on which the FPN's stride-2 P7 conv
 # gets a garbage weight gradient in bfloat16 from oneDNN (torch 2.14.1 on an AMX CPU; a CPU kernel, no GPU route's).
-# lr 1e-4: three steps lower the loss at every step (at the demos' 1e-3 the second step's loss rises).
+# lr 1e-4: each step lowers the loss (at the demos' 1e-3 the second step's loss rises). Two steps: the second one's
+# forward measures the first one's update (measured: the loss 2.177 -> 1.791 in bfloat16, 2.176 -> 1.775 in float16,
+# 18% lower; the test asks for 9%) and its launches are counted.
 IMAGE_SIZE = 96
 OPTIONS = {'train_dataloader.batch_size': 1, 'optim_wrapper.optimizer.lr': 1e-4}
-STEPS = 3
+STEPS = 2
+LEARNED = 0.91  # the last step's loss under this fraction of the first one's
 
 
 def watch_last_gradients(module: torch.nn.Module, optim_wrapper: OptimWrapper) -> dict[str, torch.Tensor]:
@@ -81,6 +84,10 @@ def watch_unscaling(optim_wrapper: OptimWrapper) -> list[float]:
 @pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=cpu_float16)],
                          ids=['bfloat16', 'float16'])
 def test_the_detection_demo_trains_on_the_gpu_route(dtype, tmp_path, monkeypatch):
+    """Two steps on one 96x96 image: finite losses, the second one more than 9% under the first (measured 18%),
+    clip_grad seeing unscaled gradients, each stage's weights cast once a forward, the SOFT and add + LayerNorm Triton
+    kernels run forward and backward in every SOFT layer, every backbone parameter a finite non-zero gradient; in
+    float16 the dynamic loss scale from 2^16, the backward on the scaled loss and the steps taken."""
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     cfg = demo_config('configs/retinanet_soft_tiny_demo.py', tmp_path, OPTIONS)
@@ -113,7 +120,7 @@ def test_the_detection_demo_trains_on_the_gpu_route(dtype, tmp_path, monkeypatch
     skipped = [scaler is not None and after < before for before, after in zip(scales, scales[1:])]
 
     assert all(math.isfinite(loss) for loss in losses), losses
-    assert losses[-1] < losses[0], losses
+    assert losses[-1] < LEARNED * losses[0], losses
     # the demo's clip_grad saw the unscaled gradients of each step taken (scaled by 2^16, their norm would be ~1e6)
     assert all(math.isfinite(norm) and norm < 1e3 for norm, skip in zip(grad_norms, skipped) if not skip), grad_norms
     # the GPU route: each stage's weights cast once per forward to the autocast dtype, ...
