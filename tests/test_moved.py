@@ -124,6 +124,12 @@ def test_every_name_an_old_path_had_imports_from_it_with_a_future_warning_naming
         assert not [name for name in removed if hasattr(module, name)], 'a removed name is back: list it as moved'
 
 
+def _prints_ok(code: str) -> None:
+    """Runs ``code`` in a fresh interpreter: it must exit 0 having printed ``ok`` alone."""
+    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
+
+
 def test_a_module_names_left_keeps_its_own_loader_and_answers_them_after_a_reload():
     code = ('import importlib, warnings, soft_mm.models.pyramid as pyramid\n'
             'loader = type(pyramid.__spec__.loader).__name__\n'
@@ -135,8 +141,7 @@ def test_a_module_names_left_keeps_its_own_loader_and_answers_them_after_a_reloa
             '    from soft_mm.models.pyramid import like_input as old\n'
             'assert old is like_input and "pyramid.like_input moved to" in str(caught[0].message), caught\n'
             'print("ok")\n')
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
+    _prints_ok(code)
 
 
 def test_only_old_paths_are_answered_and_the_finder_is_installed_once():
@@ -157,8 +162,7 @@ def test_the_new_paths_import_without_a_warning():
             'for name in sorted(news):\n'
             '    importlib.import_module(name)\n'
             'print("ok")\n')
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
+    _prints_ok(code)
 
 
 # the old paths whose modules needed torch alone (the op layer) still import without timm or any mm* package
@@ -194,5 +198,4 @@ def test_each_old_path_in_a_fresh_interpreter_keeps_the_new_module_its_own(old):
     new = new_path(old)
     torch_only = old.startswith('soft_mm.ops.') and new.startswith('soft_mm.ops.')
     code = _FRESH.format(old=old, new=new, torch_only=torch_only, frameworks=_FRAMEWORKS)
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
-    assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
+    _prints_ok(code)
