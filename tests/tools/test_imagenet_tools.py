@@ -26,9 +26,11 @@ DEMO = str(CONFIGS / 'soft_tiny_in1k_demo.py')
 IMAGENET_MEAN = np.array([123.675, 116.28, 103.53])  # RGB, mmpretrain's ImageNet data_preprocessor
 IMAGENET_STD = np.array([58.395, 57.12, 57.375])
 CLASSIFIER_ONLY = {'cls_token', 'cls_pos_embed', 'head.weight', 'head.bias'}
-# The first 4 of the demo's 16 epochs reach top-1 0.468 (EMA weights; chance is 0.1), 8 epochs 0.794-0.826, the
-# whole demo 0.902 (docs/get_started.md); the margin absorbs run-to-run variation.
-QUARTER_DEMO_MIN_TOP1 = 0.3
+# The demo's 16 epochs reach top-1 0.912 with its conv landmarks (docs/advanced/attention_health.md), its first 4 0.580,
+# its first 2 0.398-0.412 (EMA weights, one thread; the first epoch 0.282, the third 0.480); chance is 0.1, and the
+# first 2 at lr 0 score 0.1. The test trains the first 2 (2/3 the time of 4); the bar is about half their measure.
+DEMO_FIRST_EPOCHS = 2
+DEMO_FIRST_EPOCHS_MIN_TOP1 = 0.2
 
 
 def load_report(output: str) -> tuple[set[str], set[str]]:
@@ -286,10 +288,13 @@ def test_demo_pretraining_initialises_the_demo_detector_and_segmentor(tmp_path, 
 
 @pytest.mark.slow
 def test_demo_pretraining_learns(tmp_path):
-    """The demo from an empty folder, stopped after 4 of its 16 epochs (its learning-rate schedule up to there)."""
-    output = tool_output(['tools/train.py', DEMO, '--work-dir', 'work_dirs/demo', '--cfg-options',
-                          'train_cfg.max_epochs=4', 'train_cfg.val_interval=4'], cwd=tmp_path)
+    """The demo from an empty folder, stopped after 2 of its 16 epochs (its learning-rate schedule up to there): top-1
+    >= 0.2 on its 500 val images (measured 0.398-0.412; at lr 0 0.1)."""
+    stop = [f'train_cfg.{key}={DEMO_FIRST_EPOCHS}' for key in ('max_epochs', 'val_interval')]
+    output = tool_output(['tools/train.py', DEMO, '--work-dir', 'work_dirs/demo', '--cfg-options', *stop],
+                         cwd=tmp_path)
     top1 = float(re.findall(r'accuracy/top1: ([\d.]+)', output)[-1]) / 100
-    assert top1 >= QUARTER_DEMO_MIN_TOP1, output[-3000:]
-    assert (tmp_path / 'work_dirs/demo/epoch_4.pth').is_file()
+    print(f'demo pretraining, {DEMO_FIRST_EPOCHS} of 16 epochs: top-1 {top1}')
+    assert top1 >= DEMO_FIRST_EPOCHS_MIN_TOP1, output[-3000:]
+    assert (tmp_path / f'work_dirs/demo/epoch_{DEMO_FIRST_EPOCHS}.pth').is_file()
 
