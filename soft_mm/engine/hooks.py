@@ -24,11 +24,7 @@ from mmengine.registry import HOOKS
 
 from ..ops.soft.kernel_health import DEFAULT_MAX_ITERS, DEFAULT_TARGET_RESIDUAL
 from ..utils.atomic import PARTIAL_SUFFIX, atomic_write_text, partial_path, publish
-
-
-def _count(value: object) -> bool:
-    """An int >= 1 (not a bool)."""
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+from ..utils.checks import is_int
 
 
 @HOOKS.register_module()
@@ -158,12 +154,12 @@ class AttentionHealthHook(Hook):
 
     def __init__(self, interval: int = 50, target_residual: float = DEFAULT_TARGET_RESIDUAL,
                  max_iters: int = DEFAULT_MAX_ITERS, log_table: bool = True) -> None:
-        if not _count(interval):
+        if not is_int(interval, 1):
             raise ValueError(f'AttentionHealthHook: interval must be an int >= 1, got {interval!r}')
         if isinstance(target_residual, bool) or not isinstance(target_residual, (int, float)) \
                 or not target_residual > 0:
             raise ValueError(f'AttentionHealthHook: target_residual must be a number > 0, got {target_residual!r}')
-        if not _count(max_iters):
+        if not is_int(max_iters, 1):
             raise ValueError(f'AttentionHealthHook: max_iters must be an int >= 1, got {max_iters!r}')
         self.interval = interval
         self.target_residual = float(target_residual)

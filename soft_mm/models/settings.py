@@ -14,15 +14,12 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..ops.soft.newton import BACKWARD_MODES
+from ..utils.checks import is_int
 
 __all__ = ['AUTHORS_SETTINGS', 'LANDMARK_MODES', 'AttentionSettings', 'UnknownArgumentError', 'attention_settings',
            'model_attention_settings']
 
 LANDMARK_MODES = ('conv', 'avg')
-
-
-def is_int(value: object, minimum: int) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= minimum
 
 
 @dataclasses.dataclass(frozen=True)
