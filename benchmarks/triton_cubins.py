@@ -23,6 +23,7 @@ published sizes on sm_80, sm_86 and sm_90).
     python benchmarks/triton_cubins.py [--arch 75 80 86 89 90 100 103 120 121] [--landmarks 49 ...] [--head-dim 32 ...]
         [--json]
     python benchmarks/triton_cubins.py --write-table   # regenerate .../backends/triton/nystrom_shared_memory.py
+    python benchmarks/triton_cubins.py --check-table   # compile it again and compare (exit 1 where it differs)
     python benchmarks/triton_cubins.py --layers [--width 64 128 320 1024]   # the blocks' add + LayerNorm kernels
 
 Besides registers and spills it reads each kernel's dynamic shared memory from the compiled metadata
@@ -31,8 +32,10 @@ Besides registers and spills it reads each kernel's dynamic shared memory from t
 Several sizes give every (m, d) corner and a second table of the largest request per corner. ``--write-table``
 compiles the backend's declared corners (m = 1, 49, 64; d = 16, 32, 64) for every target and writes the largest
 request per target, padded size, kernel and products dtype as the module the dispatcher reads
-(:mod:`soft_mm.ops.soft.backends.triton.nystrom_limits`); ``tests/ops/test_triton_cubins.py`` compiles the same and
-holds it.
+(:mod:`soft_mm.ops.soft.backends.triton.nystrom_limits`), with the sha256 of the kernel sources it was compiled from
+(:func:`kernel_sources`); ``--check-table`` compiles them again and compares. ``tests/ops/test_triton_cubins.py``
+holds the hash, and compiles the published size for every target and the largest corner for one target of each
+launch configuration, which must give the table's figures.
 
 ``--layers`` compiles the blocks' fused add + LayerNorm kernels instead (``KERNELS`` of
 :mod:`soft_mm.ops.functional.add_norm.add_norm_config`, in each flag set the models launch,
@@ -42,6 +45,8 @@ that :mod:`soft_mm.ops.functional.add_norm.add_norm_config` gives each width.
 from __future__ import annotations
 
 import argparse
+import ast
+import hashlib
 import importlib
 import importlib.metadata
 import itertools
@@ -57,7 +62,7 @@ from pathlib import Path
 __all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'LAUNCH_DTYPES',
            'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS',
            'TOKEN_KERNELS',
-           'format_shared_memory', 'format_table', 'layer_resource_usage', 'limit', 'resource_usage',
+           'format_shared_memory', 'format_table', 'kernel_sources', 'layer_resource_usage', 'limit', 'resource_usage',
            'shared_memory_table', 'table_module']
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
@@ -116,6 +121,9 @@ GROUP_KERNELS = _CONFIG.GROUP_KERNELS
 DECLARED_LANDMARKS = (1, 49, _CONFIG.MAX_LANDMARKS)
 DECLARED_HEAD_DIMS = (16, 32, _CONFIG.MAX_HEAD_DIM)
 _TABLE_FILE = _TRITON_BACKEND / 'nystrom_shared_memory.py'
+# what the table's figures are compiled from besides triton: the kernels, their blocks, stages and warps, the targets
+# and the modules the kernels import (the table holds the hash of these files, :func:`kernel_sources`)
+_TABLE_SOURCES = (_KERNELS, 'ops.soft.backends.triton.nystrom_config', 'ops.triton_targets', 'ops.triton_interpreter')
 _ADD_NORM = _load('ops.functional.add_norm.add_norm_config')
 LAYER_KERNELS = _ADD_NORM.KERNELS
 # SOFT's post-norm widths (stages 1 and 2: 64, 128; stage 3: 288-352, padded to 512) and the widest the kernels take
@@ -127,6 +135,28 @@ _STREAM_POINTERS = ('y_ptr', 'sum_ptr')
 _LAYER_TUPLES = {'addends': 'SSFS', 'norm': 'FF', 'grads_in': 'SS', 'grads_out': 'SS'}
 _LAYER_SIZES = ('i32',) * 3
 LAYER_VARIANTS = _ADD_NORM.LAUNCH_VARIANTS
+
+
+def _code(path: Path) -> str:
+    """The code of a module's file without its comments, docstrings and layout (``ast.dump`` of the docstring-less
+    tree): what compiling it depends on."""
+    tree = ast.parse(path.read_text())
+    for node in ast.walk(tree):
+        body = getattr(node, 'body', None)
+        first = body[0] if isinstance(body, list) and body else None
+        if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+            node.body = body[1:] or [ast.Pass()]
+    return ast.dump(tree)
+
+
+def kernel_sources() -> str:
+    """The sha256 of the code the shared-memory table is compiled from (:data:`_TABLE_SOURCES`; comments and
+    docstrings aside): an edit to it makes the held table stale until ``--write-table`` compiles it again."""
+    digest = hashlib.sha256()
+    for module in _TABLE_SOURCES:
+        code = _code(_OPS.parent.joinpath(*module.split('.')).with_suffix('.py'))
+        digest.update(f'{module}\0{code}\0'.encode())
+    return digest.hexdigest()
 
 
 def _tool(name: str) -> str:
@@ -178,22 +208,24 @@ def _parse_resources(text: str) -> dict[str, int]:
                 shared_bytes=int(fields['SHARED']))
 
 
-def _compile_corners(archs: tuple[int, ...], landmarks: tuple[int, ...], head_dims: tuple[int, ...]) -> list[dict]:
+def _compile_corners(archs: tuple[int, ...], landmarks: tuple[int, ...], head_dims: tuple[int, ...],
+                     only: tuple[str, ...] | None = None) -> list[dict]:
     """The table of every (m, d) corner, compiled in this process (which must not interpret): each padded size once,
-    its rows repeated for every corner that pads to it."""
+    its rows repeated for every corner that pads to it; ``only``: the rows of these kernel names alone."""
     compiled: dict[tuple[int, int], list[dict]] = {}
     rows = []
     for num_landmarks in landmarks:
         for head_dim in head_dims:
             key = (_CONFIG.padded(num_landmarks), _CONFIG.padded(head_dim))
             if key not in compiled:
-                compiled[key] = _compile_all(archs, num_landmarks, head_dim)
+                compiled[key] = _compile_all(archs, num_landmarks, head_dim, only)
             rows += [dict(row, num_landmarks=num_landmarks, head_dim=head_dim) for row in compiled[key]]
     return rows
 
 
-def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> list[dict]:
-    """The table at one size, compiled in this process (which must not interpret)."""
+def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int, only: tuple[str, ...] | None = None,
+                 ) -> list[dict]:
+    """The table at one size, compiled in this process (which must not interpret); ``only``: these kernels alone."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
@@ -219,6 +251,8 @@ def _compile_all(archs: tuple[int, ...], num_landmarks: int, head_dim: int) -> l
     rows = []
     with tempfile.TemporaryDirectory() as folder:
         for label, fn, q, v, products, arch, signature, constants, warps, stages in launches:
+            if only is not None and label not in only:
+                continue
             compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', arch, 32),
                                       options=dict(num_warps=warps, num_stages=stages))
             cubin = Path(folder) / f'{label}_{arch}.cubin'
@@ -315,7 +349,8 @@ def _compiles_for(arch: int) -> bool:
 
 
 def resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, num_landmarks: int | tuple[int, ...] = 49,
-                   head_dim: int | tuple[int, ...] = 32, timeout: float = 1800) -> list[dict]:
+                   head_dim: int | tuple[int, ...] = 32, kernels: tuple[str, ...] | None = None,
+                   timeout: float = 1800) -> list[dict]:
     """One row per kernel, dtype combination, architecture and size: ``kernel``, ``q``, ``v``, ``products``,
     ``arch``, ``num_landmarks``, ``head_dim``, ``registers`` (per thread), ``stack_bytes`` (spilled registers; 0 =
     none), ``local_bytes``, ``shared_bytes`` (cuobjdump's static shared memory), ``dynamic_shared_bytes`` (the shared
@@ -326,10 +361,13 @@ def resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, num_landmarks: int | 
 
     Compiled in a child process without ``TRITON_INTERPRET`` (see the module docstring); needs triton, no GPU.
     ``num_landmarks`` (m) and ``head_dim`` (d = d_v), an int or a tuple of them (every pair: the corners), set the
-    padded tile sizes, as a launch at those sizes does.
+    padded tile sizes, as a launch at those sizes does. ``kernels``: the rows of these names alone (the table's names:
+    a kernel of ``TOKEN_KERNELS`` or ``GROUP_KERNELS``, or a variant name of ``MIDDLE_VARIANTS`` or
+    ``MIDDLE_BACKWARD_VARIANTS``; None: all).
 
     Raises:
-        ValueError: an architecture is not one of triton's CUDA targets (>= 75), or a size is out of 1..128.
+        ValueError: an architecture is not one of triton's CUDA targets (>= 75), a size is out of 1..128, or a kernel
+            name is not one of the table's.
         RuntimeError: the compilation failed (its output in the message).
     """
     archs = tuple(archs)
@@ -342,8 +380,16 @@ def resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, num_landmarks: int | 
             if isinstance(size, bool) or not isinstance(size, int) or not 1 <= size <= 128:
                 raise ValueError(f'resource_usage: {name} must be an int in 1..128 (the kernels\' limit), '
                                  f'got {size!r}')
+    names = _kernel_names()
+    if kernels is not None and (not kernels or any(k not in names for k in kernels)):
+        raise ValueError(f'resource_usage: kernels must be names of {", ".join(names)}; got {kernels!r}')
     return _child(['--landmarks', *map(str, sizes['num_landmarks']), '--head-dim', *map(str, sizes['head_dim']),
-                   '--arch', *map(str, archs)], timeout)
+                   '--arch', *map(str, archs), *(['--kernels', *kernels] if kernels else [])], timeout)
+
+
+def _kernel_names() -> tuple[str, ...]:
+    """The rows' kernel names, in the table's order."""
+    return (*TOKEN_KERNELS, *(name for name, _ in MIDDLE_VARIANTS + MIDDLE_BACKWARD_VARIANTS), *GROUP_KERNELS)
 
 
 def format_table(rows: list[dict]) -> str:
@@ -443,6 +489,8 @@ def table_module(rows: list[dict]) -> str:
              '``tests/ops/test_triton_cubins.py``, read by :mod:`.nystrom_limits`. Do not edit by hand."""',
              '',
              f'TRITON = {triton.__version__!r}  # the triton that compiled the table',
+             '# the sha256 of the kernel sources it was compiled from (triton_cubins.kernel_sources)',
+             f'SOURCES = {kernel_sources()!r}',
              '# (target, padded m, padded d) -> kernel -> bytes by products dtype (the m×m kernel: one figure)',
              'SHARED_MEMORY = {']
     for key, entry in shared_memory_table(rows).items():
@@ -470,8 +518,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--write-table', action='store_true',
                         help=f'compile the declared corners for every target and write {_TABLE_FILE.name}, the '
                              'dispatcher\'s shared-memory table (ignores --arch, --landmarks and --head-dim)')
+    parser.add_argument('--kernels', nargs='+', choices=_kernel_names(),
+                        help='compile these kernels alone (default: every one)')
+    parser.add_argument('--check-table', action='store_true',
+                        help=f'compile as --write-table does and compare with the held {_TABLE_FILE.name}: exit 1 '
+                             'where it differs')
     args = parser.parse_args(argv)
     archs, landmarks, head_dims = tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim)
+    whole_table = args.write_table or args.check_table
     if args.layers:
         if os.environ.get('TRITON_INTERPRET', '0') == '1':
             rows = layer_resource_usage(archs, tuple(args.width))
@@ -479,22 +533,31 @@ def main(argv: list[str] | None = None) -> int:
             rows = _compile_layers(archs, tuple(args.width))
         print(json.dumps(rows) if args.json else format_layer_table(rows))
         return 0
-    if args.write_table:
+    if whole_table:
         if CHECKED_ARCHS != ARCHS:  # the table must hold every target
             newest = max(_TARGETS.TARGET_MIN_TRITON.values())
-            parser.error(f'--write-table compiles every target, which needs triton >= {".".join(map(str, newest))}')
+            parser.error(f'--write-table and --check-table compile every target, which needs triton >= '
+                         f'{".".join(map(str, newest))}')
         archs, landmarks, head_dims = ARCHS, DECLARED_LANDMARKS, DECLARED_HEAD_DIMS
     if os.environ.get('TRITON_INTERPRET', '0') == '1':
-        rows = resource_usage(archs, landmarks, head_dims)
+        rows = resource_usage(archs, landmarks, head_dims, None if whole_table else args.kernels)
     else:
         unbuilt = [arch for arch in archs if arch not in CHECKED_ARCHS and not _compiles_for(arch)]
         if unbuilt:
             print(f'triton_cubins: the installed triton builds no cubin for sm_{", sm_".join(map(str, unbuilt))}; '
                   'left out', file=sys.stderr)
-        rows = _compile_corners(tuple(a for a in archs if a not in unbuilt), landmarks, head_dims)
+        rows = _compile_corners(tuple(a for a in archs if a not in unbuilt), landmarks, head_dims,
+                                None if whole_table else args.kernels)
     if args.write_table:
         _TABLE_FILE.write_text(table_module(rows))
         print(f'wrote {_TABLE_FILE}')
+    elif args.check_table:
+        held, compiled = _TABLE_FILE.read_text().splitlines(), table_module(rows).splitlines()
+        differences = [f'line {i + 1}: held {a!r}, compiled {b!r}' for i, (a, b) in enumerate(zip(held, compiled))
+                       if a != b] + ([f'held {len(held)} lines, compiled {len(compiled)}']
+                                     if len(held) != len(compiled) else [])
+        print('\n'.join(differences) if differences else f'{_TABLE_FILE.name} holds what this triton compiles')
+        return 1 if differences else 0
     else:
         print(json.dumps(rows) if args.json else format_table(rows) + '\n\n' + format_shared_memory(rows))
     return 0

@@ -25,6 +25,7 @@ from triton_cubins import (
     format_layer_table,
     format_shared_memory,
     format_table,
+    kernel_sources,
     layer_resource_usage,
     resource_usage,
     shared_memory_table,
@@ -37,9 +38,10 @@ from soft_mm.ops.soft.backends.triton.nystrom_config import (
     kernel_block,
     kernel_stages,
     middle_warps,
+    padded,
 )
 from soft_mm.ops.soft.backends.triton.nystrom_limits import launch_reasons, launched_kernels
-from soft_mm.ops.soft.backends.triton.nystrom_shared_memory import SHARED_MEMORY, TRITON
+from soft_mm.ops.soft.backends.triton.nystrom_shared_memory import SHARED_MEMORY, SOURCES, TRITON
 from soft_mm.ops.triton_route import TRITON_VERSION, DeviceLimits
 from soft_mm.ops.triton_targets import BFLOAT16_MIN_TARGET, SHARED_MEMORY_PER_BLOCK, TARGET_MIN_TRITON, TARGETS
 
@@ -63,26 +65,32 @@ def _release(version: str) -> tuple[int, ...]:
     return tuple(int(part) for part in re.findall(r'\d+', version)[:3])
 
 
-def _decisions_match_the_compiled_kernels(rows: list[dict]) -> None:
-    """For every target, corner, products dtype and direction: the dispatcher (a fake device of that target with its
-    opt-in limit) takes the call exactly where every kernel the call launches fits, as compiled here."""
-    import torch
-    dtypes = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
-    for target in CHECKED_ARCHS:
-        limit = SHARED_MEMORY_PER_BLOCK[target]
-        device = DeviceLimits(f'sm_{target} device', divmod(target, 10), limit)
-        for m in DECLARED_LANDMARKS:
-            for d in {r['head_dim'] for r in rows}:
-                for products, dtype in dtypes.items():
-                    for needs_grad in (False, True):
-                        kernels = set(launched_kernels(needs_grad))
-                        needs = [r['dynamic_shared_bytes'] for r in rows
-                                 if r['arch'] == f'sm_{target}' and (r['num_landmarks'], r['head_dim']) == (m, d)
-                                 and r['kernel'].replace('_norm', '') in kernels
-                                 and (r['v'] == '-' or _PRODUCTS[r['products']] == products)]
-                        fits = max(needs) <= limit and not (products == 'bfloat16' and target < BFLOAT16_MIN_TARGET)
-                        reasons = launch_reasons(device, dtype, dtype, m, d, d, needs_grad)
-                        assert fits == (not reasons), (target, m, d, products, needs_grad, reasons)
+def _configuration(target: int) -> tuple:
+    """What a target's kernels are compiled with besides the sizes: each token kernel's block and pipeline stages."""
+    return tuple((kernel_block(k, target), kernel_stages(k, target)) for k in TOKEN_KERNELS)
+
+
+# the checked targets by launch configuration: the first of each compiles the largest corner, the others are held to it
+CONFIGURATIONS: dict[tuple, list[int]] = {}
+for _target in CHECKED_ARCHS:
+    CONFIGURATIONS.setdefault(_configuration(_target), []).append(_target)
+
+
+def _table_entries(target: int) -> dict:
+    return {(m, d): entry for (t, m, d), entry in SHARED_MEMORY.items() if t == target}
+
+
+def _held_to_the_table(rows: list[dict]) -> None:
+    """The compiled rows give the table's figures: exactly from the triton that wrote it, at most them from another
+    (the decisions are then safe, never a launch that does not fit)."""
+    exact = _release(importlib.metadata.version('triton')) == _release(TRITON)
+    for key, entry in shared_memory_table(rows).items():
+        held = SHARED_MEMORY[key]
+        if exact:
+            assert entry == held, key
+        for kernel, need in entry.items():
+            for products, bytes_ in (need.items() if isinstance(need, dict) else [(None, need)]):
+                assert bytes_ <= (held[kernel] if products is None else held[kernel][products]), (key, kernel)
 
 
 def test_the_tool_compiles_every_target_the_installed_triton_is_checked_with():
@@ -92,34 +100,60 @@ def test_the_tool_compiles_every_target_the_installed_triton_is_checked_with():
         assert CHECKED_ARCHS == TARGETS
 
 
-@pytest.mark.slow  # 1512 compilations (6 padded sizes × 28 launches × 9 targets): minutes when triton's cache is cold
-@pytest.mark.parametrize('head_dim', DECLARED_HEAD_DIMS)  # a third each: xdist's workers compile them side by side
-def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_decides_by_its_fit(head_dim):
-    rows = resource_usage(archs=CHECKED_ARCHS, num_landmarks=DECLARED_LANDMARKS, head_dim=head_dim)
-    assert len(rows) == LAUNCHES * len(CHECKED_ARCHS) * len(DECLARED_LANDMARKS)
-    # the table the dispatcher reads: exactly these figures from the triton that wrote it, an upper bound of them
-    # from any other (the decisions are then safe, never a launch that does not fit)
-    compiled = shared_memory_table(rows)
-    exact = _release(importlib.metadata.version('triton')) == _release(TRITON)
-    for key, entry in compiled.items():
-        held = SHARED_MEMORY[key]
-        if exact:
-            assert entry == held, key
-        for kernel, need in entry.items():
-            for products, bytes_ in (need.items() if isinstance(need, dict) else [(None, need)]):
-                assert bytes_ <= (held[kernel] if products is None else held[kernel][products]), (key, kernel)
-    if exact:
-        _decisions_match_the_compiled_kernels(rows)
-    # the largest declared tiles nearly fill an A100 (observed 163,840 of 166,912 B at m = d = 64) and fit every kernel
-    # an A100 and an H100 launch at every declared size
-    for row in rows:
-        if row['arch'] in ('sm_80', 'sm_90'):
-            assert row['dynamic_shared_bytes'] <= SHARED_MEMORY_PER_BLOCK[int(row['arch'][3:])], row
-    if head_dim == MAX_HEAD_DIM:
-        assert max(r['dynamic_shared_bytes'] for r in rows if r['arch'] == 'sm_80') > 0.9 * SHARED_MEMORY_PER_BLOCK[80]
-    if head_dim != PUBLISHED[1]:
-        return
-    published = [r for r in rows if (r['num_landmarks'], r['head_dim']) == PUBLISHED]
+def test_the_table_was_compiled_from_these_kernel_sources_and_holds_every_declared_corner():
+    # an edit to the kernels, their blocks, stages or warps, the targets or the modules the kernels import makes the
+    # table stale: `python benchmarks/triton_cubins.py --write-table` compiles every corner again (--check-table
+    # compares)
+    assert kernel_sources() == SOURCES, 'stale: run python benchmarks/triton_cubins.py --write-table'
+    assert set(SHARED_MEMORY) == {(t, padded(m), padded(d)) for t in TARGETS for m in DECLARED_LANDMARKS
+                                  for d in DECLARED_HEAD_DIMS}
+    # the targets of one launch configuration ask for the same shared memory at every corner (sm_90's wgmma tiles for
+    # what sm_80's mma.sync ones do), which is why the compiled sample below takes one target of each
+    if CHECKED_ARCHS == TARGETS:
+        assert sorted(CONFIGURATIONS.values()) == [[75], [80, 90], [86, 89], [100, 103], [120, 121]]
+    for targets in CONFIGURATIONS.values():
+        assert all(_table_entries(t) == _table_entries(targets[0]) for t in targets), targets
+
+
+def test_the_dispatcher_takes_a_call_exactly_where_the_tables_figures_fit():
+    # for every target, corner, products dtype and direction: the dispatcher (a fake device of that target with its
+    # opt-in limit) takes the call exactly where every kernel the call launches fits, by the table
+    import torch
+    dtypes = {'float32': torch.float32, 'bfloat16': torch.bfloat16, 'float16': torch.float16}
+    for target in TARGETS:
+        limit = SHARED_MEMORY_PER_BLOCK[target]
+        device = DeviceLimits(f'sm_{target} device', divmod(target, 10), limit)
+        for m in DECLARED_LANDMARKS:
+            for d in DECLARED_HEAD_DIMS:
+                entry = SHARED_MEMORY[(target, padded(m), padded(d))]
+                for products, dtype in dtypes.items():
+                    for needs_grad in (False, True):
+                        kernels = launched_kernels(needs_grad)
+                        assert set(kernels) <= set(entry), (target, m, d)
+                        needs = [need if isinstance(need, int) else need[products]
+                                 for kernel, need in entry.items() if kernel in kernels]
+                        fits = max(needs) <= limit and not (products == 'bfloat16' and target < BFLOAT16_MIN_TARGET)
+                        reasons = launch_reasons(device, dtype, dtype, m, d, d, needs_grad)
+                        assert fits == (not reasons), (target, m, d, products, needs_grad, reasons)
+
+
+@pytest.mark.slow  # 140 compilations (28 launches × 5 targets): about 2 minutes when triton's cache is cold
+def test_the_largest_corner_compiles_to_the_tables_figures_for_each_launch_configuration():
+    representatives = tuple(targets[0] for targets in CONFIGURATIONS.values())
+    rows = resource_usage(archs=representatives, num_landmarks=MAX_LANDMARKS, head_dim=MAX_HEAD_DIM)
+    assert len(rows) == LAUNCHES * len(representatives)
+    _held_to_the_table(rows)
+    # the largest declared tiles nearly fill an A100 (observed 163,840 of 166,912 B) and fit every kernel an A100 and
+    # an H100 launch (sm_90 asks for sm_80's figures: above)
+    a100 = [r['dynamic_shared_bytes'] for r in rows if r['arch'] == 'sm_80']
+    assert 0.9 * SHARED_MEMORY_PER_BLOCK[80] < max(a100) <= SHARED_MEMORY_PER_BLOCK[80]
+
+
+@pytest.mark.slow  # 252 compilations (28 launches × 9 targets): about 2 minutes when triton's cache is cold
+def test_the_published_size_compiles_for_every_target_without_spills_to_the_tables_figures():
+    rows = resource_usage(archs=CHECKED_ARCHS, num_landmarks=PUBLISHED[0], head_dim=PUBLISHED[1])
+    _held_to_the_table(rows)
+    published = rows
     archs = tuple(f'sm_{t}' for t in CHECKED_ARCHS)
     expected = {(kernel, *dtypes, arch) for kernel in TOKEN_KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
     # the m×m kernel and its backward (float32 whatever the inputs), plain and SOFT-Norm
@@ -161,14 +195,17 @@ def test_every_declared_corner_compiles_for_every_target_and_the_dispatcher_deci
     assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 
-@pytest.mark.slow  # 648 compilations: 2 kernels × 3 variants × 3 dtypes × 4 widths × 9 targets
-def test_the_blocks_add_norm_kernels_compile_for_every_target_without_spills():
+@pytest.mark.slow  # 360 compilations: 2 kernels × 3 variants × 3 dtypes × 4 widths × 5 targets
+def test_the_blocks_add_norm_kernels_compile_without_spills_for_a_target_of_each_generation():
     # the post-norm blocks' fused add + LayerNorm (with the branch's bias and stochastic depth's scale) and the landmark
     # sampler's LayerNorm + GELU at SOFT's widths (64, 128; 320 padded to 512) and the widest the kernels take (1,024),
-    # with the rows per program of add_norm_config: no spilled register anywhere (at 16 rows of 512 channels the
-    # backward spilled 24-104 B on every target), shared memory a few KiB (reductions only)
-    rows = layer_resource_usage()
-    archs = {f'sm_{t}' for t in CHECKED_ARCHS}
+    # with the rows per program of add_norm_config: no spilled register (at 16 rows of 512 channels the backward
+    # spilled 24-104 B on every target), shared memory a few KiB (reductions only); on Turing, Ampere, Hopper and both
+    # Blackwells (sm_86 and sm_89 compile as sm_80 does, with the same 255 registers a thread; sm_103 and sm_121 as
+    # sm_100 and sm_120)
+    generations = tuple(t for t in (75, 80, 90, 100, 120) if t in CHECKED_ARCHS)
+    rows = layer_resource_usage(archs=generations)
+    archs = {f'sm_{t}' for t in generations}
     assert {(r['kernel'], r['variant'], r['dtype'], r['arch'], r['width']) for r in rows} == {
         (kernel, variant, dtype, arch, width) for kernel in LAYER_KERNELS for variant in LAYER_VARIANTS
         for dtype in _PRODUCTS for arch in archs for width in LAYER_WIDTHS}
@@ -180,13 +217,15 @@ def test_the_blocks_add_norm_kernels_compile_for_every_target_without_spills():
     assert len(table) == 1 + len(LAYER_KERNELS) * len(LAYER_VARIANTS) * len(_PRODUCTS) * len(LAYER_WIDTHS)
 
 
-@pytest.mark.slow  # 46 compilations for sm_80
+@pytest.mark.slow  # 8 compilations for sm_80
 def test_the_declared_limits_are_the_largest_that_fit_an_a100():
-    # one step beyond either limit (the next padded tile: m = 65..128, or d = 65..128) some kernel asks an A100 for
-    # more than it has (observed: the m×m kernel 196,608 B at m = 128; every backward over 166,912 B at d = 128)
-    for num_landmarks, head_dim in ((MAX_LANDMARKS + 1, 32), (49, MAX_HEAD_DIM + 1)):
-        rows = resource_usage(archs=(80,), num_landmarks=num_landmarks, head_dim=head_dim)
-        assert max(r['dynamic_shared_bytes'] for r in rows) > SHARED_MEMORY_PER_BLOCK[80], (num_landmarks, head_dim)
+    # one step beyond either limit (the next padded tile: m = 65..128, or d = 65..128) a kernel asks an A100 for more
+    # than it has: the m×m kernel at m = 128 (observed 196,608 B), the token backward at d = 128 in every dtype
+    middle, backward = MIDDLE_VARIANTS[0][0], TOKEN_KERNELS[-1]
+    for num_landmarks, head_dim, kernel in ((MAX_LANDMARKS + 1, 32, middle), (49, MAX_HEAD_DIM + 1, backward)):
+        rows = resource_usage(archs=(80,), num_landmarks=num_landmarks, head_dim=head_dim, kernels=(kernel,))
+        assert {r['kernel'] for r in rows} == {kernel} and len(rows) == (1 if kernel == middle else len(LAUNCH_DTYPES))
+        assert min(r['dynamic_shared_bytes'] for r in rows) > SHARED_MEMORY_PER_BLOCK[80], (num_landmarks, head_dim)
 
 
 def test_bad_arguments_are_named():
@@ -196,6 +235,8 @@ def test_bad_arguments_are_named():
         layer_resource_usage(widths=(2048,))
     with pytest.raises(ValueError, match=r"head_dim must be an int in 1..128 \(the kernels' limit\), got 129"):
         resource_usage(head_dim=129)
+    with pytest.raises(ValueError, match=r"kernels must be names of nystrom_fwd_kernel_context, .*; got \('fwd',\)"):
+        resource_usage(kernels=('fwd',))
 
 
 def test_the_table_puts_each_architecture_in_a_column():

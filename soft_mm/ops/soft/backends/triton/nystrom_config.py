@@ -29,8 +29,8 @@ NUM_WARPS = 8  # warps per program, every kernel
 # of the compiled kernel (its metadata), which grows with the padded tiles: at m, d <= 64 at most 163,840 B; d = 128
 # needs 176,128 B even at m <= 16, and m = 65..128 the m×m kernel's 196,608 B, both over an A100's 166,912. Targets
 # with less shared memory take a call within these limits only where its kernels fit them (:mod:`.nystrom_limits`; the
-# table: docs/advanced/precision_and_backends.md; tests/ops/test_triton_cubins.py compiles every corner for every
-# target).
+# table: docs/advanced/precision_and_backends.md; ``python benchmarks/triton_cubins.py --check-table`` compiles every
+# corner for every target).
 MAX_LANDMARKS = 64
 MAX_HEAD_DIM = 64
 # programs of a reduction over the tokens (the context kernel, the backward), over all (sample, head) groups: a few per
