@@ -10,12 +10,13 @@ are read at each launch (a CUDA graph is captured on a side stream). Imports tri
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import functools
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 
-__all__ = ['MAX_PLANS', 'KernelLauncher', 'PlannedLauncher', 'kernel_name', 'specialization']
+__all__ = ['MAX_PLANS', 'KernelLauncher', 'PlannedLauncher', 'kernel_name', 'once_differentiable', 'specialization']
 
 # the most launch signatures a PlannedLauncher keeps (a model makes a few hundred); beyond, it starts afresh
 MAX_PLANS = 4096
@@ -24,6 +25,18 @@ MAX_PLANS = 4096
 def kernel_name(kernel: Any) -> str:
     """The Python name of a Triton kernel (compiled or interpreted)."""
     return kernel.fn.__name__
+
+
+def once_differentiable(backward: Callable) -> Callable:
+    """``torch.autograd.function.once_differentiable`` for the backward of a Function that launches kernels, without
+    its ``no_grad`` block where grad mode is off already (every backward but one with ``create_graph=True``): the same
+    result, a few µs less of an eager step's host work per node."""
+    guarded = torch.autograd.function.once_differentiable(backward)
+
+    @functools.wraps(backward)
+    def wrapper(ctx: Any, *grads: Any) -> Any:
+        return guarded(ctx, *grads) if torch.is_grad_enabled() else backward(ctx, *grads)
+    return wrapper
 
 
 def specialization(args: Sequence[Any]) -> tuple:

@@ -20,7 +20,7 @@ from helpers.repo import ROOT
 from soft_mm.ops import triton_launch
 from soft_mm.ops.functional.add_norm import add_norm_config
 from soft_mm.ops.soft.backends.triton import nystrom_config
-from soft_mm.ops.triton_launch import MAX_PLANS, PlannedLauncher, specialization
+from soft_mm.ops.triton_launch import MAX_PLANS, PlannedLauncher, once_differentiable, specialization
 from soft_mm.testing.stub_driver import stub_triton_driver
 
 SCRIPT = ROOT / 'tests' / 'helpers' / 'launch_parity.py'
@@ -109,3 +109,36 @@ def test_plans_are_bounded_and_hold_no_tensor(monkeypatch):
     assert len(launcher.plans) <= 3 and MAX_PLANS >= 1024
     held = [v for plan in launcher.plans.values() for v in (*plan[2], *(k for key in launcher.plans for k in key))]
     assert not any(isinstance(v, torch.Tensor) for v in held)
+
+
+_MODES: list[bool] = []  # the grad mode each _Cube backward ran in
+
+
+class _Cube(torch.autograd.Function):
+    """x ** 3 with a backward that records the grad mode it ran in."""
+
+    @staticmethod
+    def forward(ctx, x):
+        ctx.save_for_backward(x)
+        return x ** 3
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad):
+        _MODES.append(torch.is_grad_enabled())
+        (x,) = ctx.saved_tensors
+        return 3 * x ** 2 * grad
+
+
+def test_once_differentiable_is_torch_s_where_a_graph_is_made_and_the_plain_backward_elsewhere():
+    x = torch.tensor([1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    _MODES.clear()
+    (grad,) = torch.autograd.grad(_Cube.apply(x).sum(), x)
+    assert grad.tolist() == [3.0, 12.0] and _MODES == [False]
+    # create_graph with a gradient that needs its own: the first derivative as torch's decorator gives it (run without
+    # grad), and differentiating it again raises the decorator's error instead of a silently wrong second derivative
+    seed = torch.ones(2, dtype=torch.float64, requires_grad=True)
+    (grad,) = torch.autograd.grad(_Cube.apply(x), x, grad_outputs=seed, create_graph=True)
+    assert grad.tolist() == [3.0, 12.0] and grad.requires_grad and _MODES == [False, False]
+    with pytest.raises(RuntimeError, match='marked with @once_differentiable'):
+        grad.sum().backward()

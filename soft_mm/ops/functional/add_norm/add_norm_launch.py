@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from ...route import Route, decided
+from ...triton_launch import once_differentiable
 from .add_norm_config import BACKWARD_PROGRAMS, MAX_ADD_NORM_WIDTH, add_norm_rows, padded_width
 from .add_norm_reference import add_layer_norm_reference
 
@@ -56,8 +57,9 @@ def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _rows(t: Tensor) -> Tensor:
-    return t.reshape(-1, t.shape[-1]) if t.is_contiguous() else t.contiguous().reshape(-1, t.shape[-1])
+def _dense(t: Tensor) -> Tensor:
+    """``t`` in contiguous memory, its rows of the last dim read by the kernels (itself where it is already)."""
+    return t if t.is_contiguous() else t.contiguous()
 
 
 @functools.lru_cache(maxsize=256)
@@ -98,12 +100,14 @@ class _AddLayerNorm(torch.autograd.Function):
     def forward(ctx, branch: Tensor, residual: Tensor | None, weight: Tensor, bias: Tensor,
                 branch_bias: Tensor | None, branch_scale: Tensor | None, eps: float, out_dtype: torch.dtype,
                 gelu: bool, return_sum: bool, route: Route) -> Tensor | tuple[Tensor, Tensor]:
-        x = _rows(branch)
-        r = x if residual is None else _rows(residual)
-        rows, width = x.shape
+        # (the tensors in their own shapes: the kernels read and write rows of contiguous memory)
+        x = _dense(branch)
+        r = x if residual is None else _dense(residual)
+        width = x.shape[-1]
+        rows = x.numel() // width
         tile_rows, padded, blocks, _, _ = _launch_sizes(rows, width)
-        per_sample = rows // branch.shape[0]
-        y = torch.empty(rows, width, dtype=route.store_dtype(out_dtype), device=x.device)
+        per_sample = rows // x.shape[0]
+        y = torch.empty(x.shape, dtype=route.store_dtype(out_dtype), device=x.device)
         total = torch.empty_like(r, dtype=route.store_dtype(r.dtype)) if return_sum else y
         stats = torch.empty(2, rows, dtype=torch.float32, device=x.device)
         flags = (residual is not None, branch_bias is not None, branch_scale is not None, gelu)
@@ -113,40 +117,41 @@ class _AddLayerNorm(torch.autograd.Function):
                      ((x, r, bb, sc), (weight, bias), y, total, stats, (rows, width, per_sample), eps),
                      _forward_meta(tile_rows, padded, *flags, return_sum))
         ctx.save_for_backward(x, r, bb, sc, weight, bias, stats)
-        ctx.options = flags, per_sample, branch.shape, route
+        ctx.options = flags, per_sample, rows, route
         ctx.dtypes = (branch.dtype, None if residual is None else residual.dtype,
                       None if branch_bias is None else branch_bias.dtype)
         ctx.set_materialize_grads(False)
-        y = y.to(out_dtype).view(branch.shape)
-        return (total.to(r.dtype).view(branch.shape), y) if return_sum else y
+        y = _as(y, out_dtype)  # (a float32 store where the interpreter runs the kernels)
+        return (_as(total, r.dtype), y) if return_sum else y
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, *grads: Tensor | None) -> tuple[Tensor | None, ...]:
         x, r, bb, sc, weight, bias, stats = ctx.saved_tensors
         grad, grad_total = grads[-1], grads[0] if len(grads) == 2 else None
-        flags, per_sample, shape, route = ctx.options
+        flags, per_sample, rows, route = ctx.options
         has_residual, _, has_scale, _ = flags
         branch_dtype, residual_dtype, branch_bias_dtype = ctx.dtypes
-        rows, width = x.shape
+        shape, width = x.shape, x.shape[-1]
         if grad is None:  # (the sum used, its norm not: the norm's gradient is zero)
             grad = x.new_zeros(())
         tile_rows, padded, _, programs, per_program = _launch_sizes(rows, width)
         # the gradient of the sum, in the residual's dtype (the branch's without a residual)
-        grad_sum = torch.empty(rows, width, dtype=route.store_dtype(residual_dtype or branch_dtype), device=x.device)
-        grad_x = (torch.empty(rows, width, dtype=route.store_dtype(branch_dtype), device=x.device)
+        grad_sum = torch.empty(shape, dtype=route.store_dtype(residual_dtype or branch_dtype), device=x.device)
+        grad_x = (torch.empty(shape, dtype=route.store_dtype(branch_dtype), device=x.device)
                   if has_scale else grad_sum)
         partials = torch.empty(programs, 3, padded, dtype=torch.float32, device=x.device)
-        grad_rows = _rows(grad.expand(rows, width) if grad.ndim == 0 else grad)
+        grad_rows = _dense(grad.expand(shape) if grad.ndim == 0 else grad)
         route.launch(_kernels(route).add_norm_bwd_kernel_dx, (programs,),
-                     ((grad_rows, x if grad_total is None else _rows(grad_total)), (grad_sum, grad_x),
+                     ((grad_rows, x if grad_total is None else _dense(grad_total)), (grad_sum, grad_x),
                       (x, r, bb, sc), (weight, bias), stats, partials, (rows, width, per_sample), per_program),
                      _backward_meta(tile_rows, padded, *flags, grad_total is not None))
-        grad_weight, grad_bias, grad_branch_bias = partials.sum(0)[:, :width]
-        grad_branch = _as(grad_x, branch_dtype).view(shape)
+        sums = partials.sum(0)
+        grad_weight, grad_bias, grad_branch_bias = (sums if padded == width else sums[:, :width]).unbind(0)
+        grad_branch = _as(grad_x, branch_dtype)
         grad_residual = None
         if has_residual:
-            grad_residual = _as(grad_sum, residual_dtype).view(shape)
+            grad_residual = _as(grad_sum, residual_dtype)
             if not has_scale and branch_dtype == residual_dtype:
                 grad_branch = grad_residual  # one tensor for both addends' equal gradients
         return (grad_branch, grad_residual, _as(grad_weight, weight.dtype), _as(grad_bias, bias.dtype),

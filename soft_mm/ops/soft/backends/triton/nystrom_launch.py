@@ -27,6 +27,7 @@ from torch import Tensor
 from ....custom_ops import differentiable_op
 from ....precision.autocast import ieee_float32_matmuls
 from ....route import Route, route_of
+from ....triton_launch import once_differentiable
 from ...dispatch import announce_fallback
 from ...newton import alpha_floor
 from ...products_op import products_op
@@ -260,7 +261,7 @@ class _SoftAttention(torch.autograd.Function):
         return out.to(out_dtype)
 
     @staticmethod
-    @torch.autograd.function.once_differentiable
+    @once_differentiable
     def backward(ctx, grad_out: Tensor | None) -> tuple[Tensor | None, ...]:
         if grad_out is None:
             return (None,) * 9
