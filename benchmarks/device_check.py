@@ -65,7 +65,8 @@ Parts:
 8. ``graphs``, only when named and best in a process of its own (:func:`bench_graphs`): SOFT-Norm-Small with
    ``compile_stages`` trained on two sizes in turn as CUDA graphs (``mode='reduce-overhead'``, ``pad_size_divisor``
    where the pyramid takes it), with the graphs compiled and the CUDA graphs captured before and after the sizes have
-   been seen (recompiles, re-records); the RetinaNet step with SOFT's stages as CUDA graphs beside Swin-T's eager one;
+   been seen (recompiles, re-records), then two accumulated micro-batches' gradients against an eager copy's; the
+   RetinaNet step with SOFT's stages as CUDA graphs beside Swin-T's eager one;
    then ``dynamic=True``.
 
 ``--parts correctness profile`` (any of the eight, by name) runs only those, e.g. a rerun within a short lease;

@@ -82,9 +82,9 @@ def test_smoke_run_without_mm_packages_from_outside_the_repository_fills_every_t
                all(0 < value < 100 for value in row['losses'].values()) for row in detectors), detectors
     # the summary: one line per target, the speed targets measured (met or not: CPU times say nothing of a GPU)
     summary = report['summary']
-    assert len(summary) == 8 and all(line['status'] in ('met', 'not met', 'not measured') for line in summary)
-    # (the peak memory on CPU may read 0; the graphed detector is the graphs part's row)
-    assert all(line['status'] != 'not measured' for i, line in enumerate(summary) if i not in (3, 5)), summary
+    assert len(summary) == 9 and all(line['status'] in ('met', 'not met', 'not measured') for line in summary)
+    # (the peak memory on CPU may read 0; the graphed detector and the micro-batches are the graphs part's rows)
+    assert all(line['status'] != 'not measured' for i, line in enumerate(summary) if i not in (3, 5, 8)), summary
     assert 'the training plan on a GPU' in stdout and '| target | measured | needed | |' in stdout
     assert 'total' in stdout and 'runs only if time is left' in stdout
     # where the forward's time goes, per model: the operators with the most time (on CPU no kernel launches)
@@ -102,6 +102,14 @@ def test_smoke_run_of_the_graphs_part_counts_recompiles_in_its_own_process(tmp_p
     assert set(report) == {'device', 'torch', 'soft_mm', 'targets', 'graphs', 'graphs_summary'}
     graphed, swin_detector, soft_detector, dynamic = report['graphs']
     assert (graphed['mode'], dynamic['mode']) == ('reduce-overhead', 'dynamic')
+    # two accumulated micro-batches at the first size's bucket through the compiled stages (on CPU: dynamo's eager
+    # backend) against an eager copy: as exact as the eager copy's own bfloat16 gradients against float32
+    assert graphed['stochastic_depth'] is False and dynamic['stochastic_depth'] is True
+    assert graphed['micro_batches_input'] == '1x64x128' and graphed['micro_batch_captures'] == 0
+    assert 0 < graphed['grad_diff_eager_bf16_vs_fp32'] < 0.5, graphed  # (measured 0.12: bfloat16 ran)
+    assert graphed['grad_diff_graphed_vs_eager'] <= graphed['grad_diff_eager_bf16_vs_fp32'], graphed
+    assert graphed['micro_batches_equal'] is True
+    assert any(line['status'] == 'met' and 'micro-batches' in line['target'] for line in report['graphs_summary'])
     # the detector step with SOFT's stages graphed (on CPU: compiled with dynamo's eager backend) beside Swin-T's
     assert (soft_detector['mode'], soft_detector['options']['pad_size_divisor']) == ('graphed', 64)
     assert swin_detector['model'] == 'swin_t' and 'mode' not in swin_detector
