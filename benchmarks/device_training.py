@@ -568,11 +568,19 @@ def stage_options(case: Case, cfg: dict, device: torch.device) -> dict[str, Any]
     return options
 
 
+def _reserved_mib(device: torch.device) -> float | None:
+    """The memory the CUDA caching allocator holds on ``device`` (its CUDA graphs' private pools included), MiB; None
+    off CUDA."""
+    return torch.cuda.memory_reserved(device) / 2 ** 20 if device.type == 'cuda' else None
+
+
 def stages_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, row: dict) -> None:
     """SOFT-Norm-Small with ``compile_stages`` trained on ``cfg['stage_sizes']`` in turn: a warm phase of
     ``WARM_ROUNDS`` rounds (compile, CUDA graphs' warm-up and recording), then ``training_repeats`` timed rounds; in
     each phase the graphs dynamo compiled and the CUDA graphs captured (in the steady phase: recompiles and
-    re-records), the step time per size, the peak memory of the steady phase. The CUDA-graphed row asks for
+    re-records), the step time per size, the peak memory of the steady phase, on CUDA the memory the allocator came to
+    hold during each size's warm calls (``warm_reserved_mib``: its graphs' pools, each bucket's graph memory where
+    CUDA graphs are recorded). The CUDA-graphed row asks for
     ``pad_size_divisor`` and records whether the installed pyramid took it; it is built without stochastic depth
     (graphed and eager steps then compute the same function) and ends with :func:`micro_batches` at its first size's
     bucket."""
@@ -607,7 +615,11 @@ def stages_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, r
             for round_ in range(rounds):
                 for size, step in zip(sizes, steps):
                     guard.check()
+                    reserved = _reserved_mib(device)
                     seconds = timed(step, device)
+                    if phase == 'warm' and reserved is not None:  # what compiling and recording this bucket kept
+                        grown = row.setdefault('warm_reserved_mib', {}).get(size, 0.0)
+                        row['warm_reserved_mib'][size] = grown + _reserved_mib(device) - reserved
                     if phase == 'warm' and round_ == 0:
                         row[f'first_call_s_{size}'] = seconds
                         if size == sizes[0]:  # the graphs of the first size; those at the second are recompiles

@@ -125,6 +125,7 @@ def test_smoke_run_of_the_graphs_part_counts_recompiles_in_its_own_process(tmp_p
         assert row['steady_graphs'] == 0 and row['steady_graph_breaks'] == 0, row
         # no CUDA graphs on CPU: none captured, and the row says so
         assert row['cuda_graphs'] is False and row['warm_captures'] == row['steady_captures'] == 0
+        assert 'warm_reserved_mib' not in row  # (CUDA's allocator only)
     # the pad is asked for where CUDA graphs would be recorded, and either taken or the refusal recorded
     assert 'pad_size_divisor_refused' not in dynamic and dynamic['pad_size_divisor'] is None
     if graphed['pad_size_divisor'] is None:
