@@ -640,19 +640,24 @@ def stages_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, r
 
 
 def accumulated_gradients(model: nn.Module, inputs: list[torch.Tensor], dtype: torch.dtype | None,
-                          ) -> dict[str, torch.Tensor]:
+                          projections: dict[tuple, torch.Tensor]) -> dict[str, torch.Tensor]:
     """Each parameter's gradient after the backward of every input in turn, accumulated (``zero_grad`` before the
     first only), as a loop of micro-batches runs them: the forward under autocast to ``dtype`` (None: float32), the
-    loss a fixed random projection of each map (the maps' means would do: the gradient of a post-norm map's mean is
-    zero in exact arithmetic before the last LayerNorm, rounding noise in bfloat16)."""
+    loss a fixed random projection of each map (the maps' means would not do: the gradient of a post-norm map's mean
+    is zero in exact arithmetic before the last LayerNorm, rounding noise in bfloat16); ``projections``: the
+    projections by map index and shape, drawn on first use and shared by the runs compared."""
     model.train()
     model.zero_grad(set_to_none=True)
     for x in inputs:
         with torch.autocast(x.device.type, dtype=dtype or torch.float32, enabled=dtype is not None):
             maps = model(x)
-        projections = [torch.randn(m.shape, generator=torch.Generator().manual_seed(i)).to(m.device)
-                       for i, m in enumerate(maps)]
-        sum((m.float() * p).sum() for m, p in zip(maps, projections)).backward()
+        loss = 0.0
+        for i, m in enumerate(maps):
+            key = (i, tuple(m.shape))
+            if key not in projections:
+                projections[key] = torch.randn(m.shape, generator=torch.Generator().manual_seed(i)).to(m.device)
+            loss = loss + (m.float() * projections[key]).sum()
+        loss.backward()
     return {name: p.grad.detach().float().clone() for name, p in model.named_parameters() if p.grad is not None}
 
 
@@ -677,14 +682,15 @@ def micro_batches(graphed: nn.Module, batch: int, image: tuple[int, int], device
     eager.load_state_dict(graphed.state_dict())
     generator = torch.Generator().manual_seed(0)
     inputs = [torch.randn(batch, 3, *image, generator=generator).to(device) for _ in range(MICRO_BATCHES)]
+    projections: dict[tuple, torch.Tensor] = {}
     guard.check()
     before = captures[0]
-    graph_grads = accumulated_gradients(graphed, inputs, AUTOCAST_DTYPE)
+    graph_grads = accumulated_gradients(graphed, inputs, AUTOCAST_DTYPE, projections)
     row['micro_batch_captures'] = captures[0] - before
     guard.check()
-    eager_grads = accumulated_gradients(eager, inputs, AUTOCAST_DTYPE)
+    eager_grads = accumulated_gradients(eager, inputs, AUTOCAST_DTYPE, projections)
     guard.check()
-    float32_grads = accumulated_gradients(eager, inputs, None)
+    float32_grads = accumulated_gradients(eager, inputs, None, projections)
     graphed.zero_grad(set_to_none=True)
     row['micro_batches_input'] = f'{batch}x{image[0]}x{image[1]}'
     row['grad_diff_graphed_vs_eager'] = gradient_difference(graph_grads, eager_grads)

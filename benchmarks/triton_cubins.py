@@ -517,7 +517,7 @@ def main(argv: list[str] | None = None) -> int:
                         help='row widths for --layers (default: ' + ' '.join(map(str, LAYER_WIDTHS)) + ')')
     parser.add_argument('--write-table', action='store_true',
                         help=f'compile the declared corners for every target and write {_TABLE_FILE.name}, the '
-                             'dispatcher\'s shared-memory table (ignores --arch, --landmarks and --head-dim)')
+                             'dispatcher\'s shared-memory table (ignores --arch, --landmarks, --head-dim, --kernels)')
     parser.add_argument('--kernels', nargs='+', choices=_kernel_names(),
                         help='compile these kernels alone (default: every one)')
     parser.add_argument('--check-table', action='store_true',

@@ -154,15 +154,14 @@ def test_the_largest_corner_compiles_to_the_tables_figures_for_each_launch_confi
 def test_the_published_size_compiles_for_every_target_without_spills_to_the_tables_figures():
     rows = resource_usage(archs=CHECKED_ARCHS, num_landmarks=PUBLISHED[0], head_dim=PUBLISHED[1])
     _held_to_the_table(rows)
-    published = rows
     archs = tuple(f'sm_{t}' for t in CHECKED_ARCHS)
     expected = {(kernel, *dtypes, arch) for kernel in TOKEN_KERNELS for dtypes in LAUNCH_DTYPES for arch in archs}
     # the m×m kernel and its backward (float32 whatever the inputs), plain and SOFT-Norm
     group_names = [*(name for name, _ in MIDDLE_VARIANTS + MIDDLE_BACKWARD_VARIANTS), *GROUP_KERNELS]
     expected |= {(name, 'fp32', '-', 'fp32', arch) for name in group_names for arch in archs}
-    assert {(r['kernel'], r['q'], r['v'], r['products'], r['arch']) for r in published} == expected
-    assert len(published) == LAUNCHES * len(CHECKED_ARCHS)
-    for row in published:
+    assert {(r['kernel'], r['q'], r['v'], r['products'], r['arch']) for r in rows} == expected
+    assert len(rows) == LAUNCHES * len(CHECKED_ARCHS)
+    for row in rows:
         target = int(row['arch'][3:])
         assert 0 < row['registers'] <= 255, row
         taken = target >= BFLOAT16_MIN_TARGET or 'bf16' not in (row['q'], row['products'])
@@ -192,7 +191,7 @@ def test_the_published_size_compiles_for_every_target_without_spills_to_the_tabl
         backward = row['kernel'] == 'nystrom_bwd_kernel_dq_dv_dl'
         assert any(i.startswith('wgmma') for i in instructions) == (target in WGMMA_TARGETS and not backward), row
         assert any(i.startswith('tcgen05') for i in instructions) == (target in TCGEN05_TARGETS and not backward), row
-    table = format_table(published).splitlines()
+    table = format_table(rows).splitlines()
     assert len(table) == 1 + LAUNCHES and all(f'{arch} regs / spill B / smem B' in table[0] for arch in archs)
 
 

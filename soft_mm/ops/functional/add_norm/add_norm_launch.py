@@ -57,11 +57,6 @@ def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
-def _dense(t: Tensor) -> Tensor:
-    """``t`` in contiguous memory, its rows of the last dim read by the kernels (itself where it is already)."""
-    return t if t.is_contiguous() else t.contiguous()
-
-
 @functools.lru_cache(maxsize=256)
 def _launch_sizes(rows: int, width: int) -> tuple[int, int, int, int, int]:
     """``(ROWS, CP, forward programs, backward programs, row blocks per backward program)`` for a ``(rows, width)``
@@ -101,8 +96,8 @@ class _AddLayerNorm(torch.autograd.Function):
                 branch_bias: Tensor | None, branch_scale: Tensor | None, eps: float, out_dtype: torch.dtype,
                 gelu: bool, return_sum: bool, route: Route) -> Tensor | tuple[Tensor, Tensor]:
         # (the tensors in their own shapes: the kernels read and write rows of contiguous memory)
-        x = _dense(branch)
-        r = x if residual is None else _dense(residual)
+        x = branch.contiguous()
+        r = x if residual is None else residual.contiguous()
         width = x.shape[-1]
         rows = x.numel() // width
         tile_rows, padded, blocks, _, _ = _launch_sizes(rows, width)
@@ -141,9 +136,9 @@ class _AddLayerNorm(torch.autograd.Function):
         grad_x = (torch.empty(shape, dtype=route.store_dtype(branch_dtype), device=x.device)
                   if has_scale else grad_sum)
         partials = torch.empty(programs, 3, padded, dtype=torch.float32, device=x.device)
-        grad_rows = _dense(grad.expand(shape) if grad.ndim == 0 else grad)
+        grad_rows = (grad.expand(shape) if grad.ndim == 0 else grad).contiguous()
         route.launch(_kernels(route).add_norm_bwd_kernel_dx, (programs,),
-                     ((grad_rows, x if grad_total is None else _dense(grad_total)), (grad_sum, grad_x),
+                     ((grad_rows, x if grad_total is None else grad_total.contiguous()), (grad_sum, grad_x),
                       (x, r, bb, sc), (weight, bias), stats, partials, (rows, width, per_sample), per_program),
                      _backward_meta(tile_rows, padded, *flags, grad_total is not None))
         sums = partials.sum(0)
