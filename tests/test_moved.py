@@ -5,12 +5,12 @@ home; nothing else is intercepted."""
 from __future__ import annotations
 
 import importlib
-import subprocess
 import sys
 import warnings
 
 import pytest
 from helpers.repo import ROOT
+from helpers.tool_process import TORCH_ONLY, run_code
 
 import soft_mm
 from soft_mm.moved import LEFT, MOVED, REMOVED_IN, SPLIT, MovedModuleFinder, new_path
@@ -124,9 +124,10 @@ def test_every_name_an_old_path_had_imports_from_it_with_a_future_warning_naming
         assert not [name for name in removed if hasattr(module, name)], 'a removed name is back: list it as moved'
 
 
-def _prints_ok(code: str) -> None:
-    """Runs ``code`` in a fresh interpreter: it must exit 0 having printed ``ok`` alone."""
-    proc = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, check=False, timeout=300)
+def _prints_ok(code: str, preload: tuple[str, ...] = ()) -> None:
+    """Runs ``code`` in an interpreter where nothing of soft_mm was imported (forked from one that imported
+    ``preload``, :func:`helpers.tool_process.run_code`): it must exit 0 having printed ``ok`` alone."""
+    proc = run_code(code, preload)
     assert proc.returncode == 0 and proc.stdout.split() == ['ok'], proc.stdout + proc.stderr
 
 
@@ -189,13 +190,13 @@ print('ok')
 """
 
 
-@pytest.mark.slow  # one fresh interpreter per old path: a few seconds each
 @pytest.mark.parametrize('old', sorted(MOVED))
 def test_each_old_path_in_a_fresh_interpreter_keeps_the_new_module_its_own(old):
-    """In a fresh interpreter the old path warns, gives the new module, and leaves it its own import attributes (a
-    reload after an old-path import reloads the new module under its own name; the interpreted Triton kernels are
-    reloaded this way when TRITON_INTERPRET changes); an old op-layer path imports with torch alone."""
+    """In an interpreter that has imported nothing of soft_mm the old path warns, gives the new module, and leaves it
+    its own import attributes (a reload after an old-path import reloads the new module under its own name; the
+    interpreted Triton kernels are reloaded this way when TRITON_INTERPRET changes); an old op-layer path imports with
+    torch alone (in a process that has imported torch and numpy only)."""
     new = new_path(old)
     torch_only = old.startswith('soft_mm.ops.') and new.startswith('soft_mm.ops.')
     code = _FRESH.format(old=old, new=new, torch_only=torch_only, frameworks=_FRAMEWORKS)
-    _prints_ok(code)
+    _prints_ok(code, TORCH_ONLY if torch_only else ())

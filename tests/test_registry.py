@@ -2,13 +2,11 @@
 ``custom_imports=dict(imports=['soft_mm'])`` in a config."""
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 
 import pytest
 from helpers.repo import ROOT
+from helpers.tool_process import TORCH_ONLY, run_code
 from mmengine.registry import MODELS as MMENGINE_MODELS
 
 import soft_mm
@@ -44,8 +42,9 @@ def test_another_packages_soft_is_not_replaced(tmp_path):
             print(type(error).__name__, '|', error)
         print(MODELS.get('SOFT').__qualname__)
     ''')
-    out = subprocess.run([sys.executable, '-c', script], cwd=tmp_path, capture_output=True, text=True, check=True,
-                         env={**os.environ, 'PYTHONPATH': str(ROOT)}).stdout.splitlines()
+    proc = run_code(script, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = proc.stdout.splitlines()
     assert out == ["RegistryConflictError | soft_mm: model registry 'mmengine' already holds 'SOFT' from "
                    "__main__.OtherSOFT; soft_mm does not replace it: import soft_mm before that package, or give one "
                    "of the two another name", 'OtherSOFT'], out
@@ -77,10 +76,10 @@ def test_build_from_downstream_registries(package, type_name):
     assert not any(p.requires_grad for p in model.stages[0].parameters())
 
 
-def run_fresh_python(code: str) -> str:
-    """Run ``code`` in a fresh interpreter (nothing of soft_mm imported yet) with the repository importable."""
-    result = subprocess.run([sys.executable, '-c', textwrap.dedent(code)], cwd=ROOT, capture_output=True,
-                            text=True, timeout=300, check=False)
+def run_fresh_python(code: str, preload: tuple[str, ...] = ()) -> str:
+    """Run ``code`` in an interpreter where nothing of soft_mm is imported yet, with the repository importable: forked
+    from one that imported ``preload`` (:func:`helpers.tool_process.run_code`; empty: the OpenMMLab stack)."""
+    result = run_code(textwrap.dedent(code), preload, cwd=ROOT)
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
 
@@ -152,5 +151,5 @@ def test_importing_the_datasets_imports_no_framework():
         import sys
         import soft_mm.datasets
         print(sorted(m for m in ('mmdet', 'mmseg', 'mmpretrain') if m in sys.modules) or 'none')
-    """)
+    """, TORCH_ONLY)
     assert out.split() == ['none']

@@ -27,13 +27,14 @@ def _read_at_import(key: str) -> bool:
 
 
 class _Zygote:
-    """The client side of tests/helpers/tool_zygote.py: one request at a time."""
+    """The client side of tests/helpers/tool_zygote.py (``preload``: the modules it imports; empty: its default
+    stack): one request at a time."""
 
-    def __init__(self) -> None:
+    def __init__(self, preload: tuple[str, ...] = ()) -> None:
         self.env = dict(os.environ)
         zygote = ROOT / 'tests' / 'helpers' / 'tool_zygote.py'
-        self.proc = subprocess.Popen([sys.executable, str(zygote)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     cwd=ROOT, env=self.env)
+        self.proc = subprocess.Popen([sys.executable, str(zygote), *preload], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=ROOT, env=self.env)
         self.buffer = b''
         assert self._reply(600) == {'ready': True}
 
@@ -75,25 +76,45 @@ class _Zygote:
         self.proc.wait(60)
 
 
-_ZYGOTE: list[_Zygote] = []
+_ZYGOTES: dict[tuple[str, ...], _Zygote] = {}
 
 
-def _zygote() -> _Zygote:
-    if not _ZYGOTE or _ZYGOTE[0].proc.poll() is not None:
+def _zygote(preload: tuple[str, ...] = ()) -> _Zygote:
+    zygote = _ZYGOTES.get(preload)
+    if zygote is None or zygote.proc.poll() is not None:
         import atexit
 
-        _ZYGOTE[:] = [_Zygote()]
-        atexit.register(_ZYGOTE[0].close)
-    return _ZYGOTE[0]
+        zygote = _ZYGOTES[preload] = _Zygote(preload)
+        atexit.register(zygote.close)
+    return zygote
 
 
-def run_process(command: list[str], cwd: Path, env: dict[str, str], timeout: float) -> subprocess.CompletedProcess:
+def run_process(command: list[str], cwd: Path, env: dict[str, str], timeout: float,
+                preload: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
     """``command`` (``[sys.executable, SCRIPT, *ARGS]`` or any other) in ``cwd`` with ``env``, output captured as
-    text: forked from the zygote where it serves such a run, else a fresh process."""
+    text: forked from the zygote that imported ``preload`` (empty: the whole third-party stack) where it serves such
+    a run, else a fresh process."""
     fresh = os.environ.get('SOFT_MM_TEST_FRESH_PROCESSES') == '1'
-    if not fresh and command[0] == sys.executable and command[1].endswith('.py') and _zygote().serves(env):
-        return _zygote().run(command, cwd, env, timeout)
+    if (not fresh and command[0] == sys.executable and command[1].endswith('.py')
+            and _zygote(preload).serves(env)):
+        return _zygote(preload).run(command, cwd, env, timeout)
     return subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# what a run of code that must import the OpenMMLab stack and timm itself (or not at all) may find imported
+TORCH_ONLY = ('numpy', 'torch')
+
+
+def run_code(code: str, preload: tuple[str, ...] = (), cwd: Path | None = None,
+             timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python -c CODE`` in ``cwd`` (default: the current folder), as :func:`run_process` runs a script: forked from
+    the zygote that imported ``preload`` (:data:`TORCH_ONLY`: nothing of the OpenMMLab stack or timm), soft_mm
+    imported by the code itself."""
+    with tempfile.TemporaryDirectory() as folder:
+        script = Path(folder, 'code.py')
+        script.write_text(code)
+        return run_process([sys.executable, str(script)], Path.cwd() if cwd is None else cwd, dict(os.environ),
+                           timeout, preload)
 
 
 def run_python(script: Path | str, *args: str, cwd: Path | None = None, timeout: float = 900,

@@ -15,6 +15,9 @@ fresh process does. What a run inherits is the third-party modules already impor
 are about a fresh interpreter (another ``PYTHONPATH``, blocked imports, an installed wheel, a killed process) start
 real processes.
 
+``python tool_zygote.py MODULE ...`` imports those modules instead of :data:`PRELOAD` (``numpy torch``: a process for
+the tests that check what an import of soft_mm alone pulls in, where the OpenMMLab stack must not be loaded).
+
 Protocol, one JSON object per line: request ``{"script", "argv", "cwd", "env", "stdout", "stderr"}`` on stdin; the
 reply ``{"pid": ...}`` when forked, then ``{"returncode": ...}`` (negative: killed by that signal) on stdout.
 """
@@ -90,7 +93,7 @@ def _run_child(request: dict, replies) -> None:
 def main() -> None:
     replies = os.fdopen(os.dup(1), 'w')  # the protocol's own pipe: whatever the imports print goes to stderr
     os.dup2(2, 1)
-    for name in PRELOAD:
+    for name in sys.argv[1:] or PRELOAD:
         with contextlib.suppress(ImportError):
             importlib.import_module(name)
     print(json.dumps({'ready': True}), file=replies, flush=True)
