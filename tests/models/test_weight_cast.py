@@ -23,7 +23,7 @@ pytestmark = triton_kernels
 
 @pytest.mark.parametrize('dtype', [torch.bfloat16, pytest.param(torch.float16, marks=pytest.mark.cpu_float16)])
 def test_outputs_and_gradients_are_those_of_autocasts_own_casts(gpu_route, monkeypatch, dtype):
-    model = pyramid_model()
+    model = pyramid_model(arch=ARCH)
     x = torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1))
     casts = count_casts(monkeypatch)
     with counted_launches() as once:
@@ -34,14 +34,15 @@ def test_outputs_and_gradients_are_those_of_autocasts_own_casts(gpu_route, monke
     with counted_launches() as per_call:
         reference = step(model, x, dtype)
     assert_same(result, reference, grads_expected=len(list(model.parameters())))
-    # SOFT-Tiny: autocast casts each GEMM weight at each call and its gradient back (its post-norm blocks' last biases
-    # are read in float32 by the fused sum and norm): observed 169 casts against 37, 4 flat casts each way instead
+    # autocast casts each GEMM weight at each call and its gradient back (the post-norm blocks' last biases are read in
+    # float32 by the fused sum and norm): observed 119 casts against 33 (4 flat casts each way instead), 599 operators
+    # against 501 (SOFT-Tiny: 165 against 37)
     casts, casts_ref = once.count('aten._to_copy'), per_call.count('aten._to_copy')
-    assert casts_ref - casts >= 120 and len(per_call) - len(once) >= 120, (casts, casts_ref)
+    assert casts_ref - casts >= 80 and len(per_call) - len(once) >= 80, (casts, casts_ref)
 
 
 def test_the_parameters_are_back_after_the_forward_unchanged(gpu_route):
-    model = pyramid_model()
+    model = pyramid_model(arch=ARCH)
     before = {name: (p, p.detach().clone()) for name, p in model.named_parameters()}
     step(model, torch.randn(1, 3, 64, 64))
     for name, p in model.named_parameters():
