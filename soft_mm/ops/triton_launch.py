@@ -6,7 +6,9 @@ kernel up at each launch: about 10 µs of Python a launch, where an eager GPU st
 ``CompiledKernel`` that a signature's first ``kernel[grid]`` returned, under a key holding what triton specialises
 on (each tensor's dtype and 16-byte alignment, each int's being 1, its divisibility by 16 and its width, the
 constexprs and options), and launches it directly with every parameter in signature order; the device and the stream
-are read at each launch (a CUDA graph is captured on a side stream). Imports triton only when a plan is made.
+are read at each launch (a CUDA graph is captured on a side stream), and where triton's launch hooks call nothing (no
+profiler's registered) the launch takes none and no per-launch metadata for them. Imports triton only when a plan is
+made.
 """
 from __future__ import annotations
 
@@ -93,7 +95,7 @@ class PlannedLauncher(KernelLauncher):
 
     def __init__(self) -> None:
         self.plans: dict[tuple, tuple[Any, Any, tuple]] = {}
-        self._driver = self._knobs = None
+        self._driver = self._knobs = self._chain = None
         self.direct = self._load()
 
     def _load(self) -> bool:
@@ -106,6 +108,7 @@ class PlannedLauncher(KernelLauncher):
         if knobs is None:  # triton < 3.4
             return False
         self._driver, self._knobs = driver, knobs.runtime
+        self._chain = getattr(knobs, 'HookChain', None)
         return True
 
     def __call__(self, kernel: Any, grid: tuple[int, ...], args: Sequence[Any], meta: Mapping[str, Any]) -> None:
@@ -127,9 +130,18 @@ class PlannedLauncher(KernelLauncher):
         stream = active.get_current_stream(device)
         values = (*args, *trailing)
         knobs = self._knobs
+        enter, leave = knobs.launch_enter_hook, knobs.launch_exit_hook
+        if self._idle(enter) and self._idle(leave):  # no hook to call: no per-launch metadata for one
+            enter = leave = metadata = None
+        else:
+            metadata = compiled.launch_metadata(grid, stream, *values)
         compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1, stream,
-                     compiled.function, compiled.packed_metadata, compiled.launch_metadata(grid, stream, *values),
-                     knobs.launch_enter_hook, knobs.launch_exit_hook, *values)
+                     compiled.function, compiled.packed_metadata, metadata, enter, leave, *values)
+
+    def _idle(self, hook: Any) -> bool:
+        """Whether a launch hook of triton's knobs calls nothing: None, or an empty ``HookChain`` (the default since
+        the hooks became chains, which ``kernel[grid]`` builds the per-launch metadata for and calls anyway)."""
+        return hook is None or (type(hook) is self._chain and not hook.calls)
 
 
 def _trailing_parameters(kernel: Any, num_args: int, meta: Mapping[str, Any]) -> tuple:

@@ -3,7 +3,7 @@ stand-in sm_90 driver (triton's real launch path, CPU tensors, no kernel run), e
 ``kernel[grid]`` and once by a launch plan from its second use on; prints, as JSON, per kernel the signatures seen and
 whether every plan launch handed the driver's launcher exactly what ``kernel[grid]`` handed it.
 
-    python tests/helpers/launch_parity.py [--dtypes bfloat16 float16]
+    python tests/helpers/launch_parity.py [--dtypes bfloat16 float16] [--enter-hook-on float16]
 """
 from __future__ import annotations
 
@@ -44,6 +44,20 @@ def comparable(value):
     return value
 
 
+def idle(hook) -> bool:
+    return hook is None or (type(hook).__name__ == 'HookChain' and not hook.calls)
+
+
+def without_idle_hooks(call: tuple) -> tuple:
+    """A recorded launch as a plan makes it where triton's launch hooks call nothing (an empty ``HookChain``, the
+    default): the per-launch metadata and both hooks None, which is what ``kernel[grid]``'s launch does then too (the
+    launcher calls no hook, so nothing reads the metadata); any other launch as it is."""
+    name, args = call
+    if idle(args[7]) and idle(args[8]):
+        args = (*args[:6], None, None, None, *args[9:])
+    return name, args
+
+
 class ComparingLauncher(KernelLauncher):
     """Launches each kernel with ``kernel[grid]``, then twice with a launch plan (the first makes the plan), and
     compares what the driver's launcher got from ``kernel[grid]`` and from the plan's direct launch."""
@@ -54,15 +68,17 @@ class ComparingLauncher(KernelLauncher):
         self.plan = PlannedLauncher()
         self.jit = KernelLauncher()
         self.seen: dict[str, dict] = {}
+        self.with_metadata = 0  # planned launches that handed the launcher triton's per-launch metadata
 
     def __call__(self, kernel, grid, args, meta) -> None:
         self.last = kernel, grid, args, meta
         calls = RecordingLauncher.calls
         self.jit(kernel, grid, args, meta)
-        reference = calls[-1]
+        reference = without_idle_hooks(calls[-1])
         self.plan(kernel, grid, args, meta)
         self.plan(kernel, grid, args, meta)
         planned = calls[-1]
+        self.with_metadata += planned[1][6] is not None
         entry = self.seen.setdefault(kernel_name(kernel), {'signatures': set(), 'launches': 0, 'equal': 0})
         entry['signatures'].add(repr((specialization(args), sorted(meta.items()))))
         entry['launches'] += 1
@@ -87,6 +103,9 @@ def stream_read_at_each_launch(launcher: ComparingLauncher) -> bool:
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument('--dtypes', nargs='+', default=['bfloat16', 'float16'])
+    parser.add_argument('--enter-hook-on', nargs='*', default=[],
+                        help="the dtypes whose step runs with triton's launch_enter_hook set (a profiler's): the "
+                             'launcher then gets the per-launch metadata')
     parser.add_argument('--mutate', action='store_true',
                         help='plans pass one argument wrong (the last trailing parameter doubled): the check must '
                              'see it')
@@ -105,14 +124,23 @@ def main() -> int:
     with stub_triton_driver(90, record=True), stubbed_triton_route(90, launcher):
         if not launcher.plan.direct:
             raise SystemExit('launch_parity: this triton has no direct launch (triton < 3.4)')
+        import triton
+
+        hooks = triton.knobs.runtime
+        default = hooks.launch_enter_hook  # (an empty HookChain on triton >= 3.5, None before)
         for dtype in args.dtypes:
-            with torch.autocast('cpu', dtype=getattr(torch, dtype)):
-                maps, _ = model.forward_pyramid(x)
-            torch.autograd.backward([m.float().mean() for m in maps])
+            if dtype in args.enter_hook_on:  # a profiler's hook, as triton's own profiler registers one
+                hooks.launch_enter_hook = lambda metadata: None
+            try:
+                with torch.autocast('cpu', dtype=getattr(torch, dtype)):
+                    maps, _ = model.forward_pyramid(x)
+                torch.autograd.backward([m.float().mean() for m in maps])
+            finally:
+                hooks.launch_enter_hook = default
             model.zero_grad(set_to_none=True)
         stream = stream_read_at_each_launch(launcher)
-    import triton
-    report = {'triton': triton.__version__, 'stream_read_at_each_launch': stream, 'kernels': {
+    report = {'triton': triton.__version__, 'stream_read_at_each_launch': stream,
+              'planned_launches_with_metadata': launcher.with_metadata, 'kernels': {
         name: {'signatures': len(entry['signatures']), 'launches': entry['launches'], 'equal': entry['equal']}
         for name, entry in sorted(launcher.seen.items())}}
     print(json.dumps(report))

@@ -3,9 +3,9 @@
 A training step of a small SOFT-Norm pyramid on the GPU route of a stand-in sm_90 driver (triton's real launch path on
 CPU tensors, without the interpreter, in a process of its own: ``tests/helpers/launch_parity.py``): every kernel of the
 step, every signature, the plan's direct launch hands the driver's launcher exactly what ``kernel[grid]`` does, and the
-stream is read at each launch; a plan that passes one argument wrong is seen. Run on the installed triton (the torch
-matrix's ``2.8`` entry runs it on triton 3.4, the oldest the kernels take). The key's parts and the fallback to
-``kernel[grid]`` below triton 3.4, in this process."""
+stream is read at each launch, with and without a launch-enter hook; a plan that passes one argument wrong is seen. Run
+on the installed triton (the torch matrix's ``2.8`` entry runs it on triton 3.4, the oldest the kernels take). The key's
+parts and the fallback to ``kernel[grid]`` below triton 3.4, in this process."""
 from __future__ import annotations
 
 import json
@@ -39,13 +39,16 @@ def _parity(*args: str) -> dict:
 @pytest.mark.triton_kernels
 @pytest.mark.slow  # compiles each kernel of the step for sm_90 (cached by triton afterwards): about a minute cold
 def test_plans_pass_exactly_what_kernel_grid_passes_for_every_kernel_of_a_training_step():
-    report = _parity()
+    report = _parity('--enter-hook-on', 'float16')
     kernels = report['kernels']
     assert set(kernels) == STEP_KERNELS, sorted(kernels)
     assert all(entry['equal'] == entry['launches'] > 0 for entry in kernels.values()), kernels
     # bfloat16 and float16 steps, stochastic depth, post- and pre-norm blocks: the add + LayerNorm kernel's variants
     assert kernels['add_norm_fwd_kernel_y']['signatures'] >= 8 and kernels['nystrom_fwd_kernel_o']['signatures'] >= 2
     assert report['stream_read_at_each_launch'] is True
+    # with a launch-enter hook set (the float16 step: a profiler's), the plans hand the launcher triton's per-launch
+    # metadata (its contents compared above) and the hook; without one, neither
+    assert 0 < report['planned_launches_with_metadata'] < sum(entry['launches'] for entry in kernels.values())
     # the check sees a plan that passes one argument wrong
     mutated = _parity('--dtypes', 'bfloat16', '--mutate')['kernels']
     assert sum(entry['equal'] for entry in mutated.values()) < sum(entry['launches'] for entry in mutated.values())
