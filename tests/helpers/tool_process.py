@@ -107,9 +107,9 @@ TORCH_ONLY = ('numpy', 'torch')
 
 def run_code(code: str, preload: tuple[str, ...] = (), cwd: Path | None = None,
              timeout: float = 300) -> subprocess.CompletedProcess:
-    """``python -c CODE`` in ``cwd`` (default: the current folder), as :func:`run_process` runs a script: forked from
-    the zygote that imported ``preload`` (:data:`TORCH_ONLY`: nothing of the OpenMMLab stack or timm), soft_mm
-    imported by the code itself."""
+    """``code`` run as a script (from a temporary file) in ``cwd`` (default: the current folder), as
+    :func:`run_process` runs one: forked from the zygote that imported ``preload`` (:data:`TORCH_ONLY`: nothing of the
+    OpenMMLab stack or timm), soft_mm imported by the code itself."""
     with tempfile.TemporaryDirectory() as folder:
         script = Path(folder, 'code.py')
         script.write_text(code)
