@@ -568,6 +568,11 @@ def stage_options(case: Case, cfg: dict, device: torch.device) -> dict[str, Any]
     return options
 
 
+def _padded(sizes, divisor: int) -> list[tuple[int, tuple[int, int]]]:
+    """``sizes`` (``(batch, (H, W))`` each) with H and W rounded up to multiples of ``divisor``: the buckets."""
+    return [(batch, (-(-h // divisor) * divisor, -(-w // divisor) * divisor)) for batch, (h, w) in sizes]
+
+
 def _reserved_mib(device: torch.device) -> float | None:
     """The memory the CUDA caching allocator holds on ``device`` (its CUDA graphs' private pools included), MiB; None
     off CUDA."""
@@ -590,13 +595,13 @@ def stages_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, r
     row['pad_size_divisor'] = None
     row['stochastic_depth'] = case.mode != 'reduce-overhead'
     model = None
+    divisor = 1  # the CUDA-graphed row's pad_size_divisor where the pyramid takes it
     if case.mode == 'reduce-overhead':
         try:
             model = soft_with_compiled_stages(case.image, dict(options, pad_size_divisor=cfg['pad_size_divisor']),
                                               stochastic_depth=False)
             row['pad_size_divisor'] = divisor = cfg['pad_size_divisor']
-            row['padded_sizes'] = [f'{batch}x{-(-h // divisor) * divisor}x{-(-w // divisor) * divisor}'
-                                   for batch, (h, w) in cfg['stage_sizes']]
+            row['padded_sizes'] = [f'{batch}x{h}x{w}' for batch, (h, w) in _padded(cfg['stage_sizes'], divisor)]
         except ValueError as err:  # an older pyramid: compile_stages has no such key
             row['pad_size_divisor_refused'] = str(err).splitlines()[0]
     if model is None:
@@ -633,10 +638,8 @@ def stages_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, r
             if phase == 'steady':
                 row['peak_mib'] = memory.peak_mib()
         if case.mode == 'reduce-overhead':
-            batch, (h, w) = cfg['stage_sizes'][0]
-            divisor = row['pad_size_divisor'] or 1
-            micro_batches(model, batch, (-(-h // divisor) * divisor, -(-w // divisor) * divisor), device, guard,
-                          captures, row)
+            batch, image = _padded(cfg['stage_sizes'], divisor)[0]
+            micro_batches(model, batch, image, device, guard, captures, row)
 
 
 def accumulated_gradients(model: nn.Module, inputs: list[torch.Tensor], dtype: torch.dtype | None,
@@ -665,10 +668,13 @@ def gradient_difference(grads: dict[str, torch.Tensor], reference: dict[str, tor
     """``‖g - r‖ / ‖r‖`` over every parameter's gradient at once (a per-parameter ratio would be a ratio of
     roundings where a gradient is zero in exact arithmetic, as for a bias a LayerNorm's centring cancels); inf where a
     parameter has a gradient in one and not the other."""
+    from soft_mm.testing.error_rule import relative_error
+
     if set(grads) != set(reference):
         return math.inf
-    difference = sum(((grads[k] - r).double() ** 2).sum() for k, r in reference.items())
-    return (difference / sum((r.double() ** 2).sum() for r in reference.values())).sqrt().item()
+    names = sorted(reference)
+    return relative_error(torch.cat([grads[k].flatten() for k in names]),
+                          torch.cat([reference[k].flatten() for k in names]))
 
 
 def micro_batches(graphed: nn.Module, batch: int, image: tuple[int, int], device: torch.device, guard: TimeGuard,
@@ -697,6 +703,7 @@ def micro_batches(graphed: nn.Module, batch: int, image: tuple[int, int], device
     row['grad_diff_eager_bf16_vs_fp32'] = gradient_difference(eager_grads, float32_grads)
     row['grad_diff_graphed_vs_fp32'] = gradient_difference(graph_grads, float32_grads)
     row['micro_batches_equal'] = row['grad_diff_graphed_vs_fp32'] <= 2 * row['grad_diff_eager_bf16_vs_fp32']
+
 
 # --- running a plan
 
