@@ -54,7 +54,7 @@ def test_each_stage_traces_whole_forward_and_backward_with_the_eager_results(mon
 
     monkeypatch.setenv('TRITON_INTERPRET', '1')
     model = _pyramid(drop_path_rate=0.0)
-    inputs = _stage_inputs(model, torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(1)))
+    inputs = _stage_inputs(model, torch.randn(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)))
     for i, (stage, x) in enumerate(zip(model.stages, inputs)):
         norm = model.norm if i == len(model.stages) - 1 else None
         with torch.no_grad(), torch.autocast('cpu', dtype=torch.bfloat16):
@@ -62,7 +62,7 @@ def test_each_stage_traces_whole_forward_and_backward_with_the_eager_results(mon
         weights = torch.randn(shape, generator=torch.Generator().manual_seed(i))
         # each bfloat16 run measured against float64: plain PyTorch's (the CPU route: the fused kernels' reference
         # forms under autocast, which the graph takes too), the eager GPU route's (Triton kernels interpreted) and
-        # the graph's on the GPU route, which may be at most twice the larger of the first two (seen: 1.2 times, AMD
+        # the graph's on the GPU route, which may be at most twice the larger of the first two (seen: 1.14 times, AMD
         # EPYC; the fused kernels' LayerNorm gradients are 3-6 times more exact than plain PyTorch's)
         reference = copy.deepcopy(stage).double()
         exact = _run_stage(reference, copy.deepcopy(norm).double() if norm else None, x.double(), weights.double(),
@@ -106,7 +106,7 @@ def test_a_training_step_makes_no_host_synchronisation(gpu_route, monkeypatch):
     for name in ('rand', 'randn', 'randint', 'random', 'uniform', 'choice', 'binomial'):
         monkeypatch.setattr(numpy.random, name, no_python_random)
     model = _pyramid(drop_path_rate=0.2)  # stochastic depth on: its masks drawn as tensor operations
-    x = torch.randn(2, 3, 64, 96, generator=torch.Generator().manual_seed(2))
+    x = torch.randn(2, 3, 64, 64, generator=torch.Generator().manual_seed(2))
     with _NoSync():
         for _ in range(2):  # the first step makes the caches (plans, pooling matrices) the second one reads
             with torch.autocast('cpu', dtype=torch.bfloat16):
