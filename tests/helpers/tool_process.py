@@ -95,9 +95,10 @@ def run_process(command: list[str], cwd: Path, env: dict[str, str], timeout: flo
     text: forked from the zygote that imported ``preload`` (empty: the whole third-party stack) where it serves such
     a run, else a fresh process."""
     fresh = os.environ.get('SOFT_MM_TEST_FRESH_PROCESSES') == '1'
-    if (not fresh and command[0] == sys.executable and command[1].endswith('.py')
-            and _zygote(preload).serves(env)):
-        return _zygote(preload).run(command, cwd, env, timeout)
+    if not fresh and command[0] == sys.executable and command[1].endswith('.py'):
+        zygote = _zygote(preload)
+        if zygote.serves(env):
+            return zygote.run(command, cwd, env, timeout)
     return subprocess.run(command, check=False, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
