@@ -126,7 +126,8 @@ class Case(NamedTuple):
     """One row of a plan: ``kind`` ``'eager'`` / ``'compiled'`` (a backbone's training step), ``'op'`` (the SOFT op
     at ``tokens``), ``'launch'`` (the host's time per Triton launch, launch plans against ``kernel[grid]``),
     ``'retinanet'`` (the whole detector step; ``mode='graphed'``: the backbone's stages as CUDA graphs), ``'stages'``
-    (``compile_stages`` on two sizes, ``mode`` ``'dynamic'`` or ``'reduce-overhead'``)."""
+    (``compile_stages`` on two sizes, ``mode`` ``'dynamic'`` or ``'reduce-overhead'``), ``'conv'`` (the SOFT
+    stages' value convs at ``image``'s maps: the fused Triton kernel against the layer's PyTorch form)."""
 
     kind: str
     model: str
@@ -144,6 +145,7 @@ class Case(NamedTuple):
         if self.kind == 'op':
             return f'op fwd+bwd, {self.model}, {self.tokens:,} tokens, bfloat16'
         what = {'eager': 'eager step', 'compiled': 'compiled step', 'retinanet': 'RetinaNet step',
+                'conv': 'value conv + attention output fwd+bwd, Triton against PyTorch, bfloat16',
                 'launch': 'host per Triton launch, plan against kernel[grid]',
                 'stages': f'compile_stages ({self.mode}), two sizes'}[self.kind]
         graphed = ' (stages as CUDA graphs)' if self.kind == 'retinanet' and self.mode == 'graphed' else ''
@@ -165,8 +167,8 @@ def training_plan(cfg: dict) -> list[Case]:
     launch = Case('launch', SOFT, *first)
     compiled = [Case('compiled', name, *first) for name in (PEER, SOFT)]
     retinanet = [Case('retinanet', name, *first) for name in (SOFT, PEER)]
-    return [*eager, launch, Case('op', 'triton', tokens=cfg['target_tokens']), *retinanet, *compiled,
-            Case('compiled', 'convnext_t', *first)]
+    return [*eager, launch, Case('op', 'triton', tokens=cfg['target_tokens']), Case('conv', SOFT, *first),
+            *retinanet, *compiled, Case('compiled', 'convnext_t', *first)]
 
 
 def graphs_plan(cfg: dict) -> list[Case]:
@@ -187,7 +189,7 @@ def estimate_plan(cases: list[Case], cfg: dict) -> list[float]:
     stages_seen = 0
     estimates = []
     for case in cases:
-        if case.kind == 'op':
+        if case.kind in ('op', 'conv'):
             estimates.append(OP_S)
             continue
         step_s = STEP_MS[case.model] / 1e3 * max(1.0, case.batch * math.prod(case.image) / STEP_PIXELS) * SLOWER_GPU
@@ -705,6 +707,64 @@ def micro_batches(graphed: nn.Module, batch: int, image: tuple[int, int], device
     row['micro_batches_equal'] = row['grad_diff_graphed_vs_fp32'] <= 2 * row['grad_diff_eager_bf16_vs_fp32']
 
 
+# the SOFT stages' value convs (SOFT-Small: heads, head width, filter; stride 4, 8, 16 maps of the input)
+VALUE_CONVS = ((2, 32, 9, 4), (4, 32, 5, 8), (10, 32, 3, 16))
+
+
+def conv_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, row: dict) -> None:
+    """Each SOFT stage's value conv with the attention output added, forward and backward, at the maps of
+    ``case.batch x case.image``, bfloat16 values and float32 filters (as under autocast): the fused Triton kernel
+    (:func:`soft_mm.ops.functional.head_conv.conv_add`) against the layer's PyTorch form (the filters cast, the
+    depthwise conv on the channels-last map through :func:`~soft_mm.ops.functional.head_conv.head_depthwise_conv`'s
+    CUDA route, the sum); each with its kernels' device time (``'stage{i}_triton_*'``, ``'stage{i}_pytorch_*'``)."""
+    gen = torch.Generator(device=device).manual_seed(0)
+    # (on CPU, the --smoke run, the third stage alone: the interpreter runs a 9x9 filter's taps one by one)
+    for stage, shape in enumerate(VALUE_CONVS, 1):
+        if device.type == 'cpu' and stage < len(VALUE_CONVS):
+            continue
+        for name, fn in _conv_calls(case, shape, row, f'stage{stage}', device, gen):
+            for _ in range(WARMUP_CALLS):
+                fn()
+            timed_calls(row, f'stage{stage}_{name}_ms', fn, device, cfg['training_repeats'], guard)
+            kernels: dict = {}
+            _kernels(kernels, fn, device)
+            row[f'stage{stage}_{name}_kernels'] = kernels['kernels']
+            row[f'stage{stage}_{name}_kernel_ms'] = kernels['kernel_ms']
+
+
+def _conv_calls(case: Case, shape: tuple[int, int, int, int], row: dict, key: str, device: torch.device,
+                gen: torch.Generator) -> list[tuple[str, Callable[[], None]]]:
+    """The two forms of one stage's value conv as calls (forward and backward; the gradients dropped after each)."""
+    from soft_mm.ops.functional.head_conv import conv_add, fuses_conv_add, head_depthwise_conv
+    from soft_mm.ops.route import route_of
+
+    heads, head_dim, kernel, stride = shape
+    hw = (case.image[0] // stride, case.image[1] // stride)
+    n, c = hw[0] * hw[1], heads * head_dim
+    projection = torch.randn(case.batch, n, 2 * c, device=device, generator=gen, dtype=AUTOCAST_DTYPE)
+    v = projection[..., c:].reshape(case.batch, n, heads, head_dim).transpose(1, 2).requires_grad_()
+    out = torch.randn(case.batch, heads, n, head_dim, device=device, generator=gen,
+                      dtype=AUTOCAST_DTYPE).requires_grad_()
+    conv = nn.Conv2d(heads, heads, kernel, padding=kernel // 2, groups=heads, bias=False).to(device)
+    grad = torch.randn(case.batch, n, c, device=device, generator=gen, dtype=AUTOCAST_DTYPE)
+    route = route_of(v)
+    row[f'{key}_map'] = f'{hw[0]}x{hw[1]}, {c} channels, k={kernel}'
+    row[f'{key}_fused'] = fuses_conv_add(route, conv, v, out)
+
+    def triton() -> None:
+        torch.autograd.backward(conv_add(v, out, conv.weight, hw, route), grad)
+        v.grad = out.grad = conv.weight.grad = None
+
+    def pytorch() -> None:
+        with torch.autocast(device.type, dtype=AUTOCAST_DTYPE):
+            value_map = v.transpose(1, 2).reshape(case.batch, *hw, c).permute(0, 3, 1, 2)
+            local = head_depthwise_conv(value_map, conv.weight, head_dim).permute(0, 2, 3, 1).reshape(case.batch, n, c)
+            y = out.transpose(1, 2).reshape(case.batch, n, c) + local
+        torch.autograd.backward(y, grad)
+        v.grad = out.grad = conv.weight.grad = None
+    return [('triton', triton), ('pytorch', pytorch)]
+
+
 # --- running a plan
 
 def run_plan(cases: list[Case], cfg: dict, device: torch.device, budget_s: float, rows: list[dict],
@@ -756,6 +816,9 @@ def _run_case(case: Case, cfg: dict, device: torch.device, guard: TimeGuard, row
         return
     if case.kind == 'stages':
         stages_case(case, cfg, device, guard, row)
+        return
+    if case.kind == 'conv':
+        conv_case(case, cfg, device, guard, row)
         return
     key = (case.model, case.image)
     if case.mode == 'graphed':  # a model of its own: the stages compiled, as CUDA graphs on a GPU

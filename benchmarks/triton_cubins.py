@@ -59,11 +59,11 @@ import tempfile
 import types
 from pathlib import Path
 
-__all__ = ['ARCHS', 'CHECKED_ARCHS', 'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'LAUNCH_DTYPES',
-           'LAYER_KERNELS', 'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS',
-           'TOKEN_KERNELS',
-           'format_shared_memory', 'format_table', 'kernel_sources', 'layer_resource_usage', 'limit', 'resource_usage',
-           'shared_memory_table', 'table_module']
+__all__ = ['ARCHS', 'CHECKED_ARCHS', 'CONV_ADD_FILTERS', 'CONV_ADD_HEAD_DIMS', 'CONV_ADD_VARIANTS',
+           'DECLARED_HEAD_DIMS', 'DECLARED_LANDMARKS', 'GROUP_KERNELS', 'LAUNCH_DTYPES', 'LAYER_KERNELS',
+           'LAYER_VARIANTS', 'LAYER_WIDTHS', 'MIDDLE_BACKWARD_VARIANTS', 'MIDDLE_VARIANTS', 'TOKEN_KERNELS',
+           'conv_add_resource_usage', 'format_shared_memory', 'format_table', 'kernel_sources',
+           'layer_resource_usage', 'limit', 'resource_usage', 'shared_memory_table', 'table_module']
 
 _DTYPE_NAMES = {'fp32': 'float32', 'bf16': 'bfloat16', 'fp16': 'float16'}
 # the token kernels' token tensors, each a (pointer, (b, h, n, d) strides) tuple, in q's or v's dtype; their sizes
@@ -303,6 +303,65 @@ def _compile_layers(archs: tuple[int, ...], widths: tuple[int, ...]) -> list[dic
     return rows
 
 
+# the value conv's kernels (soft_mm.ops.functional.head_conv.conv_add): the launches' variants (FLIP, HAS_ADD) of the
+# forward kernel, the filter sizes of SOFT's stages and the head widths compiled (SOFT's 32, and the widest it takes)
+_CONV_ADD = 'ops.functional.head_conv_kernels'
+_CONV_ADD_CONFIG = _load('ops.functional.head_conv_config')
+CONV_ADD_VARIANTS = {'forward': dict(FLIP=False, HAS_ADD=True), 'input gradient': dict(FLIP=True, HAS_ADD=False)}
+CONV_ADD_FILTERS = (3, 5, 9)
+CONV_ADD_HEAD_DIMS = (32, 128)
+
+
+def _compile_conv_add(archs: tuple[int, ...], dtypes: tuple[str, ...]) -> list[dict]:
+    """One row per value-conv kernel (and forward variant), stream dtype, architecture, filter size and head width,
+    compiled in this process (which must not interpret) as :func:`soft_mm.ops.functional.head_conv.conv_add` launches
+    them."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    kernels = _load(_CONV_ADD)
+    forward, filters = _CONV_ADD_CONFIG.KERNELS
+    jobs = [(forward, variant, flags) for variant, flags in CONV_ADD_VARIANTS.items()]
+    jobs.append((filters, 'filter gradient', {}))
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        for arch, dtype, (name, variant, flags), k, dp in itertools.product(archs, dtypes, jobs, CONV_ADD_FILTERS,
+                                                                            CONV_ADD_HEAD_DIMS):
+            fn = getattr(kernels, name)
+            constants = dict(BLOCK=_CONV_ADD_CONFIG.block_tokens(dp), DP=dp, K=k, **flags)
+            strided = ('*' + dtype, ('i32',) * 4)
+            signature = {arg: 'constexpr' if arg in constants else ('i32',) * 4 if arg == 'sizes'
+                         else '*fp32' if arg.endswith('_ptr') else strided for arg in fn.arg_names}
+            compiled = triton.compile(ASTSource(fn, signature, constants), target=GPUTarget('cuda', arch, 32),
+                                      options=dict(num_warps=_CONV_ADD_CONFIG.NUM_WARPS))
+            cubin = Path(folder) / f'{name}_{arch}.cubin'
+            cubin.write_bytes(compiled.asm['cubin'])
+            dump = subprocess.run([_tool('cuobjdump'), '--dump-resource-usage', str(cubin)], check=True,
+                                  capture_output=True, text=True).stdout
+            rows.append(dict(kernel=name, variant=variant, dtype=dtype, arch=f'sm_{arch}', kernel_size=k, head_dim=dp,
+                             num_warps=compiled.metadata.num_warps,
+                             dynamic_shared_bytes=int(compiled.metadata.shared), **_parse_resources(dump)))
+    return rows
+
+
+def conv_add_resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, dtypes: tuple[str, ...] = tuple(_DTYPE_NAMES),
+                            timeout: float = 1800) -> list[dict]:
+    """The rows of :func:`_compile_conv_add`, compiled in a child process without ``TRITON_INTERPRET``.
+
+    Raises:
+        ValueError: an architecture below 75, or a dtype other than fp32, bf16 and fp16.
+        RuntimeError: the compilation failed (its output in the message).
+    """
+    archs, dtypes = tuple(archs), tuple(dtypes)
+    if not archs or any(isinstance(a, bool) or not isinstance(a, int) or a < 75 for a in archs):
+        raise ValueError(f'conv_add_resource_usage: archs must be compute capabilities >= 75 such as 80 or 90, '
+                         f'got {archs!r}')
+    if not dtypes or any(d not in _DTYPE_NAMES for d in dtypes):
+        raise ValueError(f'conv_add_resource_usage: dtypes must be of {", ".join(_DTYPE_NAMES)}, got {dtypes!r}')
+    return _child(['--conv-add', '--dtype', *dtypes, '--arch', *map(str, archs)], timeout)
+
+
 def layer_resource_usage(archs: tuple[int, ...] = CHECKED_ARCHS, widths: tuple[int, ...] = LAYER_WIDTHS,
                          timeout: float = 1800) -> list[dict]:
     """The rows of :func:`_compile_layers` (``kernel``, ``dtype``, ``arch``, ``width``, ``rows``, ``num_warps``,
@@ -523,8 +582,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument('--check-table', action='store_true',
                         help=f'compile as --write-table does and compare with the held {_TABLE_FILE.name}: exit 1 '
                              'where it differs')
+    parser.add_argument('--conv-add', action='store_true',
+                        help='compile the value conv\'s kernels instead, in the --dtype values')
+    parser.add_argument('--dtype', nargs='+', choices=tuple(_DTYPE_NAMES), default=list(_DTYPE_NAMES),
+                        help='stream dtypes for --conv-add (default: all)')
     args = parser.parse_args(argv)
     archs, landmarks, head_dims = tuple(args.arch), tuple(args.landmarks), tuple(args.head_dim)
+    if args.conv_add:
+        if os.environ.get('TRITON_INTERPRET', '0') == '1':
+            rows = conv_add_resource_usage(archs, tuple(args.dtype))
+        else:
+            rows = _compile_conv_add(archs, tuple(args.dtype))
+        print(json.dumps(rows) if args.json else '\n'.join(
+            f"{r['kernel']} ({r['variant']}) {r['dtype']} {r['arch']} k={r['kernel_size']} d={r['head_dim']}: "
+            f"{r['registers']} regs, {r['local_bytes']} B spilled, {r['dynamic_shared_bytes']} B shared" for r in rows))
+        return 0
     whole_table = args.write_table or args.check_table
     if args.layers:
         if os.environ.get('TRITON_INTERPRET', '0') == '1':

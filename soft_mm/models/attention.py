@@ -10,7 +10,7 @@ from torch import nn
 
 from ..ops import soft_attention
 from ..ops.functional.add_norm import fuses_add_norm, layer_norm_gelu
-from ..ops.functional.head_conv import head_depthwise_conv
+from ..ops.functional.head_conv import conv_add, fuses_conv_add, head_depthwise_conv
 from ..ops.functional.pooling import adaptive_avg_pool2d_matmul, adaptive_avg_pool_tokens
 from ..ops.functional.residual import hooked, linear_residual, plain_linear
 from ..ops.functional.sdpa import softmax_attention
@@ -304,6 +304,11 @@ class SoftAttention(nn.Module):
         landmarks = self.landmark_probe(self.sample_landmarks(q, hw_shape, route))
         out = soft_attention(q, landmarks, v, num_iters=self.settings.newton_iters, soft_norm=self.soft_norm,
                              ridge=self.settings.newton_ridge, backward=self.settings.newton_backward, route=route)
+        if self.v_conv is not None and fuses_conv_add(route, self.v_conv, v, out):
+            # the GPU route: the attention output plus the value conv in one kernel that reads both head-split
+            # tensors in place and writes the token-major sum the output projection reads
+            return _project(self.proj, conv_add(v, out, self.v_conv.weight, hw_shape, route), residual, output_bias,
+                            route)
         out = out.transpose(1, 2).reshape(b, n, c)  # token-major (a view where the backend kept v's layout)
         if self.v_conv is not None:
             # one k x k filter per head, shared by that head's d channels: a depthwise conv over the h*d channels of

@@ -30,7 +30,8 @@ from soft_mm.ops.triton_route import interpreted_triton_route
 
 # four stages, two blocks in stage 2 (as tests/models/test_weight_cast.py): every kind of layer, small enough for the
 # interpreter
-ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 2, 1, 1]}
+# 3x3 value convs: their fused kernel's taps are a loop the interpreter runs tap by tap (9x9: 9 times the time)
+ARCH = {'embed_dims': [16, 32, 48, 64], 'num_heads': [1, 2, 3, 4], 'depths': [1, 2, 1, 1], 'v_conv_kernels': [3, 3, 3]}
 BATCH, IMAGE = 4, (64, 64)
 WORLD_SIZE = 2
 # DDP's bucket size, MiB: the model holds 1.1 MB of float32 parameters, so DDP's defaults (a first bucket of 1 MiB,

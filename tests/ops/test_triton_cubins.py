@@ -12,6 +12,9 @@ import pytest
 from helpers.op_checks import triton_kernels
 from triton_cubins import (
     CHECKED_ARCHS,
+    CONV_ADD_FILTERS,
+    CONV_ADD_HEAD_DIMS,
+    CONV_ADD_VARIANTS,
     DECLARED_HEAD_DIMS,
     DECLARED_LANDMARKS,
     GROUP_KERNELS,
@@ -22,6 +25,7 @@ from triton_cubins import (
     MIDDLE_BACKWARD_VARIANTS,
     MIDDLE_VARIANTS,
     TOKEN_KERNELS,
+    conv_add_resource_usage,
     format_layer_table,
     format_shared_memory,
     format_table,
@@ -217,6 +221,22 @@ def test_the_blocks_add_norm_kernels_compile_without_spills_for_a_target_of_each
     assert len(table) == 1 + len(LAYER_KERNELS) * len(LAYER_VARIANTS) * len(_PRODUCTS) * len(LAYER_WIDTHS)
 
 
+@pytest.mark.slow  # 90 compilations: 3 launches × 3 filters × 2 head widths × 5 targets
+def test_the_value_conv_kernels_compile_without_spills_for_a_target_of_each_generation():
+    # the SOFT layers' value conv with the attention output added (forward), its input gradient (the filters turned)
+    # and its filters' partial sums, at SOFT's filter sizes (9, 5, 3) and head widths 32 (SOFT's) and 128 (the widest
+    # conv_add takes), bfloat16 (float16 and float32 differ in their loads' and stores' conversions only): no spilled
+    # register, no shared memory beyond the filters' reductions; on Turing, Ampere, Hopper and both Blackwells
+    generations = tuple(t for t in (75, 80, 90, 100, 120) if t in CHECKED_ARCHS)
+    rows = conv_add_resource_usage(archs=generations, dtypes=('bf16',))
+    assert {(r['variant'], r['arch'], r['kernel_size'], r['head_dim']) for r in rows} == {
+        (variant, f'sm_{arch}', k, d) for variant in (*CONV_ADD_VARIANTS, 'filter gradient') for arch in generations
+        for k in CONV_ADD_FILTERS for d in CONV_ADD_HEAD_DIMS}
+    for row in rows:
+        assert row['stack_bytes'] == 0 and row['local_bytes'] == 0, row
+        assert 0 < row['registers'] <= 255 and row['dynamic_shared_bytes'] <= 1024, row
+
+
 @pytest.mark.slow  # 8 compilations for sm_80
 def test_the_declared_limits_are_the_largest_that_fit_an_a100():
     # one step beyond either limit (the next padded tile: m = 65..128, or d = 65..128) a kernel asks an A100 for more
@@ -233,6 +253,8 @@ def test_bad_arguments_are_named():
         resource_usage(archs=(70,))
     with pytest.raises(ValueError, match=r"widths must be ints in 1..1024 \(the kernels' limit\), got \(2048,\)"):
         layer_resource_usage(widths=(2048,))
+    with pytest.raises(ValueError, match=r"dtypes must be of fp32, bf16, fp16, got \('fp64',\)"):
+        conv_add_resource_usage(dtypes=('fp64',))
     with pytest.raises(ValueError, match=r"head_dim must be an int in 1..128 \(the kernels' limit\), got 129"):
         resource_usage(head_dim=129)
     with pytest.raises(ValueError, match=r"kernels must be names of nystrom_fwd_kernel_context, .*; got \('fwd',\)"):

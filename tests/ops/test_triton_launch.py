@@ -19,13 +19,14 @@ from helpers.repo import ROOT
 
 from soft_mm.ops import triton_launch
 from soft_mm.ops.functional.add_norm import add_norm_config
+from soft_mm.ops.functional.head_conv import CONV_ADD_KERNELS
 from soft_mm.ops.soft.backends.triton import nystrom_config
 from soft_mm.ops.triton_launch import MAX_PLANS, PlannedLauncher, once_differentiable, specialization
 from soft_mm.testing.stub_driver import stub_triton_driver
 
 SCRIPT = ROOT / 'tests' / 'helpers' / 'launch_parity.py'
 # the kernels of a training step: every kernel the SOFT op and add + LayerNorm declare
-STEP_KERNELS = {*nystrom_config.KERNELS, *add_norm_config.KERNELS}
+STEP_KERNELS = {*nystrom_config.KERNELS, *add_norm_config.KERNELS, *CONV_ADD_KERNELS}
 
 
 def _parity(*args: str) -> dict:

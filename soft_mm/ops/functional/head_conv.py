@@ -13,8 +13,16 @@ PyTorch's own depthwise kernel on contiguous NCHW maps even with the copies in a
 cuDNN's channels-last kernel is the faster (``benchmarks/eager_launches.py``; its runs: docs/benchmarks/README.md).
 So from k = :data:`CUDA_NCHW_MIN_KERNEL` (between the measured sizes) the map is copied to NCHW for the conv on CUDA,
 and the result handed back channels-last.
+
+On the GPU route a SOFT layer takes :func:`conv_add` instead, where :func:`fuses_conv_add` says so: the attention's
+output plus the value conv in one Triton kernel that reads the head-split values in place (no filter cast, no filter
+repeated over the head's channels, no layout copy, no separate sum), written token-major for the output projection;
+its backward is one launch of the same kernel (the filters turned) for the values' gradient and one for the
+filters' partial sums (:mod:`.head_conv_kernels`).
 """
 from __future__ import annotations
+
+import functools
 
 import torch
 import torch.nn.functional as F
@@ -24,9 +32,13 @@ from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
 from ..precision.autocast import autocast_cast
 from ..route import Route, decided
+from ..triton_launch import once_differentiable
+from .head_conv_config import KERNELS as CONV_ADD_KERNELS
+from .head_conv_config import MAX_FUSED_HEAD_DIM, MAX_FUSED_KERNEL, NUM_WARPS, block_tokens, padded_head_dim
 
-__all__ = ['CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'head_depthwise_conv', 'nchw_conv',
-           'uses_custom_backward', 'uses_nchw_route']
+__all__ = ['CONV_ADD_KERNELS', 'CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'MAX_FUSED_HEAD_DIM',
+           'MAX_FUSED_KERNEL', 'conv_add',
+           'fuses_conv_add', 'head_depthwise_conv', 'nchw_conv', 'uses_custom_backward', 'uses_nchw_route']
 
 CUSTOM_BACKWARD_MIN_KERNEL = 5
 CUDA_NCHW_MIN_KERNEL = 7
@@ -110,3 +122,109 @@ def head_depthwise_conv(x: Tensor, weight: Tensor, head_dim: int, route: Route |
     if not uses_custom_backward(device_type, weight.shape[-1]) and route.mode != 'compile':
         return _conv(x, weight, head_dim)
     return _head_conv_op(*autocast_cast(x, weight), head_dim)
+
+
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def fuses_conv_add(route: Route, conv: torch.nn.Module, v: Tensor, out: Tensor) -> bool:
+    """Whether :func:`conv_add` takes ``out + conv(v)`` on this route: an eager call on the GPU route whose Triton
+    kernels take the tensors' dtypes (``route.fused``), plain tensors, ``conv`` a plain ``nn.Conv2d`` of one odd
+    k x k filter per head (bias-free, stride 1, same padding, no dilation) with k <= :data:`MAX_FUSED_KERNEL`, heads
+    at most :data:`MAX_FUSED_HEAD_DIM` wide."""
+    if type(conv) is not torch.nn.Conv2d or not route.gpu:
+        return False
+    weight, (_, heads, _, head_dim) = conv.weight, v.shape
+    kernel = weight.shape[-1]
+    return (route.fused(v, out) and type(v) in _PLAIN and type(out) in _PLAIN and type(weight) in _PLAIN
+            and conv.bias is None and tuple(weight.shape) == (heads, 1, kernel, kernel) and kernel % 2 == 1
+            and kernel <= MAX_FUSED_KERNEL and head_dim <= MAX_FUSED_HEAD_DIM and conv.stride == (1, 1)
+            and conv.dilation == (1, 1) and conv.padding == (kernel // 2, kernel // 2) and conv.groups == heads
+            and conv.padding_mode == 'zeros')
+
+
+def _strided(t: Tensor) -> tuple[Tensor, tuple[int, ...]]:
+    return t, t.stride()
+
+
+def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
+    return t if t.dtype == dtype else t.to(dtype)
+
+
+def _head_major(tokens: Tensor, heads: int) -> Tensor:
+    """``(B, N, h*d) -> (B, h, N, d)``, a view where ``tokens`` is contiguous."""
+    b, n, c = tokens.shape
+    return tokens.reshape(b, n, heads, c // heads).transpose(1, 2)
+
+
+class _ConvAdd(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, v: Tensor, out: Tensor, weight: Tensor, hw_shape: tuple[int, int], route: Route) -> Tensor:
+        batch, heads, n, head_dim = v.shape
+        kernel = weight.shape[-1]
+        dtype = torch.promote_types(out.dtype, v.dtype)
+        y = torch.empty(batch, n, heads * head_dim, dtype=route.store_dtype(dtype), device=v.device)
+        weight = weight.contiguous()
+        sizes = (*hw_shape, heads, head_dim)
+        padded = padded_head_dim(head_dim)
+        block = block_tokens(padded, n if route.interpret else None)
+        grid = (-(-n // block), batch * heads)
+        meta = _forward_meta(padded, kernel, block, False, True)
+        route.launch(_kernels(route).head_conv_fwd_kernel_y, grid,
+                     (_strided(v), _strided(out), weight, _strided(_head_major(y, heads)), sizes), meta)
+        ctx.save_for_backward(v, weight)
+        ctx.options = sizes, grid, block, route, out.dtype
+        ctx.set_materialize_grads(False)
+        return _as(y, dtype)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, grad: Tensor | None) -> tuple[Tensor | None, ...]:
+        if grad is None:
+            return None, None, None, None, None
+        v, weight = ctx.saved_tensors
+        sizes, grid, block, route, out_dtype = ctx.options
+        heads, head_dim = sizes[2], sizes[3]
+        kernel = weight.shape[-1]
+        kernels = _kernels(route)
+        grad_heads = _head_major(grad.contiguous(), heads)
+        grad_v = grad_weight = None
+        if ctx.needs_input_grad[0]:
+            batch, _, n, _ = v.shape
+            grad_tokens = torch.empty(batch, n, heads * head_dim, dtype=route.store_dtype(v.dtype), device=v.device)
+            route.launch(kernels.head_conv_fwd_kernel_y, grid,
+                         (_strided(grad_heads), _strided(grad_heads), weight, _strided(_head_major(grad_tokens, heads)),
+                          sizes), _forward_meta(padded_head_dim(head_dim), kernel, block, True, False))
+            grad_v = _as(_head_major(grad_tokens, heads), v.dtype)
+        if ctx.needs_input_grad[2]:
+            partials = torch.empty(grid[0] * v.shape[0], heads, kernel * kernel, dtype=torch.float32,
+                                   device=v.device)
+            route.launch(kernels.head_conv_bwd_kernel_dw, grid, (_strided(v), _strided(grad_heads), partials, sizes),
+                         _dw_meta(padded_head_dim(head_dim), kernel, block))
+            grad_weight = partials.sum(0).reshape(weight.shape).to(weight.dtype)
+        grad_out = _as(grad_heads, out_dtype) if ctx.needs_input_grad[1] else None
+        return grad_v, grad_out, grad_weight, None, None
+
+
+@functools.lru_cache(maxsize=64)
+def _forward_meta(padded: int, kernel: int, block: int, flip: bool, add: bool) -> dict:
+    return dict(BLOCK=block, DP=padded, K=kernel, FLIP=flip, HAS_ADD=add, num_warps=NUM_WARPS)
+
+
+@functools.lru_cache(maxsize=64)
+def _dw_meta(padded: int, kernel: int, block: int) -> dict:
+    return dict(BLOCK=block, DP=padded, K=kernel, num_warps=NUM_WARPS)
+
+
+def _kernels(route: Route):
+    return route.kernels(f'{__package__}.head_conv_kernels')
+
+
+def conv_add(v: Tensor, out: Tensor, weight: Tensor, hw_shape: tuple[int, int], route: Route) -> Tensor:
+    """``out + `` the per-head depthwise conv of ``v`` (:func:`head_depthwise_conv`'s filters ``weight (h, 1, k, k)``,
+    zero padding k // 2), token-major: ``v`` and ``out`` ``(B, h, N, d)`` (any strides: head-split views read in
+    place) with ``N = H * W`` tokens of the ``hw_shape`` map in row-major order; returns ``(B, N, h*d)``, contiguous,
+    in the dtype ``out`` and ``v`` promote to. One Triton kernel forward, two launches and a sum backward; the sums in
+    float32 from the filters as they are (not cast to the autocast dtype first). For the route's fused kernels
+    (:func:`fuses_conv_add`)."""
+    return _ConvAdd.apply(v, out, weight, tuple(hw_shape), route)
