@@ -37,8 +37,8 @@ from .head_conv_config import KERNELS as CONV_ADD_KERNELS
 from .head_conv_config import MAX_FUSED_HEAD_DIM, MAX_FUSED_KERNEL, NUM_WARPS, block_tokens, padded_head_dim
 
 __all__ = ['CONV_ADD_KERNELS', 'CUDA_NCHW_MIN_KERNEL', 'CUSTOM_BACKWARD_MIN_KERNEL', 'MAX_FUSED_HEAD_DIM',
-           'MAX_FUSED_KERNEL', 'conv_add',
-           'fuses_conv_add', 'head_depthwise_conv', 'nchw_conv', 'uses_custom_backward', 'uses_nchw_route']
+           'MAX_FUSED_KERNEL', 'conv_add', 'fuses_conv_add', 'head_depthwise_conv', 'nchw_conv', 'uses_custom_backward',
+           'uses_nchw_route']
 
 CUSTOM_BACKWARD_MIN_KERNEL = 5
 CUDA_NCHW_MIN_KERNEL = 7
@@ -192,6 +192,7 @@ class _ConvAdd(torch.autograd.Function):
         if ctx.needs_input_grad[0]:
             batch, _, n, _ = v.shape
             grad_tokens = torch.empty(batch, n, heads * head_dim, dtype=route.store_dtype(v.dtype), device=v.device)
+            # (the transposed conv: the filters turned, nothing added; the second tensor is a placeholder)
             route.launch(kernels.head_conv_fwd_kernel_y, grid,
                          (_strided(grad_heads), _strided(grad_heads), weight, _strided(_head_major(grad_tokens, heads)),
                           sizes), _forward_meta(padded_head_dim(head_dim), kernel, block, True, False))
@@ -226,5 +227,18 @@ def conv_add(v: Tensor, out: Tensor, weight: Tensor, hw_shape: tuple[int, int], 
     place) with ``N = H * W`` tokens of the ``hw_shape`` map in row-major order; returns ``(B, N, h*d)``, contiguous,
     in the dtype ``out`` and ``v`` promote to. One Triton kernel forward, two launches and a sum backward; the sums in
     float32 from the filters as they are (not cast to the autocast dtype first). For the route's fused kernels
-    (:func:`fuses_conv_add`)."""
-    return _ConvAdd.apply(v, out, weight, tuple(hw_shape), route)
+    (:func:`fuses_conv_add`).
+
+    Raises:
+        ValueError: ``v`` and ``out`` not of one ``(B, h, H * W, d)`` shape, or ``weight`` not ``(h, 1, k, k)`` with odd
+            k.
+    """
+    hw_shape = tuple(hw_shape)
+    if v.ndim != 4 or out.shape != v.shape or len(hw_shape) != 2 or hw_shape[0] * hw_shape[1] != v.shape[2]:
+        raise ValueError(f'conv_add: v and out must be (B, h, H * W, d) with hw_shape (H, W), got {tuple(v.shape)}, '
+                         f'{tuple(out.shape)} and hw_shape {hw_shape}')
+    kernel = weight.shape[-1]
+    if tuple(weight.shape) != (v.shape[1], 1, kernel, kernel) or kernel % 2 == 0:
+        raise ValueError(f'conv_add: weight must be (heads, 1, k, k) with odd k and heads = {v.shape[1]}, got '
+                         f'{tuple(weight.shape)}')
+    return _ConvAdd.apply(v, out, weight, hw_shape, route)

@@ -18,7 +18,31 @@ for the taps whose pixel lies inside the map.
 import triton
 import triton.language as tl
 
-__all__ = ['head_conv_bwd_kernel_dw', 'head_conv_fwd_kernel_y']
+from ..triton_interpreter import INTERPRET
+
+__all__ = ['head_conv_bwd_kernel_dw', 'head_conv_fwd_kernel_y', 'program_tile', 'tile_offsets']
+
+
+@triton.jit
+def program_tile(sizes, BLOCK: tl.constexpr, DP: tl.constexpr):
+    """The program's ``(b, head, tokens, rows, columns, tok_ok, cols, col_ok)``: its sample and head, its ``BLOCK``
+    tokens with their pixels' rows and columns (64-bit under triton's interpreter, whose overflow checks of every
+    narrower add would cost the tap loop half its time; 32-bit compiled, 44 registers fewer on sm_90) and which are in
+    the map, its ``DP`` channels and which are the head's."""
+    H, W, heads, D = sizes
+    group = tl.program_id(1)
+    tokens = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    rows = tokens // W
+    if INTERPRET:
+        rows = rows.to(tl.int64)
+    cols = tl.arange(0, DP)
+    return group // heads, group % heads, tokens, rows, tokens - rows * W, tokens < H * W, cols, cols < D
+
+
+@triton.jit
+def tile_offsets(strides, b, head, tokens, cols):
+    """The ``(BLOCK, DP)`` offsets of a program's tile in a ``(B, h, N, d)`` tensor of these ``strides``."""
+    return b.to(tl.int64) * strides[0] + head * strides[1] + tokens[:, None] * strides[2] + cols[None, :] * strides[3]
 
 
 @triton.jit
@@ -27,22 +51,10 @@ def head_conv_fwd_kernel_y(x, add, w_ptr, y, sizes, BLOCK: tl.constexpr, DP: tl.
     """``y = add + conv(x)`` (see the module docstring); grid ``(cdiv(N, BLOCK), B * h)``; ``sizes = (H, W, h, D)``.
     (No jitted helper is called in the loop over the taps: triton's interpreter patches its builtins at every such
     call, 0.2 ms each.)"""
-    H, W, heads, D = sizes
-    x_ptr, xs = x
-    y_ptr, ys = y
-    group = tl.program_id(1)
-    b = group // heads
-    head = group % heads
-    tokens = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tok_ok = tokens < H * W
-    # (the tap loop's integer arithmetic in 64 bits: triton's interpreter checks every narrower add for overflow)
-    rows = (tokens // W).to(tl.int64)
-    columns = tokens - rows * W
-    cols = tl.arange(0, DP)
-    col_ok = cols < D
-    # the tile's own elements in x; a tap's pixel is its token's plus dy rows and dx columns (each tap moves the
-    # pointers by a scalar: no integer tensor arithmetic per tap, which triton's interpreter checks for overflow)
-    tile_ptrs = x_ptr + (b.to(tl.int64) * xs[0] + head * xs[1] + tokens[:, None] * xs[2] + cols[None, :] * xs[3])
+    H, W = sizes[0], sizes[1]
+    b, head, tokens, rows, columns, tok_ok, cols, col_ok = program_tile(sizes, BLOCK, DP)
+    # a tap's pixel is the token's plus dy rows and dx columns: each tap moves the tile's pointers by a scalar
+    tile_ptrs = x[0] + tile_offsets(x[1], b, head, tokens, cols)
     acc = tl.zeros((BLOCK, DP), tl.float32)
     for ty in range(K):  # (loops, not unrolled: 81 taps of a 9x9 filter)
         sy = rows + (ty - K // 2)
@@ -54,45 +66,32 @@ def head_conv_fwd_kernel_y(x, add, w_ptr, y, sizes, BLOCK: tl.constexpr, DP: tl.
                 tap = tl.load(w_ptr + head * K * K + ty * K + tx).to(tl.float32)
             sx = columns + (tx - K // 2)
             ok = row_ok & (sx >= 0) & (sx < W)
-            shift = ((ty - K // 2) * W + (tx - K // 2)) * xs[2]
+            shift = ((ty - K // 2) * W + (tx - K // 2)) * x[1][2]
             tile = tl.load(tile_ptrs + shift, mask=ok[:, None] & col_ok[None, :], other=0.0)
             acc += tap * tile.to(tl.float32)
     mask = tok_ok[:, None] & col_ok[None, :]
     if HAS_ADD:
-        add_ptr, adds = add
-        add_offsets = b.to(tl.int64) * adds[0] + head * adds[1] + tokens[:, None] * adds[2] + cols[None, :] * adds[3]
-        acc += tl.load(add_ptr + add_offsets, mask=mask, other=0.0).to(tl.float32)
-    y_offsets = b.to(tl.int64) * ys[0] + head * ys[1] + tokens[:, None] * ys[2] + cols[None, :] * ys[3]
-    tl.store(y_ptr + y_offsets, acc.to(y_ptr.dtype.element_ty), mask=mask)
+        acc += tl.load(add[0] + tile_offsets(add[1], b, head, tokens, cols), mask=mask, other=0.0).to(tl.float32)
+    y_ptr = y[0]
+    tl.store(y_ptr + tile_offsets(y[1], b, head, tokens, cols), acc.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def head_conv_bwd_kernel_dw(x, dy, partials_ptr, sizes, BLOCK: tl.constexpr, DP: tl.constexpr, K: tl.constexpr):
     """The program's share of ``dw[h, ty, tx] = sum_{n, j} x[b, h, n + shift, j] * dy[b, h, n, j]``: ``K * K``
     float32 partial sums at ``partials_ptr[(pid_n * B * h + pid_g) * K * K + tap]``; grid as the forward's."""
-    H, W, heads, D = sizes
-    x_ptr, xs = x
-    dy_ptr, gs = dy
-    group = tl.program_id(1)
-    b = group // heads
-    head = group % heads
-    tokens = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tok_ok = tokens < H * W
-    rows = (tokens // W).to(tl.int64)
-    columns = tokens - rows * W
-    cols = tl.arange(0, DP)
-    col_ok = cols < D
-    mask = tok_ok[:, None] & col_ok[None, :]
-    grads = tl.load(dy_ptr + b.to(tl.int64) * gs[0] + head * gs[1] + tokens[:, None] * gs[2] + cols[None, :] * gs[3],
-                    mask=mask, other=0.0).to(tl.float32)
-    tile_ptrs = x_ptr + (b.to(tl.int64) * xs[0] + head * xs[1] + tokens[:, None] * xs[2] + cols[None, :] * xs[3])
-    out = partials_ptr + (tl.program_id(0) * tl.num_programs(1) + group) * K * K
+    H, W = sizes[0], sizes[1]
+    b, head, tokens, rows, columns, tok_ok, cols, col_ok = program_tile(sizes, BLOCK, DP)
+    grads = tl.load(dy[0] + tile_offsets(dy[1], b, head, tokens, cols), mask=tok_ok[:, None] & col_ok[None, :],
+                    other=0.0).to(tl.float32)
+    tile_ptrs = x[0] + tile_offsets(x[1], b, head, tokens, cols)
+    out = partials_ptr + (tl.program_id(0) * tl.num_programs(1) + tl.program_id(1)) * K * K
     for ty in range(K):
         sy = rows + (ty - K // 2)
         row_ok = tok_ok & (sy >= 0) & (sy < H)
         for tx in range(K):
             sx = columns + (tx - K // 2)
             ok = row_ok & (sx >= 0) & (sx < W)
-            shift = ((ty - K // 2) * W + (tx - K // 2)) * xs[2]
+            shift = ((ty - K // 2) * W + (tx - K // 2)) * x[1][2]
             tile = tl.load(tile_ptrs + shift, mask=ok[:, None] & col_ok[None, :], other=0.0)
             tl.store(out + ty * K + tx, tl.sum(tl.sum(tile.to(tl.float32) * grads, axis=1), axis=0))

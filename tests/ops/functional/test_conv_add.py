@@ -143,6 +143,21 @@ def test_one_launch_forward_two_and_a_sum_backward_and_none_for_a_frozen_filter(
     assert torch.equal(grads[1], grad.reshape(2, 35, 2, 4).transpose(1, 2))  # the sum's gradient, as it came
 
 
+def test_bad_shapes_raise_naming_the_argument():
+    v, out, weight, _ = (t.float() for t in _case((5, 7), 2, 4, 3))
+    with interpreted_triton_route():
+        route = route_of(v)
+        with pytest.raises(ValueError, match=r'v and out must be \(B, h, H \* W, d\) with hw_shape \(H, W\)'):
+            conv_add(v, out, weight, (5, 6), route)
+        with pytest.raises(ValueError, match=r'v and out must be'):
+            conv_add(v, out[:, :1], weight, (5, 7), route)
+        with pytest.raises(ValueError, match=r'weight must be \(heads, 1, k, k\) with odd k and heads = 2, got '
+                                             r'\(2, 1, 4, 4\)'):
+            conv_add(v, out, torch.zeros(2, 1, 4, 4), (5, 7), route)
+        with pytest.raises(ValueError, match=r'heads = 2, got \(3, 1, 3, 3\)'):
+            conv_add(v, out, torch.zeros(3, 1, 3, 3), (5, 7), route)
+
+
 def test_elsewhere_the_layer_keeps_the_pytorch_form():
     v, out, weight, _ = (t.float() for t in _case((5, 7), 2, 4, 3))
     conv = _conv(weight)
