@@ -8,7 +8,9 @@ answer the first time a GPU is lent, within its time.
    (the step's time, its peak memory; at the first size the kernels one step launches and their device time);
 2. the host's time per Triton launch: SOFT-Norm-Small's eager step with every launch through the launch plans and
    through ``kernel[grid]`` in turn (the difference per launch), and one add + LayerNorm call's host time with each;
-3. the SOFT op's forward+backward at 67k tokens in bfloat16 (Triton; part 2's inputs and timing);
+3. the SOFT op's forward+backward at 67k tokens in bfloat16 (Triton; part 2's inputs and timing), then each SOFT
+   stage's value conv with the attention output added at the first size's maps, the fused Triton kernel against the
+   layer's PyTorch form, forward+backward with its kernels' device time (``conv_case``);
 4. the whole RetinaNet step at the first size, SOFT-Norm-Small and Swin-T eager, under the same neck and head
    (torchvision's ``RetinaNet``, its FPN on the stride-8..32 maps with P6/P7 from C5 as mmdet's RetinaNet has them), a
    fixed synthetic batch of boxes: forward, losses, backward, AdamW step, ``zero_grad``;

@@ -20,11 +20,12 @@ def padded_head_dim(head_dim: int) -> int:
 
 
 def block_tokens(padded: int, tokens: int | None = None) -> int:
-    """Tokens a program for heads ``padded`` channels wide: 2,048 values a tile (64 tokens of 32 channels; at 64
-    tokens of 128 channels the kernels spilled on sm_75). ``tokens``: the map's, given where triton's interpreter runs
+    """Tokens a program for heads ``padded`` channels wide: 2,048 values a tile up to 64 channels (64 tokens of 32
+    channels), 1,024 from 128 (8 tokens: at 64 tokens of 128 channels the kernels spilled on sm_75, at 16 on sm_120).
+    ``tokens``: the map's, given where triton's interpreter runs
     the kernels: then the whole map a program, up to :data:`INTERPRETER_MAX_BLOCK` (its Python cost is per operation
     of a program, whatever the tile's size; each output is the same sum over the same taps at any block, only the
     filters' partial sums split differently)."""
     if tokens is not None:
         return min(INTERPRETER_MAX_BLOCK, 1 << max(int(tokens) - 1, 0).bit_length())
-    return max(16, 2048 // padded)
+    return (2048 if padded <= 64 else 1024) // padded
