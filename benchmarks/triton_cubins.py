@@ -41,6 +41,10 @@ launch configuration, which must give the table's figures.
 :mod:`soft_mm.ops.functional.add_norm.add_norm_config`, in each flag set the models launch,
 ``LAYER_VARIANTS``, the stream in float32, bfloat16 or float16) at the given row widths, with the rows per program
 that :mod:`soft_mm.ops.functional.add_norm.add_norm_config` gives each width.
+
+``--conv-add`` compiles the SOFT layers' fused value conv instead (:mod:`soft_mm.ops.functional.head_conv_kernels`: its
+forward, its input gradient and its filters' partial sums) at SOFT's filter sizes and head widths, in the ``--dtype``
+values, with the tokens per program of :mod:`soft_mm.ops.functional.head_conv_config`.
 """
 from __future__ import annotations
 
