@@ -173,7 +173,7 @@ class _ConvAdd(torch.autograd.Function):
         route.launch(_kernels(route).head_conv_fwd_kernel_y, grid,
                      (_strided(v), _strided(out), weight, _strided(_head_major(y, heads)), sizes), meta)
         ctx.save_for_backward(v, weight)
-        ctx.options = sizes, grid, block, route, out.dtype
+        ctx.options = sizes, grid, block, padded, route, out.dtype
         ctx.set_materialize_grads(False)
         return _as(y, dtype)
 
@@ -183,7 +183,7 @@ class _ConvAdd(torch.autograd.Function):
         if grad is None:
             return None, None, None, None, None
         v, weight = ctx.saved_tensors
-        sizes, grid, block, route, out_dtype = ctx.options
+        sizes, grid, block, padded, route, out_dtype = ctx.options
         heads, head_dim = sizes[2], sizes[3]
         kernel = weight.shape[-1]
         kernels = _kernels(route)
@@ -195,13 +195,13 @@ class _ConvAdd(torch.autograd.Function):
             # (the transposed conv: the filters turned, nothing added; the second tensor is a placeholder)
             route.launch(kernels.head_conv_fwd_kernel_y, grid,
                          (_strided(grad_heads), _strided(grad_heads), weight, _strided(_head_major(grad_tokens, heads)),
-                          sizes), _forward_meta(padded_head_dim(head_dim), kernel, block, True, False))
+                          sizes), _forward_meta(padded, kernel, block, True, False))
             grad_v = _as(_head_major(grad_tokens, heads), v.dtype)
         if ctx.needs_input_grad[2]:
             partials = torch.empty(grid[0] * v.shape[0], heads, kernel * kernel, dtype=torch.float32,
                                    device=v.device)
             route.launch(kernels.head_conv_bwd_kernel_dw, grid, (_strided(v), _strided(grad_heads), partials, sizes),
-                         _dw_meta(padded_head_dim(head_dim), kernel, block))
+                         _dw_meta(padded, kernel, block))
             grad_weight = partials.sum(0).reshape(weight.shape).to(weight.dtype)
         grad_out = _as(grad_heads, out_dtype) if ctx.needs_input_grad[1] else None
         return grad_v, grad_out, grad_weight, None, None
