@@ -99,7 +99,8 @@ def split_count(num_tokens: int, block: int, groups: int) -> int:
 
 def kernel_block(kernel: str, target: int | None) -> int:
     """Tokens per block of ``kernel`` (a name of :data:`TOKEN_KERNELS`) on ``target`` (a capability of
-    :data:`soft_mm.ops.triton_targets.TARGETS`; None: the interpreter, which takes the default blocks)."""
+    :data:`soft_mm.ops.triton_targets.TARGETS`; None: the default blocks). Where triton's interpreter runs the
+    kernels, the launches take whole maps instead (``nystrom_launch._interpreter_block``)."""
     return TARGET_BLOCKS.get(target, {}).get(kernel, KERNEL_BLOCKS[kernel])
 
 

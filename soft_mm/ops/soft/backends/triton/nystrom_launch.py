@@ -80,12 +80,27 @@ class _Geometry(NamedTuple):
     group_meta: dict
 
 
+# under triton's interpreter a token kernel's program takes the whole map, up to this many tokens (_interpreter_block)
+INTERPRETER_MAX_BLOCK = 4096
+
+
+def _interpreter_block(kernel: str, num_tokens: int) -> int:
+    """Tokens per block of the token kernel ``kernel`` where triton's interpreter runs it: the whole map of
+    ``num_tokens`` tokens, up to :data:`INTERPRETER_MAX_BLOCK`, for every kernel. The interpreter's Python cost is per
+    operation of a program whatever the tile's size, so fewer, larger blocks cost less (a GPU's blocks are bounded by
+    its registers: :func:`~.nystrom_config.kernel_block`'s, which the tests also run interpreted); the products are
+    the same, the reductions over the tokens summed in other groupings."""
+    return min(INTERPRETER_MAX_BLOCK, padded(num_tokens))
+
+
 @functools.lru_cache(maxsize=1024)
 def _geometry(batch: int, heads: int, n: int, m: int, d: int, dv: int, kernel: str, target: int | None) -> _Geometry:
-    """The :class:`_Geometry` of ``kernel`` for a call of these sizes on ``target`` (None: the interpreter's defaults;
-    :func:`~.nystrom_config.kernel_block`, :func:`~.nystrom_config.kernel_stages`), worked out once per signature."""
+    """The :class:`_Geometry` of ``kernel`` for a call of these sizes on ``target``
+    (:func:`~.nystrom_config.kernel_block`, :func:`~.nystrom_config.kernel_stages`; None: triton's interpreter,
+    :func:`_interpreter_block`), worked out once per signature."""
     mp, dp, dvp = padded(m), padded(d), padded(dv)
-    block, stages = kernel_block(kernel, target), kernel_stages(kernel, target)
+    block = kernel_block(kernel, target) if target is not None else _interpreter_block(kernel, n)
+    stages = kernel_stages(kernel, target)
     groups = batch * heads
     splits = split_count(n, block, groups)
     meta = tuple(dict(BLOCK=block, MP=mp, DP=dp, DVP=dvp, PRODUCTS=code, num_warps=NUM_WARPS, num_stages=stages)

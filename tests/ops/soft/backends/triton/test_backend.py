@@ -20,6 +20,19 @@ def interpreter(monkeypatch):
     monkeypatch.setenv('TRITON_INTERPRET', '1')
 
 
+@pytest.fixture
+def compiled_blocks(monkeypatch):
+    """The interpreter runs the token kernels in a GPU's blocks (nystrom_config.kernel_block's: several blocks a map,
+    masked tails), not the whole-map blocks it takes otherwise."""
+    import soft_mm.ops.soft.backends.triton.nystrom_launch as launch
+    from soft_mm.ops.soft.backends.triton.nystrom_config import kernel_block
+
+    monkeypatch.setattr(launch, '_interpreter_block', lambda kernel, num_tokens: kernel_block(kernel, None))
+    launch._geometry.cache_clear()
+    yield
+    launch._geometry.cache_clear()
+
+
 def inputs(num_tokens, num_landmarks):
     """The rule's inputs (a trained layer's magnitudes) in float64, two images of two heads of 32 dims."""
     return rule_inputs(num_tokens, num_landmarks, dtype=torch.float64)
@@ -31,9 +44,13 @@ def outputs_and_grads(tensors, grad_out, dtype, **kwargs):
     return [out.detach(), *torch.autograd.grad(out, leaves, grad_out.to(out.dtype))]
 
 
+@pytest.mark.parametrize('blocks', ['whole map', 'compiled'])
 @pytest.mark.parametrize('soft_norm', [True, False])
 @pytest.mark.parametrize('num_tokens, num_landmarks', [(1, 1), (63, 49), (300, 1), (300, 49)])
-def test_float32_outputs_and_gradients_match_the_float64_reference(num_tokens, num_landmarks, soft_norm):
+def test_float32_outputs_and_gradients_match_the_float64_reference(num_tokens, num_landmarks, soft_norm, blocks,
+                                                                   request):
+    if blocks == 'compiled':
+        request.getfixturevalue('compiled_blocks')
     tensors, grad_out = inputs(num_tokens, num_landmarks)
     reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=soft_norm, backend='reference')
     fused = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=soft_norm, backend='triton')
@@ -155,12 +172,12 @@ def test_float16_products_keep_large_middle_factors_in_range():
 
 
 @pytest.mark.parametrize('programs, splits', [(4, 1), (12, 3)])
-def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, splits):
-    # 4 (sample, head) groups of 300 tokens: 5 forward blocks of 64 and 10 backward blocks of 32 tokens, summed by 1
+def test_split_reduction_sums_several_blocks_per_program(monkeypatch, compiled_blocks, programs, splits):
+    # 4 (sample, head) groups of 300 tokens: 5 forward blocks of 64 and 19 backward blocks of 16 tokens, summed by 1
     # or 3 programs per group (uneven shares) into as many partial sums; against float64, and run to run identical
     import soft_mm.ops.soft.backends.triton.nystrom_config as config
     monkeypatch.setattr(config, 'SPLIT_PROGRAMS', programs)
-    assert config.split_count(300, 64, 4) == splits and config.split_count(300, 32, 4) == splits
+    assert config.split_count(300, 64, 4) == splits and config.split_count(300, 16, 4) == splits
     tensors, grad_out = inputs(300, 49)
     reference = outputs_and_grads(tensors, grad_out, torch.float64, soft_norm=True, backend='reference')
     fused = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True, backend='triton')
@@ -168,6 +185,24 @@ def test_split_reduction_sums_several_blocks_per_program(monkeypatch, programs, 
     assert max(errors) < 3e-5, errors
     again = outputs_and_grads(tensors, grad_out, torch.float32, soft_norm=True, backend='triton')
     assert all(torch.equal(a, b) for a, b in zip(fused, again))
+
+
+def test_the_interpreter_takes_whole_maps_and_the_compiled_blocks_where_the_tests_ask():
+    import soft_mm.ops.soft.backends.triton.nystrom_launch as launch
+
+    launch._geometry.cache_clear()
+    backward = launch._geometry(2, 2, 300, 49, 32, 32, 'nystrom_bwd_kernel_dq_dv_dl', None)
+    assert backward.grid == (1, 4) and backward.meta[0]['BLOCK'] == 512
+    assert launch._geometry(1, 1, 5000, 49, 32, 32, 'nystrom_fwd_kernel_o', None).grid == (2, 1)  # 4,096 a block
+    # a GPU's blocks are the compiled ones (sm_90: 64 tokens forward, 16 backward)
+    assert launch._geometry(2, 2, 300, 49, 32, 32, 'nystrom_bwd_kernel_dq_dv_dl', 90).grid == (19, 4)
+
+
+def test_the_compiled_blocks_fixture_gives_the_interpreter_a_gpu_s_blocks(compiled_blocks):
+    import soft_mm.ops.soft.backends.triton.nystrom_launch as launch
+
+    assert launch._geometry(2, 2, 300, 49, 32, 32, 'nystrom_bwd_kernel_dq_dv_dl', None).grid == (19, 4)
+    assert launch._geometry(2, 2, 300, 49, 32, 32, 'nystrom_fwd_kernel_o', None).grid == (5, 4)
 
 
 def test_split_count_follows_the_sizes_only():
