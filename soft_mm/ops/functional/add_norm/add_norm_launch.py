@@ -57,11 +57,24 @@ def _as(t: Tensor, dtype: torch.dtype) -> Tensor:
     return t if t.dtype == dtype else t.to(dtype)
 
 
+# under triton's interpreter a program's tile holds up to this many elements (_interpreter_rows)
+INTERPRETER_TILE_ELEMENTS = 1 << 18
+
+
+def _interpreter_rows(rows: int, width: int) -> int:
+    """Rows a program takes at a time where triton's interpreter runs the kernels: all ``rows`` (rounded up to a power
+    of two), up to :data:`INTERPRETER_TILE_ELEMENTS` in a tile. The interpreter's Python cost is per operation of a
+    program whatever the tile's size (a GPU's tiles are bounded by its registers: :func:`.add_norm_rows`, which the
+    tests also run interpreted); each row is normalised alike, the weight's gradient summed in other groupings."""
+    return max(1, min(1 << max(int(rows) - 1, 0).bit_length(), INTERPRETER_TILE_ELEMENTS // padded_width(width)))
+
+
 @functools.lru_cache(maxsize=256)
-def _launch_sizes(rows: int, width: int) -> tuple[int, int, int, int, int]:
+def _launch_sizes(rows: int, width: int, interpret: bool) -> tuple[int, int, int, int, int]:
     """``(ROWS, CP, forward programs, backward programs, row blocks per backward program)`` for a ``(rows, width)``
-    matrix (worked out once per size: an eager GPU step waits for this Python)."""
-    tile_rows = add_norm_rows(width)
+    matrix, compiled or (``interpret``) interpreted (worked out once per size: an eager GPU step waits for this
+    Python)."""
+    tile_rows = _interpreter_rows(rows, width) if interpret else add_norm_rows(width)
     blocks = _cdiv(rows, tile_rows)
     per_program = _cdiv(blocks, min(blocks, BACKWARD_PROGRAMS))
     return tile_rows, padded_width(width), blocks, _cdiv(blocks, per_program), per_program
@@ -100,7 +113,7 @@ class _AddLayerNorm(torch.autograd.Function):
         r = x if residual is None else residual.contiguous()
         width = x.shape[-1]
         rows = x.numel() // width
-        tile_rows, padded, blocks, _, _ = _launch_sizes(rows, width)
+        tile_rows, padded, blocks, _, _ = _launch_sizes(rows, width, route.interpret)
         per_sample = rows // x.shape[0]
         y = torch.empty(x.shape, dtype=route.store_dtype(out_dtype), device=x.device)
         total = torch.empty_like(r, dtype=route.store_dtype(r.dtype)) if return_sum else y
@@ -130,7 +143,7 @@ class _AddLayerNorm(torch.autograd.Function):
         shape, width = x.shape, x.shape[-1]
         if grad is None:  # (the sum used, its norm not: the norm's gradient is zero)
             grad = x.new_zeros(())
-        tile_rows, padded, _, programs, per_program = _launch_sizes(rows, width)
+        tile_rows, padded, _, programs, per_program = _launch_sizes(rows, width, route.interpret)
         # the gradient of the sum, in the residual's dtype (the branch's without a residual)
         grad_sum = torch.empty(shape, dtype=route.store_dtype(residual_dtype or branch_dtype), device=x.device)
         grad_x = (torch.empty(shape, dtype=route.store_dtype(branch_dtype), device=x.device)

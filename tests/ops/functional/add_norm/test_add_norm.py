@@ -60,10 +60,35 @@ def _relative(a, b):
     return ((a - b).norm() / b.norm()).item()
 
 
+@pytest.fixture
+def compiled_tiles(monkeypatch):
+    """The interpreter runs the kernels in a GPU's tiles (add_norm_rows': 16 rows at 64 channels, several programs a
+    matrix), not the whole-matrix tiles it takes otherwise."""
+    import soft_mm.ops.functional.add_norm.add_norm_launch as launch
+    from soft_mm.ops.functional.add_norm.add_norm_config import add_norm_rows
+
+    monkeypatch.setattr(launch, '_interpreter_rows', lambda rows, width: add_norm_rows(width))
+    launch._launch_sizes.cache_clear()
+    yield
+    launch._launch_sizes.cache_clear()
+
+
+def test_the_interpreter_takes_whole_matrices_and_a_gpu_its_tiles():
+    from soft_mm.ops.functional.add_norm.add_norm_launch import _launch_sizes
+
+    assert _launch_sizes(74, 320, True) == (128, 512, 1, 1, 1)
+    assert _launch_sizes(16 * 256 + 5, 64, True) == (4096, 64, 2, 2, 1)  # 2 ** 18 elements a tile at most
+    assert _launch_sizes(16 * 256 + 5, 64, False) == (16, 64, 257, 129, 2)
+
+
 # 2 x 37 rows: not a multiple of the kernels' 16; 4,101: more row blocks (257) than the backward's 256 programs, so
-# each program sums two; widths 64 and 320 (SOFT-Small's stages 1 and 2; 320 is no power of two: masked columns)
+# each program sums two; widths 64 and 320 (SOFT-Small's stages 1 and 2; 320 is no power of two: masked columns). In
+# the GPU's tiles and in the interpreter's whole-matrix ones.
+@pytest.mark.parametrize('tiles', ['whole', 'compiled'])
 @pytest.mark.parametrize('rows, width', [(74, 64), (74, 320), (16 * 256 + 5, 64)])
-def test_float32_matches_float64_as_the_pytorch_form_does(rows, width):
+def test_float32_matches_float64_as_the_pytorch_form_does(rows, width, tiles, request):
+    if tiles == 'compiled':
+        request.getfixturevalue('compiled_tiles')
     case = _case(rows, width)
     exact, exact_grads = _run(_exact, *case, torch.float64)
     fused, fused_grads = _run(_fused, *case, torch.float32)
