@@ -5,16 +5,11 @@ the plan launcher to a stand-in sm_90 driver, batch 2 x 64x64, every channel / 1
 
     python docs/benchmarks/runs/2026-12-08_zen4_issue58_branches/ab_mlp_function.py 15
 """
-import gc
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / 'benchmarks'))
-
-import host_time as ht
 import torch
 import torch.nn.functional as F
+from interleaved import ht, interleaved_times, median
 
 import soft_mm.models.blocks as blocks
 
@@ -67,21 +62,11 @@ def main(rounds: int) -> None:
         blocks.GeluMlp.forward = variants[name]
         soft()
     names = [*variants, 'swin_t']
-    for name in names:
-        for _ in range(5):
-            run(name)
-    times = {name: [] for name in names}
-    for _ in range(rounds):
-        for name in names:
-            gc.collect()
-            start = time.perf_counter()
-            for _ in range(5):
-                run(name)
-            times[name].append((time.perf_counter() - start) / 5)
+    times = interleaved_times({name: (lambda name=name: run(name)) for name in names}, rounds)
     blocks.GeluMlp.forward = MLP
-    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    for name, m in median.items():
-        print(f'{name:16} {1e3 * m:6.2f} ms  {m / median["swin_t"]:.3f}x swin_t')
+    medians = {name: median(t) for name, t in times.items()}
+    for name, m in medians.items():
+        print(f'{name:16} {1e3 * m:6.2f} ms  {m / medians["swin_t"]:.3f}x swin_t')
     paired = sorted(a / b for a, b in zip(times['MLP as one node'], times['package']))
     print(f'per-round one node / package: median {paired[len(paired) // 2]:.3f}, '
           f'range {paired[0]:.3f}-{paired[-1]:.3f}')

@@ -6,15 +6,10 @@ interleaved: host_time's setup (CPU tensors on the GPU route, the plan launcher 
 
     python docs/benchmarks/runs/2026-12-08_zen4_issue58_branches/ablate_attention.py 15
 """
-import gc
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / 'benchmarks'))
-
-import host_time as ht
 import torch
+from interleaved import ht, interleaved_times, median
 
 import soft_mm.models.attention as attention
 
@@ -47,21 +42,11 @@ def main(rounds: int) -> None:
     def run(name: str) -> None:
         attention.SoftAttention.sample_landmarks, attention.soft_attention, attention.conv_add = VARIANTS[name]
         soft()
-    for name in VARIANTS:
-        for _ in range(5):
-            run(name)
-    times = {name: [] for name in VARIANTS}
-    for _ in range(rounds):
-        for name in VARIANTS:
-            gc.collect()
-            start = time.perf_counter()
-            for _ in range(5):
-                run(name)
-            times[name].append((time.perf_counter() - start) / 5)
+    times = interleaved_times({name: (lambda name=name: run(name)) for name in VARIANTS}, rounds)
     attention.SoftAttention.sample_landmarks, attention.soft_attention, attention.conv_add = SAMPLE, OP, CONV_ADD
-    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    for name, m in median.items():
-        print(f'{name:20} {1e3 * m:6.2f} ms  {1e3 * (median["full"] - m):5.2f} ms less than the full step')
+    medians = {name: median(t) for name, t in times.items()}
+    for name, m in medians.items():
+        print(f'{name:20} {1e3 * m:6.2f} ms  {1e3 * (medians["full"] - m):5.2f} ms less than the full step')
 
 
 if __name__ == '__main__':

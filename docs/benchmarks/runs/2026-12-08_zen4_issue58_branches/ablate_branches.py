@@ -6,16 +6,11 @@ autocast, one thread).
 
     python docs/benchmarks/runs/2026-12-08_zen4_issue58_branches/ablate_branches.py 15
 """
-import gc
 import sys
-import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[4] / 'benchmarks'))
-
-import host_time as ht
 import torch
 import torch.nn.functional as F
+from interleaved import ht, interleaved_times, median
 
 import soft_mm.models.attention as attention
 import soft_mm.models.blocks as blocks
@@ -48,21 +43,11 @@ def main(rounds: int) -> None:
         attention.SoftAttention.forward, blocks.GeluMlp.forward = VARIANTS[name]
         soft()
     names = [*VARIANTS, 'swin_t']
-    for name in names:
-        for _ in range(5):
-            run(name)
-    times = {name: [] for name in names}
-    for _ in range(rounds):
-        for name in names:
-            gc.collect()
-            start = time.perf_counter()
-            for _ in range(5):
-                run(name)
-            times[name].append((time.perf_counter() - start) / 5)
+    times = interleaved_times({name: (lambda name=name: run(name)) for name in names}, rounds)
     attention.SoftAttention.forward, blocks.GeluMlp.forward = ATTENTION, MLP
-    median = {name: sorted(t)[len(t) // 2] for name, t in times.items()}
-    for name, m in median.items():
-        print(f'{name:24} {1e3 * m:6.2f} ms  {m / median["swin_t"]:.3f}x swin_t')
+    medians = {name: median(t) for name, t in times.items()}
+    for name, m in medians.items():
+        print(f'{name:24} {1e3 * m:6.2f} ms  {m / medians["swin_t"]:.3f}x swin_t')
 
 
 if __name__ == '__main__':
