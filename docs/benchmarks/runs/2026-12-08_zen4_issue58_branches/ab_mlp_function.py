@@ -9,7 +9,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from interleaved import ht, interleaved_times, median
+from interleaved import ht, interleaved_medians
 
 import soft_mm.models.blocks as blocks
 
@@ -62,14 +62,12 @@ def main(rounds: int) -> None:
         blocks.GeluMlp.forward = variants[name]
         soft()
     names = [*variants, 'swin_t']
-    times = interleaved_times({name: (lambda name=name: run(name)) for name in names}, rounds)
+    medians = interleaved_medians({name: (lambda name=name: run(name)) for name in names}, rounds, 5,
+                                  torch.device('cpu'))
     blocks.GeluMlp.forward = MLP
-    medians = {name: median(t) for name, t in times.items()}
     for name, m in medians.items():
         print(f'{name:16} {1e3 * m:6.2f} ms  {m / medians["swin_t"]:.3f}x swin_t')
-    paired = sorted(a / b for a, b in zip(times['MLP as one node'], times['package']))
-    print(f'per-round one node / package: median {paired[len(paired) // 2]:.3f}, '
-          f'range {paired[0]:.3f}-{paired[-1]:.3f}')
+    print(f'one node / package: {medians["MLP as one node"] / medians["package"]:.3f}')
 
 
 if __name__ == '__main__':

@@ -9,7 +9,7 @@ interleaved: host_time's setup (CPU tensors on the GPU route, the plan launcher 
 import sys
 
 import torch
-from interleaved import ht, interleaved_times, median
+from interleaved import ht, interleaved_medians
 
 import soft_mm.models.attention as attention
 
@@ -42,9 +42,9 @@ def main(rounds: int) -> None:
     def run(name: str) -> None:
         attention.SoftAttention.sample_landmarks, attention.soft_attention, attention.conv_add = VARIANTS[name]
         soft()
-    times = interleaved_times({name: (lambda name=name: run(name)) for name in VARIANTS}, rounds)
+    medians = interleaved_medians({name: (lambda name=name: run(name)) for name in VARIANTS}, rounds, 5,
+                                  torch.device('cpu'))
     attention.SoftAttention.sample_landmarks, attention.soft_attention, attention.conv_add = SAMPLE, OP, CONV_ADD
-    medians = {name: median(t) for name, t in times.items()}
     for name, m in medians.items():
         print(f'{name:20} {1e3 * m:6.2f} ms  {1e3 * (medians["full"] - m):5.2f} ms less than the full step')
 

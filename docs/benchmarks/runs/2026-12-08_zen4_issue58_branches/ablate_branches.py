@@ -10,7 +10,7 @@ import sys
 
 import torch
 import torch.nn.functional as F
-from interleaved import ht, interleaved_times, median
+from interleaved import ht, interleaved_medians
 
 import soft_mm.models.attention as attention
 import soft_mm.models.blocks as blocks
@@ -43,9 +43,9 @@ def main(rounds: int) -> None:
         attention.SoftAttention.forward, blocks.GeluMlp.forward = VARIANTS[name]
         soft()
     names = [*VARIANTS, 'swin_t']
-    times = interleaved_times({name: (lambda name=name: run(name)) for name in names}, rounds)
+    medians = interleaved_medians({name: (lambda name=name: run(name)) for name in names}, rounds, 5,
+                                  torch.device('cpu'))
     attention.SoftAttention.forward, blocks.GeluMlp.forward = ATTENTION, MLP
-    medians = {name: median(t) for name, t in times.items()}
     for name, m in medians.items():
         print(f'{name:24} {1e3 * m:6.2f} ms  {m / medians["swin_t"]:.3f}x swin_t')
 
