@@ -18,10 +18,23 @@ from typing import Any
 
 import torch
 
-__all__ = ['MAX_PLANS', 'KernelLauncher', 'PlannedLauncher', 'kernel_name', 'once_differentiable', 'specialization']
+__all__ = ['INTERPRETER_MAX_BLOCK', 'MAX_PLANS', 'KernelLauncher', 'PlannedLauncher', 'interpreter_block',
+           'kernel_name', 'once_differentiable', 'specialization']
 
 # the most launch signatures a PlannedLauncher keeps (a model makes a few hundred); beyond, it starts afresh
 MAX_PLANS = 4096
+
+
+# where triton's interpreter runs the kernels, the most tokens (or rows) a program takes (interpreter_block)
+INTERPRETER_MAX_BLOCK = 4096
+
+
+def interpreter_block(count: int, cap: int = INTERPRETER_MAX_BLOCK) -> int:
+    """Tokens (or rows) a program takes where triton's interpreter runs a kernel: all ``count`` of the map or matrix,
+    rounded up to a power of two, at most ``cap`` (a power of two). The interpreter's Python cost is per operation of
+    a program whatever the tile's size, so fewer and larger programs cost less; a GPU's blocks are bounded by its
+    registers instead (each op's ``*_config.py``), and the results differ only in how the reductions are grouped."""
+    return min(int(cap), 1 << max(int(count) - 1, 0).bit_length())
 
 
 def kernel_name(kernel: Any) -> str:

@@ -32,7 +32,7 @@ from ..compat import eager_without_custom_ops
 from ..custom_ops import differentiable_op
 from ..precision.autocast import autocast_cast
 from ..route import Route, decided
-from ..triton_launch import once_differentiable
+from ..triton_launch import interpreter_block, once_differentiable
 from .head_conv_config import KERNELS as CONV_ADD_KERNELS
 from .head_conv_config import MAX_FUSED_HEAD_DIM, MAX_FUSED_KERNEL, NUM_WARPS, block_tokens, padded_head_dim
 
@@ -167,7 +167,7 @@ class _ConvAdd(torch.autograd.Function):
         weight = weight.contiguous()
         sizes = (*hw_shape, heads, head_dim)
         padded = padded_head_dim(head_dim)
-        block = block_tokens(padded, n if route.interpret else None)
+        block = interpreter_block(n) if route.interpret else block_tokens(padded)
         grid = (-(-n // block), batch * heads)
         meta = _forward_meta(padded, kernel, block, False, True)
         route.launch(_kernels(route).head_conv_fwd_kernel_y, grid,

@@ -1,7 +1,7 @@
 """The launch configuration of the value conv's Triton kernels (:mod:`.head_conv_kernels`), in one place for the launch
 code and for ``benchmarks/triton_cubins.py``, which compiles them without torch: imports nothing."""
 
-__all__ = ['INTERPRETER_MAX_BLOCK', 'KERNELS', 'MAX_FUSED_HEAD_DIM', 'MAX_FUSED_KERNEL', 'NUM_WARPS', 'block_tokens',
+__all__ = ['KERNELS', 'MAX_FUSED_HEAD_DIM', 'MAX_FUSED_KERNEL', 'NUM_WARPS', 'block_tokens',
            'padded_head_dim']
 
 # the kernels conv_add launches
@@ -10,8 +10,6 @@ KERNELS = ('head_conv_fwd_kernel_y', 'head_conv_bwd_kernel_dw')
 MAX_FUSED_KERNEL = 9
 MAX_FUSED_HEAD_DIM = 128
 NUM_WARPS = 4
-# under triton's interpreter a program takes the whole map, up to this many tokens (see block_tokens)
-INTERPRETER_MAX_BLOCK = 4096
 
 
 def padded_head_dim(head_dim: int) -> int:
@@ -19,13 +17,10 @@ def padded_head_dim(head_dim: int) -> int:
     return 1 << max(int(head_dim) - 1, 0).bit_length()
 
 
-def block_tokens(padded: int, tokens: int | None = None) -> int:
-    """Tokens a program for heads ``padded`` channels wide: 2,048 values a tile up to 64 channels (64 tokens of 32
-    channels), 1,024 from 128 (8 tokens: at 64 tokens of 128 channels the kernels spilled on sm_75, at 16 on sm_120).
-    ``tokens``: the map's, given where triton's interpreter runs
-    the kernels: then the whole map a program, up to :data:`INTERPRETER_MAX_BLOCK` (its Python cost is per operation
-    of a program, whatever the tile's size; each output is the same sum over the same taps at any block, only the
-    filters' partial sums split differently)."""
-    if tokens is not None:
-        return min(INTERPRETER_MAX_BLOCK, 1 << max(int(tokens) - 1, 0).bit_length())
+def block_tokens(padded: int) -> int:
+    """Tokens a program for heads ``padded`` channels wide on a GPU: 2,048 values a tile up to 64 channels (64 tokens
+    of 32 channels), 1,024 from 128 (8 tokens: at 64 tokens of 128 channels the kernels spilled on sm_75, at 16 on
+    sm_120). Where triton's interpreter runs the kernels, a program takes the whole map instead
+    (:func:`soft_mm.ops.triton_launch.interpreter_block`): each output is the same sum over the same taps at any
+    block, only the filters' partial sums split differently."""
     return (2048 if padded <= 64 else 1024) // padded

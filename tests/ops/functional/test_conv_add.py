@@ -13,6 +13,7 @@ from torch import nn
 from soft_mm.ops.functional.head_conv import MAX_FUSED_KERNEL, conv_add, fuses_conv_add
 from soft_mm.ops.functional.head_conv_config import block_tokens
 from soft_mm.ops.route import route_of
+from soft_mm.ops.triton_launch import interpreter_block
 from soft_mm.ops.triton_route import interpreted_triton_route
 
 pytestmark = triton_kernels
@@ -105,7 +106,7 @@ def test_low_precision_no_worse_than_the_pytorch_form(dtype):
 
 
 def test_the_gpus_blocks_give_the_interpreters_sums(monkeypatch):
-    # under the interpreter a program takes the whole map (head_conv_config.block_tokens); the GPUs' 64 tokens a
+    # under the interpreter a program takes the whole map (triton_launch.interpreter_block); the GPUs' 64 tokens a
     # program (here 2 programs, the second with a tail) give each output the same sum over the same taps, and the
     # filters' gradient from other partial sums
     from soft_mm.ops.functional import head_conv
@@ -113,9 +114,9 @@ def test_the_gpus_blocks_give_the_interpreters_sums(monkeypatch):
     hw = (9, 11)
     case = tuple(t.float() for t in _case(hw, 2, 32, 5))
     whole, whole_grads = _run(_fused, case, hw, torch.float32)
-    monkeypatch.setattr(head_conv, 'block_tokens', lambda padded, tokens=None: block_tokens(padded))
+    monkeypatch.setattr(head_conv, 'interpreter_block', lambda tokens: block_tokens(32))
     blocks, block_grads = _run(_fused, case, hw, torch.float32)
-    assert block_tokens(32) == 64 and block_tokens(32, 99) == 128
+    assert block_tokens(32) == 64 and interpreter_block(99) == 128 and interpreter_block(5000) == 4096
     assert torch.equal(blocks, whole)
     assert torch.equal(block_grads[0], whole_grads[0]) and torch.equal(block_grads[1], whole_grads[1])
     # (float32 sums of 6,336 products each, split 2 ways or 1: observed 5e-6 apart, relative)

@@ -20,7 +20,7 @@ import torch
 from torch import Tensor
 
 from ...route import Route, decided
-from ...triton_launch import once_differentiable
+from ...triton_launch import interpreter_block, once_differentiable
 from .add_norm_config import BACKWARD_PROGRAMS, MAX_ADD_NORM_WIDTH, add_norm_rows, padded_width
 from .add_norm_reference import add_layer_norm_reference
 
@@ -62,11 +62,11 @@ INTERPRETER_TILE_ELEMENTS = 1 << 18
 
 
 def _interpreter_rows(rows: int, width: int) -> int:
-    """Rows a program takes at a time where triton's interpreter runs the kernels: all ``rows`` (rounded up to a power
-    of two), up to :data:`INTERPRETER_TILE_ELEMENTS` in a tile. The interpreter's Python cost is per operation of a
-    program whatever the tile's size (a GPU's tiles are bounded by its registers: :func:`.add_norm_rows`, which the
-    tests also run interpreted); each row is normalised alike, the weight's gradient summed in other groupings."""
-    return max(1, min(1 << max(int(rows) - 1, 0).bit_length(), INTERPRETER_TILE_ELEMENTS // padded_width(width)))
+    """Rows a program takes at a time where triton's interpreter runs the kernels: all ``rows``
+    (:func:`~soft_mm.ops.triton_launch.interpreter_block`), up to :data:`INTERPRETER_TILE_ELEMENTS` in a tile (the
+    tests give the interpreter :func:`.add_norm_rows`' compiled tiles here too); each row is normalised alike, the
+    weight's gradient summed in other groupings."""
+    return interpreter_block(rows, INTERPRETER_TILE_ELEMENTS // padded_width(width))
 
 
 @functools.lru_cache(maxsize=256)

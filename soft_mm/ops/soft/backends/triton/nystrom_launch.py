@@ -27,7 +27,7 @@ from torch import Tensor
 from ....custom_ops import differentiable_op
 from ....precision.autocast import ieee_float32_matmuls
 from ....route import Route, route_of
-from ....triton_launch import once_differentiable
+from ....triton_launch import interpreter_block, once_differentiable
 from ...dispatch import announce_fallback
 from ...newton import alpha_floor
 from ...products_op import products_op
@@ -80,17 +80,11 @@ class _Geometry(NamedTuple):
     group_meta: dict
 
 
-# under triton's interpreter a token kernel's program takes the whole map, up to this many tokens (_interpreter_block)
-INTERPRETER_MAX_BLOCK = 4096
-
-
 def _interpreter_block(kernel: str, num_tokens: int) -> int:
-    """Tokens per block of the token kernel ``kernel`` where triton's interpreter runs it: the whole map of
-    ``num_tokens`` tokens, up to :data:`INTERPRETER_MAX_BLOCK`, for every kernel. The interpreter's Python cost is per
-    operation of a program whatever the tile's size, so fewer, larger blocks cost less (a GPU's blocks are bounded by
-    its registers: :func:`~.nystrom_config.kernel_block`'s, which the tests also run interpreted); the products are
-    the same, the reductions over the tokens summed in other groupings."""
-    return min(INTERPRETER_MAX_BLOCK, padded(num_tokens))
+    """Tokens per block of the token kernel ``kernel`` where triton's interpreter runs it: the whole map, as
+    :func:`~soft_mm.ops.triton_launch.interpreter_block` gives it, and at least ``tl.dot``'s 16, for every kernel (the
+    tests give the interpreter :func:`~.nystrom_config.kernel_block`'s compiled blocks here too)."""
+    return padded(interpreter_block(num_tokens))
 
 
 @functools.lru_cache(maxsize=1024)
